@@ -1,0 +1,108 @@
+"""The ``sluice`` command: run | check | schema | simulate (and more as platforms land).
+
+Exit codes: 0 ok, 2 bad configuration or usage, 1 runtime failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from gateway.settings import ConfigError, Settings, json_schema, load_settings
+
+DEFAULT_CONFIG = Path("config/sluice.yaml")
+
+
+def _add_config(parser: argparse.ArgumentParser, required: bool = False) -> None:
+    parser.add_argument(
+        "--config",
+        "-c",
+        type=Path,
+        required=required,
+        default=None if required else DEFAULT_CONFIG,
+        help=f"YAML config file (default: {DEFAULT_CONFIG})",
+    )
+
+
+def _summary(name: str, service: object) -> str:
+    from gateway.settings import ServiceConfig
+
+    assert isinstance(service, ServiceConfig)
+    routes = (
+        ", ".join(f"{r.host or '*'}{r.path} ({r.path_type})" for r in service.routes) or "no routes"
+    )
+    s = service.scaling
+    return (
+        f"{name}: {routes}; {len(service.endpoints)} static endpoint(s); {service.balancer}; "
+        f"replicas {s.min_replicas}..{s.max_replicas}, cpu {s.cpu.min:g}..{s.cpu.max:g} cores/replica, "
+        f"{s.mode} on {s.metric} target {s.target:g}"
+    )
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    try:
+        settings = load_settings(args.config)
+    except ConfigError as e:
+        for line in e.problems:
+            print(line, file=sys.stderr)
+        return 2
+    print(
+        f"{args.config}: ok: platform {settings.platform}, {len(settings.services)} service(s), "
+        f"budget {settings.budget.cpu:g} CPU ({settings.budget.arbitration})"
+    )
+    for name, service in settings.services.items():
+        print(f"  {_summary(name, service)}")
+    return 0
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    sys.stdout.write(json_schema())
+    return 0
+
+
+def load_or_exit(path: Path) -> Settings:
+    try:
+        return load_settings(path)
+    except ConfigError as e:
+        for line in e.problems:
+            print(line, file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    settings = load_or_exit(args.config)
+    from gateway.app import run
+
+    return run(settings, config_path=args.config)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sluice", description="Ingress-aware gateway with a built-in autoscaler."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("run", help="run the gateway (data plane, admin plane, scaler)")
+    _add_config(p)
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("check", help="validate a config file and summarise it")
+    _add_config(p)
+    p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("schema", help="print the config file's JSON Schema")
+    p.set_defaults(func=cmd_schema)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    result: int = args.func(args)
+    return result
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,284 @@
+"""The root configuration model and its YAML loader.
+
+One pydantic v2 tree, validated once.  Errors are reshaped to one line per problem:
+``path/to/file.yaml: services.api.routes[0].path_type: must be one of Exact, Prefix,
+ImplementationSpecific, got 'prefix'`` — so an operator can go straight to the key.
+The scaler owns its policy models (``scaler.policy``); this module composes them.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Annotated, Any, Literal, Self
+
+import yaml
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    model_validator,
+)
+
+from scaler.policy import BudgetConfig, KeyedValueError, ScalingPolicy, check_floors
+
+PathType = Literal["Exact", "Prefix", "ImplementationSpecific"]
+BalancerName = Literal["round_robin", "least_request", "peak_ewma"]
+PlatformName = Literal["static", "local", "kubernetes"]
+
+_SERVICE_NAME = re.compile(r"^[a-z0-9]([a-z0-9._-]*[a-z0-9])?(/[a-z0-9]([a-z0-9._-]*[a-z0-9])?)?$")
+_HOST_LABEL = re.compile(r"^(?!-)[a-z0-9-]{1,63}(?<!-)$")
+
+
+class ConfigError(Exception):
+    """A configuration could not be loaded; ``problems`` holds one ``file: key.path: problem`` line each."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+def _check_address(value: str) -> str:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"must be 'host:port' with a port in 1..65535, got {value!r}")
+    return value
+
+
+def _check_route_host(value: str | None) -> str | None:
+    if value is None:
+        return None
+    host = value.lower()
+    labels = host.split(".")
+    if labels[0] == "*":
+        labels = labels[1:]
+        if not any(labels):
+            raise ValueError(f"a wildcard host needs a domain after '*.', got {value!r}")
+    if any(not _HOST_LABEL.match(label) for label in labels):
+        raise ValueError(f"must be a DNS name, optionally starting with '*.', got {value!r}")
+    return host
+
+
+def _check_path(value: str) -> str:
+    if not value.startswith("/"):
+        raise ValueError(f"must start with '/', got {value!r}")
+    return value
+
+
+Address = Annotated[str, AfterValidator(_check_address)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ListenConfig(_Model):
+    """Where a server listens."""
+
+    host: str = Field(default="127.0.0.1", description="Address to bind.")
+    port: int = Field(default=8080, ge=0, le=65535, description="TCP port (0 = any free port).")
+
+
+class AdminConfig(_Model):
+    """The admin plane: health, readiness, metrics, the JSON API."""
+
+    host: str = Field(
+        default="127.0.0.1", description="Address to bind; anything but loopback requires a token."
+    )
+    port: int = Field(default=9901, ge=0, le=65535, description="TCP port (0 = any free port).")
+    token: SecretStr | None = Field(
+        default=None, description="Bearer token required on every admin request (>= 32 characters)."
+    )
+
+
+class RouteConfig(_Model):
+    """One Ingress-style rule: host (optional) and path."""
+
+    host: Annotated[str | None, AfterValidator(_check_route_host)] = Field(
+        default=None,
+        description="Exact host, or '*.example.com' for exactly one more label; omitted = any host.",
+    )
+    path: Annotated[str, AfterValidator(_check_path)] = Field(
+        default="/", description="Path to match."
+    )
+    path_type: PathType = Field(
+        default="Prefix",
+        description="Exact (case-sensitive, whole path) or Prefix (whole '/'-separated elements); "
+        "ImplementationSpecific is treated as Prefix.",
+    )
+
+
+class TimeoutsConfig(_Model):
+    """Upstream timeouts, in seconds."""
+
+    connect_s: float = Field(default=1.0, gt=0, description="Connecting to an endpoint.")
+    response_header_s: float = Field(
+        default=30.0, gt=0, description="From request sent to response headers."
+    )
+    total_s: float = Field(default=60.0, gt=0, description="The whole exchange, body included.")
+
+
+class ServiceConfig(_Model):
+    """A named backend with routes, endpoints and a scaling policy."""
+
+    routes: list[RouteConfig] = Field(
+        default_factory=list, description="Requests matching any of these go here."
+    )
+    endpoints: list[Address] = Field(
+        default_factory=list, description="Static platform: the replicas' 'host:port' addresses."
+    )
+    balancer: BalancerName = Field(
+        default="least_request",
+        description="round_robin; least_request (power of two choices over in-flight); "
+        "peak_ewma (latency EWMA × (in-flight+1)).",
+    )
+    timeouts: TimeoutsConfig = Field(
+        default_factory=TimeoutsConfig, description="Upstream timeouts."
+    )
+    scaling: ScalingPolicy = Field(
+        default_factory=ScalingPolicy, description="How this service scales."
+    )
+
+
+def _check_network(value: str) -> str:
+    try:
+        ipaddress.ip_network(value, strict=False)
+    except ValueError:
+        raise ValueError(f"must be an IP address or CIDR network, got {value!r}") from None
+    return value
+
+
+class Settings(_Model):
+    """Sluice's whole configuration."""
+
+    listen: ListenConfig = Field(
+        default_factory=ListenConfig, description="The data plane (proxy) listener."
+    )
+    admin: AdminConfig = Field(
+        default_factory=lambda: AdminConfig(port=9901), description="The admin plane listener."
+    )
+    platform: PlatformName = Field(
+        default="static",
+        description="static: endpoints from this file, decisions not applied; local: Sluice runs the replicas; "
+        "kubernetes: Ingress + EndpointSlices, /scale and /resize.",
+    )
+    trusted_proxies: list[Annotated[str, AfterValidator(_check_network)]] = Field(
+        default_factory=list,
+        description="Peers (IPs or CIDRs) whose X-Forwarded-* headers are trusted and extended.",
+    )
+    default_backend: str | None = Field(
+        default=None, description="Service that receives requests no route matches (else 404)."
+    )
+    budget: BudgetConfig = Field(default_factory=BudgetConfig, description="The shared CPU budget.")
+    services: dict[str, ServiceConfig] = Field(
+        default_factory=dict, description="Services by name."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        for name in self.services:
+            if not _SERVICE_NAME.match(name):
+                raise KeyedValueError(
+                    f"services.{name}",
+                    "a service name must be lowercase letters, digits, '.', '_' or '-' "
+                    "(optionally 'namespace/name')",
+                )
+        if self.default_backend is not None and self.default_backend not in self.services:
+            raise KeyedValueError(
+                "default_backend",
+                f"names no service (have: {', '.join(sorted(self.services)) or 'none'}), got {self.default_backend!r}",
+            )
+        try:
+            check_floors(self.budget, {n: s.scaling for n, s in self.services.items()})
+        except KeyedValueError as e:
+            raise KeyedValueError(f"budget.{e.key}", e.message) from None
+        return self
+
+
+def _format_loc(loc: Iterable[int | str]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _format_error(err: dict[str, Any]) -> tuple[str, str]:
+    """One pydantic error -> (key path, problem) in Sluice's words."""
+    loc = [p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-"))]
+    kind = err["type"]
+    ctx = err.get("ctx") or {}
+    value = err.get("input")
+    if kind == "value_error" and isinstance(ctx.get("error"), KeyedValueError):
+        keyed: KeyedValueError = ctx["error"]
+        return _format_loc([*loc, *keyed.key.split(".")]), keyed.message
+    if kind == "literal_error":
+        expected = re.findall(r"'([^']*)'", str(ctx.get("expected", "")))
+        return _format_loc(loc), f"must be one of {', '.join(expected)}, got {value!r}"
+    if kind == "missing":
+        return _format_loc(loc), "is required"
+    if kind == "extra_forbidden":
+        return _format_loc(loc), "unknown key"
+    bounds = {
+        "greater_than": (">", "gt"),
+        "greater_than_equal": (">=", "ge"),
+        "less_than": ("<", "lt"),
+        "less_than_equal": ("<=", "le"),
+    }
+    if kind in bounds:
+        op, key = bounds[kind]
+        return _format_loc(loc), f"must be {op} {ctx.get(key)}, got {value!r}"
+    if kind == "value_error":
+        return _format_loc(loc), str(ctx.get("error", err["msg"]))
+    msg = err["msg"][0].lower() + err["msg"][1:]
+    return _format_loc(loc), f"{msg}, got {value!r}"
+
+
+def parse_settings(data: Any, source: str = "<config>") -> Settings:
+    """Validate already-parsed YAML/JSON data; raise :class:`ConfigError` with one line per problem."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError([f"{source}: the top level must be a mapping, got {type(data).__name__}"])
+    try:
+        return Settings.model_validate(data)
+    except ValidationError as e:
+        problems = []
+        for err in e.errors(include_url=False):
+            path, problem = _format_error(dict(err))
+            problems.append(f"{source}: {path}: {problem}" if path else f"{source}: {problem}")
+        raise ConfigError(problems) from None
+
+
+def load_settings(path: str | Path) -> Settings:
+    """Read and validate a YAML config file; raise :class:`ConfigError` naming the file on any problem."""
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError([f"{source}: cannot read: {e.strerror or e}"]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
+        raise ConfigError([f"{where}: invalid YAML: {e.problem or e.context}"]) from None
+    except yaml.YAMLError as e:
+        raise ConfigError([f"{source}: invalid YAML: {e}"]) from None
+    return parse_settings(data, source)
+
+
+def json_schema() -> str:
+    """The JSON Schema of the config file, as ``sluice schema`` prints it."""
+    schema = Settings.model_json_schema(mode="validation")
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "Sluice configuration"
+    return json.dumps(schema, indent=2, sort_keys=True) + "\n"
