@@ -35,3 +35,29 @@ class EndpointSource(Protocol):
     def updates(self) -> AsyncIterator[EndpointUpdate]:
         """Yield the full endpoint set of a service each time it changes (first, every service's)."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRule:
+    """One routing rule from a route source (config file or an Ingress), already validated."""
+
+    service: str
+    host: str | None
+    """Exact host, ``*.example.com`` (exactly one more label), or None for any host."""
+    path: str
+    path_type: str
+    """``Exact``, ``Prefix`` or ``ImplementationSpecific`` (treated as Prefix)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RoutesUpdate:
+    """The whole current route set; the gateway builds a new immutable RouteTable and swaps it in."""
+
+    rules: tuple[RouteRule, ...]
+    default_backend: str | None = None
+
+
+class RouteSource(Protocol):
+    def routes(self) -> AsyncIterator[RoutesUpdate]:
+        """Yield the whole route set each time it changes (first, the initial set)."""
+        ...
