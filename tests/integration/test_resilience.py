@@ -174,15 +174,16 @@ def test_truncated_content_length_body_is_not_complete(
 ) -> None:
     with FaultyProxy(target(ups[0]), fault, after_bytes=5000) as proxy:
         cfg = service([proxy.address])
-        with gateway(cfg, tmp_path / "s.yaml") as g, httpx.Client(base_url=g.url, timeout=30) as c:
-            with (
-                pytest.raises(httpx.RemoteProtocolError),
-                c.stream("GET", "/stream?bytes=100000") as r,
-            ):
-                assert r.status_code == 200
-                assert r.headers["content-length"] == "100000"
-                received = sum(len(chunk) for chunk in r.iter_bytes())
-                pytest.fail(f"a truncated body was delivered as complete ({received} bytes)")
+        with (
+            gateway(cfg, tmp_path / "s.yaml") as g,
+            httpx.Client(base_url=g.url, timeout=30) as c,
+            pytest.raises(httpx.RemoteProtocolError),
+            c.stream("GET", "/stream?bytes=100000") as r,
+        ):
+            assert r.status_code == 200
+            assert r.headers["content-length"] == "100000"
+            received = sum(len(chunk) for chunk in r.iter_bytes())
+            pytest.fail(f"a truncated body was delivered as complete ({received} bytes)")
 
 
 @pytest.mark.parametrize("path", ["/truncate-chunked", "/reset-mid-body?bytes=100000"])
@@ -190,23 +191,29 @@ def test_truncated_upstream_body_is_not_complete(
     path: str, ups: list[Upstream], tmp_path: Path
 ) -> None:
     cfg = service([ups[0].address])
-    with gateway(cfg, tmp_path / "s.yaml") as g, httpx.Client(base_url=g.url, timeout=30) as c:
-        with pytest.raises(httpx.RemoteProtocolError), c.stream("GET", path) as r:
-            assert r.status_code == 200
-            for _ in r.iter_bytes():
-                pass
-            pytest.fail("a truncated body was delivered as complete")
+    with (
+        gateway(cfg, tmp_path / "s.yaml") as g,
+        httpx.Client(base_url=g.url, timeout=30) as c,
+        pytest.raises(httpx.RemoteProtocolError),
+        c.stream("GET", path) as r,
+    ):
+        assert r.status_code == 200
+        for _ in r.iter_bytes():
+            pass
+        pytest.fail("a truncated body was delivered as complete")
 
 
 def test_truncated_chunked_body_lacks_the_last_chunk(ups: list[Upstream], tmp_path: Path) -> None:
     """On the wire: the client gets the chunks so far, never the terminating ``0`` chunk."""
     cfg = service([ups[0].address])
-    with gateway(cfg, tmp_path / "s.yaml") as g:
-        with socket.create_connection((g.host, g.port), timeout=10) as s:
-            s.sendall(b"GET /truncate-chunked HTTP/1.1\r\nHost: x\r\n\r\n")
-            data = b""
-            while chunk := s.recv(65536):
-                data += chunk
+    with (
+        gateway(cfg, tmp_path / "s.yaml") as g,
+        socket.create_connection((g.host, g.port), timeout=10) as s,
+    ):
+        s.sendall(b"GET /truncate-chunked HTTP/1.1\r\nHost: x\r\n\r\n")
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
     assert data.startswith(b"HTTP/1.1 200")
     assert b"5\r\nhello\r\n" in data
     assert not data.endswith(b"0\r\n\r\n")
