@@ -98,34 +98,32 @@ def test_burst_larger_than_the_queue_gets_503_and_the_rest_succeeds(
 
 def test_queued_requests_count_in_concurrency(up: Upstream, tmp_path: Path) -> None:
     cfg = one_service(up, {"concurrency_per_replica": 1, "queue": {"max": 10, "timeout_s": 30}})
-    with gateway(cfg, tmp_path / "s.yaml") as g:
-        with ThreadPoolExecutor(4) as pool:
-            futures = [
-                pool.submit(lambda: httpx.get(g.url + "/delay?s=1.5", timeout=60)) for _ in range(4)
-            ]
-            deadline = time.monotonic() + 10
+    with gateway(cfg, tmp_path / "s.yaml") as g, ThreadPoolExecutor(4) as pool:
+        futures = [
+            pool.submit(lambda: httpx.get(g.url + "/delay?s=1.5", timeout=60)) for _ in range(4)
+        ]
+        deadline = time.monotonic() + 10
+        snap = signals(g)
+        while time.monotonic() < deadline and snap["queued"] < 3:
+            time.sleep(0.02)
             snap = signals(g)
-            while time.monotonic() < deadline and snap["queued"] < 3:
-                time.sleep(0.02)
-                snap = signals(g)
-            assert snap["in_flight"] == 1 and snap["queued"] == 3
-            depth = httpx.get(g.admin_url + "/metrics", timeout=10).text
-            assert 'sluice_queue_depth{service="svc"} 3.0' in depth
-            assert all(f.result().status_code == 200 for f in futures)
+        assert snap["in_flight"] == 1 and snap["queued"] == 3
+        depth = httpx.get(g.admin_url + "/metrics", timeout=10).text
+        assert 'sluice_queue_depth{service="svc"} 3.0' in depth
+        assert all(f.result().status_code == 200 for f in futures)
 
 
 def test_queue_timeout_is_503_with_retry_after(up: Upstream, tmp_path: Path) -> None:
     cfg = one_service(up, {"concurrency_per_replica": 1, "queue": {"max": 10, "timeout_s": 0.3}})
-    with gateway(cfg, tmp_path / "s.yaml") as g:
-        with ThreadPoolExecutor(1) as pool:
-            holder = pool.submit(lambda: httpx.get(g.url + "/delay?s=3", timeout=60))
-            deadline = time.monotonic() + 10
-            while signals(g)["in_flight"] < 1 and time.monotonic() < deadline:
-                time.sleep(0.02)
-            start = time.monotonic()
-            r = httpx.get(g.url + "/echo", timeout=60)
-            took_s = time.monotonic() - start
-            assert holder.result().status_code == 200
+    with gateway(cfg, tmp_path / "s.yaml") as g, ThreadPoolExecutor(1) as pool:
+        holder = pool.submit(lambda: httpx.get(g.url + "/delay?s=3", timeout=60))
+        deadline = time.monotonic() + 10
+        while signals(g)["in_flight"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        start = time.monotonic()
+        r = httpx.get(g.url + "/echo", timeout=60)
+        took_s = time.monotonic() - start
+        assert holder.result().status_code == 200
     assert r.status_code == 503
     assert r.headers["sluice-error"] == "queue-timeout"
     assert int(r.headers["retry-after"]) >= 1
