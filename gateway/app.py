@@ -229,6 +229,9 @@ async def serve(
         print(f"sluice: cannot listen: {e}", file=sys.stderr, flush=True)
         await dataplane.stop(0)
         return 1
+    runtime._sync_checkers()
+    if runtime.reloader is not None:  # SIGHUP is handled before anyone learns we are up
+        runtime.reloader.start(settings.reload.interval_s, settings.reload.watch)
     runtime.ready = True
     # One parseable line (tests and scripts read the bound ports from it; port 0 works).
     print(
@@ -241,9 +244,6 @@ async def serve(
         _url(data_host, data_port),
         _url(admin_host, admin_port),
     )
-    runtime._sync_checkers()
-    if runtime.reloader is not None:
-        runtime.reloader.start(settings.reload.interval_s, settings.reload.watch)
     if on_ready is not None:
         await on_ready(runtime)
     await stop.wait()
