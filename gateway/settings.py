@@ -26,6 +26,7 @@ from pydantic import (
     model_validator,
 )
 
+from scaler.localpool.config import ReplicasConfig
 from scaler.policy import BudgetConfig, KeyedValueError, ScalingPolicy, check_floors
 
 PathType = Literal["Exact", "Prefix", "ImplementationSpecific"]
@@ -144,6 +145,10 @@ class ServiceConfig(_Model):
     scaling: ScalingPolicy = Field(
         default_factory=ScalingPolicy, description="How this service scales."
     )
+    replicas: ReplicasConfig | None = Field(
+        default=None,
+        description="Local platform (required there): how Sluice starts this service's replicas.",
+    )
 
 
 def _check_network(value: str) -> str:
@@ -194,11 +199,44 @@ class Settings(_Model):
                 "default_backend",
                 f"names no service (have: {', '.join(sorted(self.services)) or 'none'}), got {self.default_backend!r}",
             )
+        if self.platform == "local":
+            _check_local_services(self.services)
         try:
             check_floors(self.budget, {n: s.scaling for n, s in self.services.items()})
         except KeyedValueError as e:
             raise KeyedValueError(f"budget.{e.key}", e.message) from None
         return self
+
+
+def _check_local_services(services: dict[str, ServiceConfig]) -> None:
+    """platform: local — every service says how to start its replicas, on ports of its own."""
+    seen: list[tuple[str, ReplicasConfig]] = []
+    for name, service in services.items():
+        spec = service.replicas
+        if spec is None:
+            raise KeyedValueError(
+                f"services.{name}.replicas",
+                "is required when platform is local (command and port_range of the replicas)",
+            )
+        if service.endpoints:
+            raise KeyedValueError(
+                f"services.{name}.endpoints",
+                "must be empty when platform is local (Sluice starts the replicas itself)",
+            )
+        if spec.port_count < service.scaling.max_replicas:
+            raise KeyedValueError(
+                f"services.{name}.replicas.port_range",
+                f"holds {spec.port_count} port(s), fewer than scaling.max_replicas "
+                f"({service.scaling.max_replicas})",
+            )
+        for other_name, other in seen:
+            if spec.overlaps(other):
+                raise KeyedValueError(
+                    f"services.{name}.replicas.port_range",
+                    f"{list(spec.port_range)} overlaps services.{other_name}.replicas.port_range "
+                    f"{list(other.port_range)}",
+                )
+        seen.append((name, spec))
 
 
 def _format_loc(loc: Iterable[int | str]) -> str:

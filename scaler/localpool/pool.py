@@ -1,0 +1,602 @@
+"""The local process pool: desired replicas and CPU per service, kept true by supervised tasks.
+
+Per service the pool holds a desired replica count and CPU per replica.  Each replica is a
+*slot* run by its own task: pick a free port, start the process in its own cgroup, probe
+readiness, publish the endpoint when ready, keep probing, restart after a crash with an
+exponential backoff.  Scale-down retires slots (not-ready ones first, then the newest):
+the endpoint is withdrawn first, ``drain(service, address)`` is awaited (the gateway's
+"its in-flight requests are done"), then SIGTERM, then SIGKILL after ``grace_s``.
+``close()`` (or leaving ``async with``) stops every replica and removes every cgroup.
+
+CPU changes are written to the running replicas' cgroups in place.  Where cgroups are not
+usable a warning is logged once, replicas still scale, and :class:`ServiceStatus` says
+``cpu_applied=False``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from scaler.localpool.cgroups import CgroupParent, CgroupUnavailable, ReplicaCgroup, open_parent
+from scaler.localpool.config import ReplicasConfig
+from scaler.localpool.probe import probe_http
+from scaler.localpool.replicas import ReplicaProcess
+
+log = logging.getLogger(__name__)
+
+Drain = Callable[[str, str], Awaitable[None]]
+"""``await drain(service, address)`` returns once the gateway routes nothing new to the
+address and its in-flight requests have completed."""
+
+STABLE_RUN_S = 10.0
+"""A replica ready this long resets its slot's crash count (and so its restart backoff)."""
+_RMDIR_ATTEMPTS = 50
+_RMDIR_PAUSE_S = 0.02
+
+
+async def _no_drain(service: str, address: str) -> None:
+    return None
+
+
+class ReplicaPhase(enum.Enum):
+    STARTING = "starting"
+    READY = "ready"
+    UNREADY = "unready"
+    """Was ready; now failing its probe: running, but gets no new requests."""
+    BACKOFF = "backoff"
+    """Crashed (or could not start); waiting before the next start."""
+    DRAINING = "draining"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+
+
+@dataclass(frozen=True, slots=True)
+class PoolUpdate:
+    """The routable (ready) endpoints of one service, whole."""
+
+    service: str
+    addresses: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaStatus:
+    name: str
+    phase: ReplicaPhase
+    address: str | None
+    pid: int | None
+    restarts: int
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceStatus:
+    """What the pool has for one service right now (plain data)."""
+
+    service: str
+    desired: int
+    ready: int
+    cpu_per_replica_cores: float | None
+    """The CPU limit per replica the pool applies (None = unlimited)."""
+    cpu_applied: bool
+    """False when cgroups are unavailable: the CPU figure is decided, not enforced."""
+    restarts_total: int
+    replicas: tuple[ReplicaStatus, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CpuTotals:
+    """Cumulative CPU of a service's replicas, past and present (monotonic)."""
+
+    usage_s: float | None
+    throttled_s: float | None
+
+
+@dataclass(eq=False)
+class _Slot:
+    service: str
+    name: str
+    cgroup: ReplicaCgroup | None
+    phase: ReplicaPhase = ReplicaPhase.STARTING
+    process: ReplicaProcess | None = None
+    crashes: int = 0
+    restarts: int = 0
+    retire: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+
+    @property
+    def active(self) -> bool:
+        """Counts toward the desired replicas (not on its way out)."""
+        return not self.retire.is_set()
+
+
+class _Service:
+    def __init__(self, name: str, spec: ReplicasConfig, cpu_cores: float | None) -> None:
+        self.name = name
+        self.spec = spec
+        self.desired = 0
+        self.cpu_cores = cpu_cores
+        self.slots: list[_Slot] = []
+        self.next_index = 0
+        self.restarts_total = 0
+        self.retired_usage_s = 0.0
+        self.retired_throttled_s = 0.0
+        self.published: tuple[str, ...] = ()
+
+
+class _Subscriber:
+    def __init__(self) -> None:
+        self.pending: dict[str, PoolUpdate] = {}
+        self.wake = asyncio.Event()
+
+    def push(self, update: PoolUpdate) -> None:
+        self.pending[update.service] = update
+        self.wake.set()
+
+
+class LocalPool:
+    """Runs every service's replicas as local child processes, under per-replica CPU cgroups.
+
+    ``cgroups``: ``"auto"`` detects and creates a parent named ``cgroup_parent_name``
+    (default ``sluice-<pid>``); ``None`` disables CPU limits; or a ready :class:`CgroupParent`.
+    """
+
+    def __init__(
+        self,
+        specs: Mapping[str, ReplicasConfig],
+        *,
+        drain: Drain | None = None,
+        cgroups: CgroupParent | Literal["auto"] | None = "auto",
+        cgroup_parent_name: str | None = None,
+        host: str = "127.0.0.1",
+    ) -> None:
+        self._services = {name: _Service(name, spec, None) for name, spec in specs.items()}
+        self._drain = drain or _no_drain
+        self._cgroup_mode = cgroups
+        self._cgroup_parent_name = cgroup_parent_name
+        self.cgroups: CgroupParent | None = None
+        self.cgroups_unavailable_reason: str | None = None
+        self.host = host
+        self._subscribers: list[_Subscriber] = []
+        self._ports_in_use: set[int] = set()
+        self._started = False
+        self._closed = False
+        self._drain_on_close = True
+
+    def __repr__(self) -> str:
+        parts = ", ".join(
+            f"{s.name}: {sum(sl.active for sl in s.slots)}/{s.desired}"
+            for s in self._services.values()
+        )
+        return f"LocalPool({parts}; cgroups={self.cgroups!r})"
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Set up cgroups (warning once if unusable) and start the initial replicas."""
+        if self._started:
+            return
+        self._started = True
+        if self._cgroup_mode == "auto":
+            try:
+                self.cgroups = open_parent(self._cgroup_parent_name)
+            except CgroupUnavailable as e:
+                self.cgroups_unavailable_reason = str(e)
+                log.warning(
+                    "CPU limits are NOT applied on this machine (%s): replicas still scale, "
+                    "CPU decisions are reported as not applied",
+                    e,
+                )
+        elif isinstance(self._cgroup_mode, CgroupParent):
+            self.cgroups = self._cgroup_mode
+        else:
+            self.cgroups_unavailable_reason = "cgroups disabled"
+        for svc in self._services.values():
+            self._reconcile(svc)
+
+    async def close(self, drain: bool = True) -> None:
+        """Stop every replica (withdraw, drain if asked, SIGTERM, SIGKILL) and remove the cgroups."""
+        if self._closed:
+            return
+        self._closed = True
+        self._drain_on_close = drain
+        for svc in self._services.values():
+            svc.desired = 0
+            for slot in svc.slots:
+                slot.retire.set()
+        tasks = [s.task for svc in self._services.values() for s in svc.slots if s.task]
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        if self.cgroups is not None and self._cgroup_mode == "auto":
+            self.cgroups.destroy()
+        for sub in self._subscribers:
+            sub.wake.set()
+
+    async def __aenter__(self) -> LocalPool:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # ---- desired state ---------------------------------------------------------------------
+
+    @property
+    def services(self) -> list[str]:
+        return list(self._services)
+
+    @property
+    def cpu_limits_applied(self) -> bool:
+        return self.cgroups is not None
+
+    def scale(self, service: str, replicas: int, cpu_per_replica_cores: float | None) -> None:
+        """Set the desired replicas and CPU per replica of ``service`` (CPU applied in place)."""
+        self.set_cpu(service, cpu_per_replica_cores)
+        self.set_replicas(service, replicas)
+
+    def set_replicas(self, service: str, replicas: int) -> None:
+        if replicas < 0:
+            raise ValueError(f"replicas must be >= 0, got {replicas}")
+        svc = self._service(service)
+        if svc.desired != replicas:
+            log.info("%s: replicas %d -> %d", service, svc.desired, replicas)
+        svc.desired = replicas
+        if self._started and not self._closed:
+            self._reconcile(svc)
+
+    def set_cpu(self, service: str, cores: float | None) -> None:
+        if cores is not None and cores <= 0:
+            raise ValueError(f"cpu per replica must be > 0 cores, got {cores}")
+        svc = self._service(service)
+        if svc.cpu_cores == cores:
+            return
+        log.info("%s: cpu per replica %s -> %s cores", service, svc.cpu_cores, cores)
+        svc.cpu_cores = cores
+        for slot in svc.slots:
+            if slot.cgroup is not None:
+                self._apply_cpu(slot.cgroup, cores)
+
+    def _service(self, service: str) -> _Service:
+        try:
+            return self._services[service]
+        except KeyError:
+            raise KeyError(f"the local pool runs no service {service!r}") from None
+
+    def _apply_cpu(self, cgroup: ReplicaCgroup, cores: float | None) -> None:
+        try:
+            cgroup.set_cpu(cores)
+        except OSError as e:
+            log.warning("cannot set CPU of %r to %s cores: %s", cgroup, cores, e)
+
+    # ---- what is ---------------------------------------------------------------------------
+
+    def status(self, service: str) -> ServiceStatus:
+        svc = self._service(service)
+        replicas = tuple(
+            ReplicaStatus(
+                name=s.name,
+                phase=s.phase,
+                address=s.process.address if s.process else None,
+                pid=s.process.pid if s.process else None,
+                restarts=s.restarts,
+            )
+            for s in svc.slots
+        )
+        return ServiceStatus(
+            service=service,
+            desired=svc.desired,
+            ready=sum(r.phase is ReplicaPhase.READY for r in replicas),
+            cpu_per_replica_cores=svc.cpu_cores,
+            cpu_applied=self.cgroups is not None,
+            restarts_total=svc.restarts_total,
+            replicas=replicas,
+        )
+
+    def statuses(self) -> dict[str, ServiceStatus]:
+        return {name: self.status(name) for name in self._services}
+
+    def replica_cgroups(self, service: str) -> list[ReplicaCgroup]:
+        return [s.cgroup for s in self._service(service).slots if s.cgroup is not None]
+
+    def cpu_totals(self, service: str) -> CpuTotals:
+        """CPU used and time throttled by the service's replicas (cgroup counters, monotonic)."""
+        svc = self._service(service)
+        if self.cgroups is None:
+            return CpuTotals(None, None)
+        usage, throttled = svc.retired_usage_s, svc.retired_throttled_s
+        for slot in svc.slots:
+            if slot.cgroup is None:
+                continue
+            try:
+                u = slot.cgroup.read_usage()
+            except OSError:
+                continue
+            if u.usage_s is None:
+                return CpuTotals(None, throttled + u.throttled_s)
+            usage += u.usage_s
+            throttled += u.throttled_s
+        return CpuTotals(usage, throttled)
+
+    def endpoints(self, service: str) -> tuple[str, ...]:
+        return self._service(service).published
+
+    async def updates(self) -> AsyncIterator[PoolUpdate]:
+        """Every service's ready endpoints first, then each service's whole set when it changes."""
+        sub = _Subscriber()
+        for svc in self._services.values():
+            sub.push(PoolUpdate(svc.name, svc.published))
+        self._subscribers.append(sub)
+        try:
+            while not self._closed or sub.pending:
+                await sub.wake.wait()
+                sub.wake.clear()
+                pending, sub.pending = sub.pending, {}
+                for update in pending.values():
+                    yield update
+        finally:
+            self._subscribers.remove(sub)
+
+    def _publish(self, svc: _Service) -> None:
+        addresses = tuple(
+            s.process.address
+            for s in svc.slots
+            if s.phase is ReplicaPhase.READY and s.process is not None
+        )
+        if addresses == svc.published:
+            return
+        svc.published = addresses
+        update = PoolUpdate(svc.name, addresses)
+        for sub in self._subscribers:
+            sub.push(update)
+
+    # ---- reconciliation ----------------------------------------------------------------------
+
+    def _reconcile(self, svc: _Service) -> None:
+        active = [s for s in svc.slots if s.active]
+        for _ in range(svc.desired - len(active)):
+            self._add_slot(svc)
+        if len(active) > svc.desired:
+            order = {
+                ReplicaPhase.BACKOFF: 0,
+                ReplicaPhase.STARTING: 1,
+                ReplicaPhase.UNREADY: 2,
+                ReplicaPhase.READY: 3,
+            }
+            # Not-ready replicas go first, then the newest ready ones.
+            victims = sorted(
+                active,
+                key=lambda s: (order.get(s.phase, 0), -svc.slots.index(s)),
+            )[: len(active) - svc.desired]
+            for slot in victims:
+                log.info("%s: retiring %s (%s)", svc.name, slot.name, slot.phase.value)
+                slot.retire.set()
+
+    def _add_slot(self, svc: _Service) -> None:
+        name = f"{svc.name.replace('/', '_')}-{svc.next_index}"
+        svc.next_index += 1
+        cgroup = None
+        if self.cgroups is not None:
+            try:
+                cgroup = self.cgroups.child(name)
+                self._apply_cpu(cgroup, svc.cpu_cores)
+            except OSError as e:
+                log.warning("%s: cannot create cgroup for %s: %s", svc.name, name, e)
+        slot = _Slot(svc.name, name, cgroup)
+        svc.slots.append(slot)
+        slot.task = asyncio.create_task(self._supervise(svc, slot), name=f"replica {name}")
+
+    async def _supervise(self, svc: _Service, slot: _Slot) -> None:
+        failed = False
+        try:
+            await self._run_slot(svc, slot)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            failed = True
+            log.exception("%s: supervisor of %s failed; replacing it", svc.name, slot.name)
+        finally:
+            slot.retire.set()
+            await asyncio.shield(self._finish_slot(svc, slot))
+        if failed and not self._closed:
+            asyncio.get_running_loop().call_later(1.0, self._reconcile_if_open, svc)
+
+    def _reconcile_if_open(self, svc: _Service) -> None:
+        if not self._closed:
+            self._reconcile(svc)
+
+    def _take_port(self, svc: _Service) -> int | None:
+        start, end = svc.spec.port_range
+        for port in range(start, end + 1):
+            if port in self._ports_in_use:
+                continue
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    s.bind((self.host, port))
+                except OSError:
+                    continue
+            self._ports_in_use.add(port)
+            return port
+        return None
+
+    async def _run_slot(self, svc: _Service, slot: _Slot) -> None:
+        loop = asyncio.get_running_loop()
+        retire_task = asyncio.create_task(slot.retire.wait())
+        try:
+            while not slot.retire.is_set():
+                unstable = await self._run_once(svc, slot, retire_task, loop)
+                if slot.retire.is_set():
+                    break
+                slot.crashes = slot.crashes + 1 if unstable else 1
+                delay = min(
+                    svc.spec.restart_backoff_s * 2 ** (slot.crashes - 1),
+                    svc.spec.restart_backoff_max_s,
+                )
+                slot.phase = ReplicaPhase.BACKOFF
+                log.warning("%s: %s will restart in %.2fs", svc.name, slot.name, delay)
+                await asyncio.wait({retire_task}, timeout=delay)
+                if not slot.retire.is_set():
+                    slot.restarts += 1
+                    svc.restarts_total += 1
+        finally:
+            retire_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await retire_task
+
+    async def _run_once(
+        self,
+        svc: _Service,
+        slot: _Slot,
+        retire_task: asyncio.Task[bool],
+        loop: asyncio.AbstractEventLoop,
+    ) -> bool:
+        """Run one process for the slot until it exits or the slot retires.
+
+        Return True when it crashed before running stably (the backoff keeps growing).
+        """
+        spec = svc.spec
+        slot.phase = ReplicaPhase.STARTING
+        port = self._take_port(svc)
+        if port is None:
+            log.warning("%s: no free port in %s for %s", svc.name, spec.port_range, slot.name)
+            return True
+        proc = ReplicaProcess(
+            svc.name, slot.name, port, spec.command, spec.env, cgroup=slot.cgroup, host=self.host
+        )
+        slot.process = proc
+        try:
+            if slot.cgroup is not None:
+                with contextlib.suppress(OSError):
+                    slot.cgroup.kill_all()
+            await proc.start()
+        except OSError as e:
+            log.warning("%s: cannot start %s: %s", svc.name, slot.name, e)
+            self._ports_in_use.discard(port)
+            return True
+        exit_task = asyncio.create_task(proc.wait())
+        ready_since: float | None = None
+        failures = 0
+        started_at = loop.time()
+        try:
+            while True:
+                probing = slot.phase is not ReplicaPhase.STARTING
+                period = spec.readiness.period_s if probing else spec.readiness.startup_period_s
+                probe = asyncio.create_task(
+                    probe_http(self.host, port, spec.readiness.path, spec.readiness.timeout_s)
+                )
+                done, _ = await asyncio.wait(
+                    {probe, exit_task, retire_task}, return_when=asyncio.FIRST_COMPLETED
+                )
+                if exit_task in done or retire_task in done:
+                    probe.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await probe
+                if retire_task in done:
+                    return False
+                if exit_task in done:
+                    break
+                ok = probe.result()
+                if ok:
+                    failures = 0
+                    if slot.phase is not ReplicaPhase.READY:
+                        slot.phase = ReplicaPhase.READY
+                        ready_since = loop.time()
+                        log.info("%s: %s ready at %s", svc.name, slot.name, proc.address)
+                        self._publish(svc)
+                else:
+                    failures += 1
+                    if (
+                        slot.phase is ReplicaPhase.READY
+                        and failures >= spec.readiness.failure_threshold
+                    ):
+                        slot.phase = ReplicaPhase.UNREADY
+                        log.warning("%s: %s failed %d probes", svc.name, slot.name, failures)
+                        self._publish(svc)
+                    elif (
+                        slot.phase is ReplicaPhase.STARTING
+                        and loop.time() - started_at > spec.readiness.startup_timeout_s
+                    ):
+                        log.warning(
+                            "%s: %s not ready after %gs: restarting it",
+                            svc.name,
+                            slot.name,
+                            spec.readiness.startup_timeout_s,
+                        )
+                        break
+                done, _ = await asyncio.wait({exit_task, retire_task}, timeout=period)
+                if retire_task in done:
+                    return False
+                if exit_task in done:
+                    break
+            # The process exited by itself (or never became ready): a crash.
+            stable = ready_since is not None and loop.time() - ready_since >= STABLE_RUN_S
+            log.warning(
+                "%s: %s (pid %s) exited with %s",
+                svc.name,
+                slot.name,
+                proc.pid,
+                proc.returncode if exit_task.done() else "no readiness",
+            )
+            slot.phase = ReplicaPhase.BACKOFF
+            self._publish(svc)
+            await proc.stop(0.0 if exit_task.done() else spec.grace_s)
+            self._ports_in_use.discard(port)
+            slot.process = None
+            return not stable
+        finally:
+            if not exit_task.done():
+                exit_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await exit_task
+
+    async def _finish_slot(self, svc: _Service, slot: _Slot) -> None:
+        """Withdraw the endpoint, drain, stop the process, account its CPU, remove its cgroup."""
+        proc = slot.process
+        was_routable = slot.phase in (ReplicaPhase.READY, ReplicaPhase.UNREADY)
+        slot.phase = ReplicaPhase.DRAINING if was_routable else ReplicaPhase.STOPPING
+        self._publish(svc)
+        drain_s = svc.spec.drain_timeout_s if self._drain_on_close or not self._closed else 0.0
+        if proc is not None and was_routable and proc.running and drain_s > 0:
+            try:
+                async with asyncio.timeout(drain_s):
+                    await self._drain(svc.name, proc.address)
+            except TimeoutError:
+                log.warning(
+                    "%s: %s still busy after %gs of draining: stopping it",
+                    svc.name,
+                    slot.name,
+                    drain_s,
+                )
+            except Exception:
+                log.exception("%s: draining %s failed: stopping it", svc.name, slot.name)
+        slot.phase = ReplicaPhase.STOPPING
+        if proc is not None:
+            rc = await proc.stop(svc.spec.grace_s)
+            log.info("%s: %s stopped (exit %s)", svc.name, slot.name, rc)
+            self._ports_in_use.discard(proc.port)
+        if slot.cgroup is not None and self.cgroups is not None:
+            await self._remove_cgroup(svc, slot.cgroup)
+        slot.phase = ReplicaPhase.STOPPED
+        svc.slots.remove(slot)
+
+    async def _remove_cgroup(self, svc: _Service, cgroup: ReplicaCgroup) -> None:
+        assert self.cgroups is not None
+        with contextlib.suppress(OSError):
+            final = cgroup.read_usage()
+            svc.retired_usage_s += final.usage_s or 0.0
+            svc.retired_throttled_s += final.throttled_s
+        for _ in range(_RMDIR_ATTEMPTS):
+            with contextlib.suppress(OSError):
+                cgroup.kill_all()
+            try:
+                if not cgroup.pids():
+                    break
+            except OSError:
+                break
+            await asyncio.sleep(_RMDIR_PAUSE_S)
+        self.cgroups.discard(cgroup)
