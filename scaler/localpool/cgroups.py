@@ -24,6 +24,7 @@ import logging
 import os
 import re
 import signal
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,8 @@ MIN_QUOTA_US = 1_000
 """The kernel rejects quotas below 1 ms."""
 _PARENT_PREFIX = "sluice-"
 _STALE_PARENT = re.compile(r"^sluice-(\d+)$")
+_EMPTY_WAIT_S = 3.0
+"""Longest blocking wait for killed processes to leave a cgroup before removing it."""
 
 
 class CgroupUnavailable(Exception):
@@ -363,6 +366,20 @@ def _subdirs(directory: Path | None) -> list[Path]:
         return []
 
 
+def kill_and_wait(cg: ReplicaCgroup, timeout_s: float = _EMPTY_WAIT_S) -> bool:
+    """SIGKILL everything in ``cg`` and wait (bounded, blocking) until it is empty."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if cg.kill_all() == 0 and not cg.pids():
+                return True
+        except OSError:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+
+
 def _destroy_tree(
     layout: CgroupLayout,
     cpu_dir: Path,
@@ -373,16 +390,16 @@ def _destroy_tree(
     ok = True
     for child in _subdirs(cpu_dir):
         cg = ReplicaCgroup(layout, child, acct_children.pop(child.name, None))
-        cg.kill_all()
+        kill_and_wait(cg)
         ok = cg.remove(rmdir) and ok
     for orphan in acct_children.values():
-        ReplicaCgroup(layout, orphan, None).kill_all()
+        kill_and_wait(ReplicaCgroup(layout, orphan, None))
         ok = ReplicaCgroup(layout, orphan, None).remove(rmdir) and ok
     for d in (cpu_dir, acct_dir):
         if d is None:
             continue
         with contextlib.suppress(FileNotFoundError):
-            ReplicaCgroup(layout, d, None).kill_all()
+            kill_and_wait(ReplicaCgroup(layout, d, None))
         try:
             rmdir(d)
         except FileNotFoundError:

@@ -22,6 +22,7 @@ import logging
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 from scaler.localpool.cgroups import CgroupParent, CgroupUnavailable, ReplicaCgroup, open_parent
@@ -39,6 +40,13 @@ STABLE_RUN_S = 10.0
 """A replica ready this long resets its slot's crash count (and so its restart backoff)."""
 _RMDIR_ATTEMPTS = 50
 _RMDIR_PAUSE_S = 0.02
+
+
+def restart_delay_s(crashes: int, base_s: float, max_s: float) -> float:
+    """Delay before restarting after the ``crashes``-th crash in a row: doubling, capped."""
+    if crashes < 1:
+        return 0.0
+    return float(min(base_s * 2 ** min(crashes - 1, 64), max_s))
 
 
 async def _no_drain(service: str, address: str) -> None:
@@ -153,12 +161,14 @@ class LocalPool:
         drain: Drain | None = None,
         cgroups: CgroupParent | Literal["auto"] | None = "auto",
         cgroup_parent_name: str | None = None,
+        mountinfo_path: Path = Path("/proc/self/mountinfo"),
         host: str = "127.0.0.1",
     ) -> None:
         self._services = {name: _Service(name, spec, None) for name, spec in specs.items()}
         self._drain = drain or _no_drain
         self._cgroup_mode = cgroups
         self._cgroup_parent_name = cgroup_parent_name
+        self._mountinfo_path = mountinfo_path
         self.cgroups: CgroupParent | None = None
         self.cgroups_unavailable_reason: str | None = None
         self.host = host
@@ -184,7 +194,7 @@ class LocalPool:
         self._started = True
         if self._cgroup_mode == "auto":
             try:
-                self.cgroups = open_parent(self._cgroup_parent_name)
+                self.cgroups = open_parent(self._cgroup_parent_name, self._mountinfo_path)
             except CgroupUnavailable as e:
                 self.cgroups_unavailable_reason = str(e)
                 log.warning(
@@ -433,9 +443,8 @@ class LocalPool:
                 if slot.retire.is_set():
                     break
                 slot.crashes = slot.crashes + 1 if unstable else 1
-                delay = min(
-                    svc.spec.restart_backoff_s * 2 ** (slot.crashes - 1),
-                    svc.spec.restart_backoff_max_s,
+                delay = restart_delay_s(
+                    slot.crashes, svc.spec.restart_backoff_s, svc.spec.restart_backoff_max_s
                 )
                 slot.phase = ReplicaPhase.BACKOFF
                 log.warning("%s: %s will restart in %.2fs", svc.name, slot.name, delay)
