@@ -7,9 +7,12 @@ fails, crashes or is being retired (before it is drained and stopped).
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from gateway.discovery import EndpointInfo, EndpointUpdate
-from scaler.localpool.pool import LocalPool
+from gateway.settings import Settings
+from scaler.actuators.local import LocalActuator
+from scaler.localpool.pool import Drain, LocalPool
 
 
 class LocalEndpointSource:
@@ -27,3 +30,29 @@ class LocalEndpointSource:
                 service=update.service,
                 endpoints=tuple(EndpointInfo(address=a) for a in update.addresses),
             )
+
+
+@dataclass(frozen=True, slots=True)
+class LocalPlatform:
+    """The three pieces ``platform: local`` needs, sharing one pool.
+
+    Use: ``async with platform.pool: ...`` around the gateway's lifetime; feed
+    ``platform.endpoints.updates()`` to the endpoint sets, hand ``platform.actuator`` to the
+    scaler loop, and pass each tick's signals through ``platform.actuator.add_cpu_signals``.
+    """
+
+    pool: LocalPool
+    actuator: LocalActuator
+    endpoints: LocalEndpointSource
+
+
+def local_platform(settings: Settings, drain: Drain | None = None) -> LocalPlatform:
+    """Build the pool (every service at ``min_replicas`` with its initial CPU) from settings."""
+    specs = {}
+    for name, service in settings.services.items():
+        if service.replicas is None:
+            raise ValueError(f"services.{name}.replicas is required when platform is local")
+        specs[name] = service.replicas
+    pool = LocalPool(specs, drain=drain)
+    actuator = LocalActuator(pool, {n: s.scaling for n, s in settings.services.items()})
+    return LocalPlatform(pool=pool, actuator=actuator, endpoints=LocalEndpointSource(pool))

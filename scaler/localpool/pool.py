@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import enum
 import logging
+import signal
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -177,6 +178,7 @@ class LocalPool:
         self._started = False
         self._closed = False
         self._drain_on_close = True
+        self._killed = False
 
     def __repr__(self) -> str:
         parts = ", ".join(
@@ -194,7 +196,10 @@ class LocalPool:
         self._started = True
         if self._cgroup_mode == "auto":
             try:
-                self.cgroups = open_parent(self._cgroup_parent_name, self._mountinfo_path)
+                # Sweeping a dead Sluice's cgroups may wait for killed processes: not on the loop.
+                self.cgroups = await asyncio.to_thread(
+                    open_parent, self._cgroup_parent_name, self._mountinfo_path
+                )
             except CgroupUnavailable as e:
                 self.cgroups_unavailable_reason = str(e)
                 log.warning(
@@ -223,9 +228,25 @@ class LocalPool:
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
         if self.cgroups is not None and self._cgroup_mode == "auto":
-            self.cgroups.destroy()
+            await asyncio.to_thread(self.cgroups.destroy)
         for sub in self._subscribers:
             sub.wake.set()
+
+    def kill_now(self) -> None:
+        """Last resort, synchronous: SIGKILL every replica's process group and cgroup at once.
+
+        Nothing is restarted afterwards; ``close()`` still removes the cgroups.
+        """
+        self._killed = True
+        for svc in self._services.values():
+            svc.desired = 0
+            for slot in svc.slots:
+                slot.retire.set()
+                if slot.process is not None:
+                    slot.process.signal_group(signal.SIGKILL)
+                if slot.cgroup is not None:
+                    with contextlib.suppress(OSError):
+                        slot.cgroup.kill_all()
 
     async def __aenter__(self) -> LocalPool:
         await self.start()
@@ -255,8 +276,11 @@ class LocalPool:
         svc = self._service(service)
         if svc.desired != replicas:
             log.info("%s: replicas %d -> %d", service, svc.desired, replicas)
+        if self._killed or self._closed:
+            log.warning("%s: the pool is stopped; replicas stay at 0", service)
+            return
         svc.desired = replicas
-        if self._started and not self._closed:
+        if self._started:
             self._reconcile(svc)
 
     def set_cpu(self, service: str, cores: float | None) -> None:
@@ -416,7 +440,7 @@ class LocalPool:
             asyncio.get_running_loop().call_later(1.0, self._reconcile_if_open, svc)
 
     def _reconcile_if_open(self, svc: _Service) -> None:
-        if not self._closed:
+        if not self._closed and not self._killed:
             self._reconcile(svc)
 
     def _take_port(self, svc: _Service) -> int | None:
@@ -565,11 +589,27 @@ class LocalPool:
 
     async def _finish_slot(self, svc: _Service, slot: _Slot) -> None:
         """Withdraw the endpoint, drain, stop the process, account its CPU, remove its cgroup."""
+        try:
+            await self._retire_slot(svc, slot)
+        except Exception:
+            log.exception("%s: stopping %s failed; killing what is left", svc.name, slot.name)
+            if slot.process is not None:
+                slot.process.signal_group(signal.SIGKILL)
+            if slot.cgroup is not None:
+                with contextlib.suppress(OSError):
+                    slot.cgroup.kill_all()
+        finally:
+            slot.phase = ReplicaPhase.STOPPED
+            if slot in svc.slots:
+                svc.slots.remove(slot)
+            self._publish(svc)
+
+    async def _retire_slot(self, svc: _Service, slot: _Slot) -> None:
         proc = slot.process
         was_routable = slot.phase in (ReplicaPhase.READY, ReplicaPhase.UNREADY)
         slot.phase = ReplicaPhase.DRAINING if was_routable else ReplicaPhase.STOPPING
         self._publish(svc)
-        drain_s = svc.spec.drain_timeout_s if self._drain_on_close or not self._closed else 0.0
+        drain_s = svc.spec.drain_timeout_s if self._drain_on_close and not self._killed else 0.0
         if proc is not None and was_routable and proc.running and drain_s > 0:
             try:
                 async with asyncio.timeout(drain_s):
@@ -590,8 +630,6 @@ class LocalPool:
             self._ports_in_use.discard(proc.port)
         if slot.cgroup is not None and self.cgroups is not None:
             await self._remove_cgroup(svc, slot.cgroup)
-        slot.phase = ReplicaPhase.STOPPED
-        svc.slots.remove(slot)
 
     async def _remove_cgroup(self, svc: _Service, cgroup: ReplicaCgroup) -> None:
         assert self.cgroups is not None

@@ -409,3 +409,18 @@ async def test_without_cgroups_replicas_still_scale_and_cpu_is_not_applied(
     assert len(warnings) == 1
     assert pool.status("api").replicas == ()
     assert all(r.phase is not ReplicaPhase.READY for r in pool.status("api").replicas)
+
+
+@needs_cgroups
+async def test_kill_now_stops_everything_without_restarts(harness: Harness) -> None:
+    pool = harness.pool({"api": harness.spec()})
+    async with pool:
+        pool.scale("api", 2, 0.5)
+        assert await until(lambda: pool.status("api").ready == 2)
+        pids = [r.pid for r in pool.status("api").replicas]
+        pool.kill_now()
+        assert await until(lambda: not pool.status("api").replicas)
+        assert not any(pid_alive(p) for p in pids if p is not None)
+        pool.set_replicas("api", 1)  # refused: the pool was killed
+        assert pool.status("api").desired == 0
+        assert pool.status("api").restarts_total == 0

@@ -127,3 +127,27 @@ def test_static_platform_does_not_require_replicas() -> None:
 def test_command_substitutes_port_and_python() -> None:
     argv = render_command(["{python}", "-m", "app", "--port={port}", "{port}"], 9123)
     assert argv == [sys.executable, "-m", "app", "--port=9123", "9123"]
+
+
+def test_the_local_example_builds_a_platform_at_min_replicas_and_initial_cpu() -> None:
+    from pathlib import Path
+
+    from gateway.discovery.local import local_platform
+    from gateway.settings import load_settings
+
+    root = Path(__file__).resolve().parents[2]
+    settings = load_settings(root / "config" / "examples" / "local.yaml")
+    platform = local_platform(settings)
+    statuses = platform.pool.statuses()
+    assert sorted(statuses) == ["api", "reports"]
+    assert (statuses["api"].desired, statuses["api"].cpu_per_replica_cores) == (1, 0.25)
+    assert (statuses["reports"].desired, statuses["reports"].cpu_per_replica_cores) == (0, 0.25)
+    assert platform.endpoints.pool is platform.pool is platform.actuator.pool
+
+
+def test_local_platform_refuses_a_service_without_replicas() -> None:
+    from gateway.discovery.local import local_platform
+
+    settings = parse_settings({"services": {"api": {}}})
+    with pytest.raises(ValueError, match=r"services\.api\.replicas is required"):
+        local_platform(settings)
