@@ -54,14 +54,13 @@ class LocalActuator:
 
     async def current(self) -> Mapping[str, ServiceState]:
         out = {}
-        applied = self.pool.cpu_limits_applied
         for name, status in self.pool.statuses().items():
             out[name] = ServiceState(
                 service=name,
                 replicas=status.desired,
                 ready_replicas=status.ready,
                 cpu_per_replica_cores=status.cpu_per_replica_cores or 0.0,
-                cpu_limits_applied=applied,
+                cpu_limits_applied=status.cpu_applied,
             )
         return out
 

@@ -115,6 +115,8 @@ class _Slot:
     process: ReplicaProcess | None = None
     crashes: int = 0
     restarts: int = 0
+    cpu_ok: bool = True
+    """The last CPU limit was written to this replica's cgroup."""
     retire: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
 
@@ -293,7 +295,7 @@ class LocalPool:
         svc.cpu_cores = cores
         for slot in svc.slots:
             if slot.cgroup is not None:
-                self._apply_cpu(slot.cgroup, cores)
+                slot.cpu_ok = self._apply_cpu(slot.cgroup, cores)
 
     def _service(self, service: str) -> _Service:
         try:
@@ -301,11 +303,13 @@ class LocalPool:
         except KeyError:
             raise KeyError(f"the local pool runs no service {service!r}") from None
 
-    def _apply_cpu(self, cgroup: ReplicaCgroup, cores: float | None) -> None:
+    def _apply_cpu(self, cgroup: ReplicaCgroup, cores: float | None) -> bool:
         try:
             cgroup.set_cpu(cores)
         except OSError as e:
             log.warning("cannot set CPU of %r to %s cores: %s", cgroup, cores, e)
+            return False
+        return True
 
     # ---- what is ---------------------------------------------------------------------------
 
@@ -326,7 +330,7 @@ class LocalPool:
             desired=svc.desired,
             ready=sum(r.phase is ReplicaPhase.READY for r in replicas),
             cpu_per_replica_cores=svc.cpu_cores,
-            cpu_applied=self.cgroups is not None,
+            cpu_applied=self.cgroups is not None and all(s.cpu_ok for s in svc.slots),
             restarts_total=svc.restarts_total,
             replicas=replicas,
         )
@@ -414,13 +418,16 @@ class LocalPool:
         name = f"{svc.name.replace('/', '_')}-{svc.next_index}"
         svc.next_index += 1
         cgroup = None
+        cpu_ok = self.cgroups is not None
         if self.cgroups is not None:
             try:
                 cgroup = self.cgroups.child(name)
-                self._apply_cpu(cgroup, svc.cpu_cores)
             except OSError as e:
                 log.warning("%s: cannot create cgroup for %s: %s", svc.name, name, e)
-        slot = _Slot(svc.name, name, cgroup)
+                cpu_ok = False
+            else:
+                cpu_ok = self._apply_cpu(cgroup, svc.cpu_cores)
+        slot = _Slot(svc.name, name, cgroup, cpu_ok=cpu_ok)
         svc.slots.append(slot)
         slot.task = asyncio.create_task(self._supervise(svc, slot), name=f"replica {name}")
 
