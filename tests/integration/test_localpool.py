@@ -15,8 +15,7 @@ import random
 import signal
 import subprocess
 import sys
-import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -27,87 +26,18 @@ from gateway.discovery import EndpointUpdate
 from gateway.discovery.local import LocalEndpointSource
 from scaler.actuators.local import LocalActuator
 from scaler.decision import Decision
-from scaler.localpool.cgroups import CgroupUnavailable, detect_layout, open_parent, sweep_stale
-from scaler.localpool.config import ReplicasConfig
+from scaler.localpool.cgroups import detect_layout, sweep_stale
 from scaler.localpool.pool import LocalPool, PoolUpdate, ReplicaPhase
 from scaler.policy import CpuPolicy, ScalingPolicy
 from scaler.signals import ServiceSignals
-from tests.support.procs import MARKER_VAR, pid_alive, pids_with_marker
-
-ROOT = Path(__file__).resolve().parents[2]
-DEMO = ["{python}", "-m", "gateway.demo", "--port", "{port}"]
-
-
-def _cgroups_usable() -> str | None:
-    try:
-        parent = open_parent(f"sluice-probe-{uuid.uuid4().hex[:8]}", sweep=False)
-    except CgroupUnavailable as e:
-        return str(e)
-    parent.destroy()
-    return None
-
-
-_UNUSABLE = _cgroups_usable()
-needs_cgroups = pytest.mark.skipif(_UNUSABLE is not None, reason=f"no CPU cgroups: {_UNUSABLE}")
-
-
-async def until(predicate: Callable[[], bool], timeout_s: float = 30.0) -> bool:
-    """Bounded polling on the event loop."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while loop.time() < deadline:
-        if predicate():
-            return True
-        await asyncio.sleep(0.02)
-    return predicate()
-
-
-class Harness:
-    def __init__(self) -> None:
-        self.marker = uuid.uuid4().hex
-        self.parent_name = f"sluice-test-{self.marker[:12]}"
-        self.pools: list[LocalPool] = []
-        base = random.randrange(20000, 60000, 100)
-        self._next_range = iter(range(base, base + 100, 25))
-
-    def spec(self, command: list[str] | None = None, **over: Any) -> ReplicasConfig:
-        start = next(self._next_range)
-        fields: dict[str, Any] = {
-            "command": command or DEMO,
-            "port_range": (start, start + 24),
-            "env": {MARKER_VAR: self.marker, "PYTHONPATH": str(ROOT)},
-            "grace_s": 5.0,
-            "restart_backoff_s": 0.05,
-            "restart_backoff_max_s": 0.5,
-        }
-        fields.update(over)
-        return ReplicasConfig(**fields)
-
-    def pool(self, specs: dict[str, ReplicasConfig], **kw: Any) -> LocalPool:
-        kw.setdefault("cgroup_parent_name", self.parent_name)
-        pool = LocalPool(specs, **kw)
-        self.pools.append(pool)
-        return pool
+from tests.support.localpool import ROOT, Harness, get, needs_cgroups, run_harness, until
+from tests.support.procs import pid_alive, pids_with_marker, wait_until
 
 
 @pytest.fixture
 async def harness() -> AsyncIterator[Harness]:
-    h = Harness()
-    try:
+    async for h in run_harness():
         yield h
-    finally:
-        for pool in h.pools:
-            await pool.close(drain=False)
-    for pool in h.pools:
-        if pool.cgroups is not None:
-            assert not pool.cgroups.cpu_dir.exists(), f"{pool.cgroups.cpu_dir} left behind"
-    leftovers = pids_with_marker(h.marker)
-    assert leftovers == [], f"processes left behind: {leftovers}"
-
-
-async def get(address: str, path: str, timeout_s: float = 60.0) -> httpx.Response:
-    async with httpx.AsyncClient(timeout=timeout_s) as client:
-        return await client.get(f"http://{address}{path}")
 
 
 @needs_cgroups
@@ -216,7 +146,7 @@ async def test_a_replica_that_keeps_crashing_backs_off_and_is_never_routed(
 
 @needs_cgroups
 async def test_scale_down_withdraws_then_drains_then_terminates(harness: Harness) -> None:
-    events: list[tuple[str, Any]] = []
+    events: list[tuple[Any, ...]] = []
     in_flight: dict[str, asyncio.Task[httpx.Response]] = {}
     pool: LocalPool
 
@@ -308,8 +238,6 @@ def test_replicas_die_with_a_killed_sluice(harness: Harness, grandchild: bool) -
         runner.wait()
         if runner.stdout:
             runner.stdout.close()
-    from tests.support.procs import wait_until
-
     # PR_SET_PDEATHSIG: the kernel kills each replica when Sluice dies.
     assert wait_until(lambda: not any(pid_alive(p) for p in pids))
     layout = detect_layout(Path("/proc/self/mountinfo").read_text())
