@@ -568,7 +568,9 @@ class LocalPool:
                             spec.readiness.startup_timeout_s,
                         )
                         break
-                done, _ = await asyncio.wait({exit_task, retire_task}, timeout=period)
+                done, _ = await asyncio.wait(
+                    {exit_task, retire_task}, timeout=period, return_when=asyncio.FIRST_COMPLETED
+                )
                 if retire_task in done:
                     return False
                 if exit_task in done:
