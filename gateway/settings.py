@@ -134,6 +134,10 @@ class ServiceConfig(_Model):
     endpoints: list[Address] = Field(
         default_factory=list, description="Static platform: the replicas' 'host:port' addresses."
     )
+    replicas: ReplicasConfig | None = Field(
+        default=None,
+        description="Local platform (required there): how Sluice starts this service's replicas.",
+    )
     balancer: BalancerName = Field(
         default="least_request",
         description="round_robin; least_request (power of two choices over in-flight); "
@@ -144,10 +148,6 @@ class ServiceConfig(_Model):
     )
     scaling: ScalingPolicy = Field(
         default_factory=ScalingPolicy, description="How this service scales."
-    )
-    replicas: ReplicasConfig | None = Field(
-        default=None,
-        description="Local platform (required there): how Sluice starts this service's replicas.",
     )
 
 
