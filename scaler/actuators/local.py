@@ -37,14 +37,19 @@ class LocalActuator:
         return f"LocalActuator({self.pool!r})"
 
     async def apply(self, decisions: Mapping[str, Decision]) -> None:
+        """Shrinking CPU first, then growing it: reclaimed CPU is freed before it is lent."""
+        todo: list[tuple[str, Decision]] = []
         for name, decision in decisions.items():
             if name not in self.pool.services:
                 if name not in self._unknown_logged:
                     self._unknown_logged.add(name)
                     log.warning("decision for %r, which the local pool does not run: ignored", name)
                 continue
-            if decision.frozen:
-                continue
+            if not decision.frozen:
+                todo.append((name, decision))
+        current = {n: s.cpu_per_replica_cores for n, s in self.pool.statuses().items()}
+        todo.sort(key=lambda nd: nd[1].cpu_per_replica_cores - (current[nd[0]] or 0.0))
+        for name, decision in todo:
             cores = decision.cpu_per_replica_cores
             if cores > 0:
                 self.pool.set_cpu(name, cores)

@@ -302,6 +302,11 @@ class CgroupParent:
             f"CgroupParent(v{self.layout.version}, {self.cpu_dir}, {len(self._children)} children)"
         )
 
+    @property
+    def group(self) -> ReplicaCgroup:
+        """The parent itself, to cap (``set_cpu``) or measure every replica at once."""
+        return ReplicaCgroup(self.layout, self.cpu_dir, self.acct_dir)
+
     def create(self) -> None:
         """Make the parent directories; raise :class:`CgroupUnavailable` when that is not allowed."""
         try:

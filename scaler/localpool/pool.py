@@ -166,12 +166,17 @@ class LocalPool:
         cgroup_parent_name: str | None = None,
         mountinfo_path: Path = Path("/proc/self/mountinfo"),
         host: str = "127.0.0.1",
+        total_cpu_cores: float | None = None,
     ) -> None:
+        if total_cpu_cores is not None and total_cpu_cores <= 0:
+            raise ValueError(f"total_cpu_cores must be > 0, got {total_cpu_cores!r}")
         self._services = {name: _Service(name, spec, None) for name, spec in specs.items()}
         self._drain = drain or _no_drain
         self._cgroup_mode = cgroups
         self._cgroup_parent_name = cgroup_parent_name
         self._mountinfo_path = mountinfo_path
+        self.total_cpu_cores = total_cpu_cores
+        """Cap on the parent cgroup: all replicas together never use more (the budget)."""
         self.cgroups: CgroupParent | None = None
         self.cgroups_unavailable_reason: str | None = None
         self.host = host
@@ -213,6 +218,11 @@ class LocalPool:
             self.cgroups = self._cgroup_mode
         else:
             self.cgroups_unavailable_reason = "cgroups disabled"
+        if self.cgroups is not None and self.total_cpu_cores is not None:
+            try:
+                self.cgroups.group.set_cpu(self.total_cpu_cores)
+            except OSError as e:
+                log.warning("cannot cap %r at %g cores: %s", self.cgroups, self.total_cpu_cores, e)
         for svc in self._services.values():
             self._reconcile(svc)
 
@@ -304,6 +314,8 @@ class LocalPool:
             raise KeyError(f"the local pool runs no service {service!r}") from None
 
     def _apply_cpu(self, cgroup: ReplicaCgroup, cores: float | None) -> bool:
+        if self.total_cpu_cores is not None and cores is not None:
+            cores = min(cores, self.total_cpu_cores)  # v1 refuses a child quota above its parent's
         try:
             cgroup.set_cpu(cores)
         except OSError as e:

@@ -55,7 +55,7 @@ def quotas_match(pool: LocalPool, decisions: dict[str, Decision]) -> None:
 @needs_cgroups
 async def test_lend_then_reclaim_in_place_on_real_replicas(harness: Harness) -> None:
     policies = {"long": policy(max_replicas=8), "short": policy(min_replicas=0, max_replicas=8)}
-    pool = harness.pool({"long": harness.spec(), "short": harness.spec()})
+    pool = harness.pool({"long": harness.spec(), "short": harness.spec()}, total_cpu_cores=2.0)
     actuator = LocalActuator(pool, policies)
     engine = Engine(policies, BudgetConfig(cpu=2))
     states: dict[str, ServiceState] = {}
@@ -70,6 +70,10 @@ async def test_lend_then_reclaim_in_place_on_real_replicas(harness: Harness) -> 
             await actuator.apply(decisions)
             await settle(pool)
             states = dict(await actuator.current())
+        assert pool.cgroups is not None
+        assert (
+            pool.cgroups.group.read_limit().cores == 2.0
+        )  # the kernel caps them all at the budget
         assert decisions["long"].allocated_cores == pytest.approx(2.0)
         assert states["short"].replicas == 0
         quotas_match(pool, decisions)

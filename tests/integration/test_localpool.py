@@ -395,3 +395,15 @@ async def test_a_replica_never_ready_is_restarted_after_the_startup_timeout(
         assert pool.endpoints("s") == ()
         sick.unlink()
         assert await until(lambda: pool.status("s").ready == 1)
+
+
+@needs_cgroups
+async def test_a_replica_limit_above_the_pool_cap_is_clamped_to_it(harness: Harness) -> None:
+    pool = harness.pool({"api": harness.spec()}, total_cpu_cores=0.5)
+    async with pool:
+        pool.scale("api", 1, 2.0)
+        assert await until(lambda: pool.status("api").ready == 1)
+        assert pool.cgroups is not None
+        assert pool.cgroups.group.read_limit().cores == 0.5
+        assert pool.replica_cgroups("api")[0].read_limit().cores == 0.5
+        assert pool.status("api").cpu_applied

@@ -143,6 +143,7 @@ def test_the_local_example_builds_a_platform_at_min_replicas_and_initial_cpu() -
     assert (statuses["api"].desired, statuses["api"].cpu_per_replica_cores) == (1, 0.25)
     assert (statuses["reports"].desired, statuses["reports"].cpu_per_replica_cores) == (0, 0.25)
     assert platform.endpoints.pool is platform.pool is platform.actuator.pool
+    assert platform.pool.total_cpu_cores == settings.budget.cpu == 2
 
 
 def test_local_platform_refuses_a_service_without_replicas() -> None:
