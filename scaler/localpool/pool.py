@@ -33,7 +33,7 @@ from scaler.localpool.replicas import ReplicaProcess
 
 log = logging.getLogger(__name__)
 
-Drain = Callable[[str, str], Awaitable[None]]
+Drain = Callable[[str, str], Awaitable[object]]
 """``await drain(service, address)`` returns once the gateway routes nothing new to the
 address and its in-flight requests have completed."""
 
