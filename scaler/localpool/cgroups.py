@@ -1,7 +1,7 @@
 """CPU cgroups for local replicas: detection (v2 or v1), one cgroup per replica, limits, usage.
 
 Layout: ``<hierarchy root>/<parent>/<replica>`` where ``<parent>`` is owned by one Sluice
-process (``sluice-<pid>`` by default) and removed when it stops.  A parent whose process
+process (``sluice-<pid namespace>-<pid>`` by default) and removed when it stops.  A parent whose process
 is gone (Sluice was killed) is swept at the next start: its processes are killed and its
 directories removed, so nothing started by a dead Sluice survives it for long.
 
@@ -36,7 +36,9 @@ PERIOD_US = 100_000
 MIN_QUOTA_US = 1_000
 """The kernel rejects quotas below 1 ms."""
 _PARENT_PREFIX = "sluice-"
-_STALE_PARENT = re.compile(r"^sluice-(\d+)$")
+_STALE_PARENT = re.compile(r"^sluice-(\d+)-(\d+)$")
+"""``sluice-<pid namespace inode>-<pid>``: the namespace keeps one container's Sluice from
+taking another's live parent (whose pid it cannot see) for a dead one."""
 _EMPTY_WAIT_S = 3.0
 """Longest blocking wait for killed processes to leave a cgroup before removing it."""
 
@@ -429,12 +431,16 @@ def sweep_stale(
     layout: CgroupLayout,
     pid_alive: Callable[[int], bool] = _pid_alive,
     rmdir: Callable[[Path], None] = os.rmdir,
+    pid_namespace: int | None = None,
 ) -> list[str]:
-    """Kill and remove the parents (``sluice-<pid>``) left by Sluice processes that no longer run."""
+    """Kill and remove the parents left by Sluice processes of this pid namespace that no
+    longer run (``sluice-<namespace>-<pid>``); return their names."""
+    if pid_namespace is None:
+        pid_namespace = current_pid_namespace()
     swept = []
     for d in _subdirs(layout.cpu_root):
         m = _STALE_PARENT.match(d.name)
-        if m is None or pid_alive(int(m.group(1))):
+        if m is None or int(m.group(1)) != pid_namespace or pid_alive(int(m.group(2))):
             continue
         acct = layout.cpuacct_root / d.name if layout.cpuacct_root is not None else None
         _destroy_tree(layout, d, acct, rmdir)
@@ -443,8 +449,22 @@ def sweep_stale(
     return swept
 
 
+def current_pid_namespace() -> int:
+    """The inode of this process's pid namespace (0 if it cannot be read)."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
+def parent_name_for(pid: int, pid_namespace: int | None = None) -> str:
+    """The parent cgroup name of the Sluice process ``pid``: ``sluice-<pid namespace>-<pid>``."""
+    ns = current_pid_namespace() if pid_namespace is None else pid_namespace
+    return f"{_PARENT_PREFIX}{ns}-{pid}"
+
+
 def default_parent_name() -> str:
-    return f"{_PARENT_PREFIX}{os.getpid()}"
+    return parent_name_for(os.getpid())
 
 
 def open_parent(
@@ -481,6 +501,7 @@ __all__ = [
     "ReplicaCgroup",
     "detect_layout",
     "open_parent",
+    "parent_name_for",
     "quota_us_for",
     "sweep_stale",
     "weight_for",

@@ -16,7 +16,13 @@ from typing import Any
 import httpx
 import pytest
 
-from scaler.localpool.cgroups import CpuLimit, ReplicaCgroup, detect_layout, sweep_stale
+from scaler.localpool.cgroups import (
+    CpuLimit,
+    ReplicaCgroup,
+    detect_layout,
+    parent_name_for,
+    sweep_stale,
+)
 from tests.support.localpool import ROOT, needs_cgroups
 from tests.support.processes import Gateway
 from tests.support.procs import MARKER_VAR, pids_with_marker, wait_until
@@ -65,7 +71,7 @@ def test_sluice_run_local_starts_scales_and_stops_replicas(tmp_path: Path) -> No
     layout = detect_layout(Path("/proc/self/mountinfo").read_text())
     gw = Gateway(local_config(marker), tmp_path / "local.yaml")
     try:
-        parent = layout.cpu_root / f"sluice-{gw.pid}"
+        parent = layout.cpu_root / parent_name_for(gw.pid)
         # The first replica becomes an endpoint: requests through the proxy reach it.
         with httpx.Client(base_url=gw.url, timeout=30) as client:
             assert wait_until(lambda: client.get("/healthz").status_code == 200, timeout_s=30)
@@ -135,4 +141,4 @@ def test_sluice_killed_takes_its_replicas_with_it(tmp_path: Path) -> None:
     # A killed Sluice leaves its (now empty) cgroup; the next start sweeps it. Do it here.
     layout = detect_layout(Path("/proc/self/mountinfo").read_text())
     sweep_stale(layout)
-    assert not (layout.cpu_root / f"sluice-{gw.pid}").exists()
+    assert not (layout.cpu_root / parent_name_for(gw.pid)).exists()

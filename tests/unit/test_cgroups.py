@@ -15,6 +15,7 @@ from scaler.localpool.cgroups import (
     ReplicaCgroup,
     detect_layout,
     open_parent,
+    parent_name_for,
     quota_us_for,
     sweep_stale,
     weight_for,
@@ -214,13 +215,27 @@ def test_names_must_be_one_path_element(v2: CgroupLayout) -> None:
 
 def test_sweep_removes_only_parents_of_dead_sluice_processes(v1: CgroupLayout) -> None:
     assert v1.cpuacct_root is not None
-    for name in ("sluice-111", "sluice-222", "sluice-test-abc", "other"):
+    names = (
+        "sluice-7-111",
+        "sluice-7-222",
+        "sluice-8-111",
+        "sluice-111",
+        "sluice-test-abc",
+        "other",
+    )
+    for name in names:
         CgroupParent(v1, name).create()
-    swept = sweep_stale(v1, pid_alive=lambda pid: pid == 222, rmdir=shutil.rmtree)
-    assert swept == ["sluice-111"]
+    swept = sweep_stale(v1, pid_alive=lambda pid: pid == 222, rmdir=shutil.rmtree, pid_namespace=7)
+    assert swept == ["sluice-7-111"]
     left = sorted(p.name for p in v1.cpu_root.iterdir())
-    assert left == ["other", "sluice-222", "sluice-test-abc"]
-    assert not (v1.cpuacct_root / "sluice-111").exists()
+    # Alive, another pid namespace's (whose pids we cannot see), or not Sluice's naming: kept.
+    assert left == ["other", "sluice-111", "sluice-7-222", "sluice-8-111", "sluice-test-abc"]
+    assert not (v1.cpuacct_root / "sluice-7-111").exists()
+
+
+def test_parent_names_carry_the_pid_namespace() -> None:
+    assert parent_name_for(1234, pid_namespace=4026531836) == "sluice-4026531836-1234"
+    assert parent_name_for(1234).startswith("sluice-")
 
 
 def test_open_parent_reports_unwritable_hierarchy(tmp_path: Path) -> None:
