@@ -17,19 +17,29 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 import signal
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from scaler.localpool.cgroups import CgroupParent, CgroupUnavailable, ReplicaCgroup, open_parent
+from scaler.localpool.cgroup_parent import CgroupParent, open_parent
+from scaler.localpool.cgroups import CgroupUnavailable, ReplicaCgroup
 from scaler.localpool.config import ReplicasConfig
 from scaler.localpool.probe import probe_http
 from scaler.localpool.replicas import ReplicaProcess
+from scaler.localpool.state import (
+    CpuTotals,
+    PoolUpdate,
+    ReplicaPhase,
+    ReplicaStatus,
+    ServiceEntry,
+    ServiceStatus,
+    Slot,
+    Subscriber,
+    restart_delay_s,
+)
 
 log = logging.getLogger(__name__)
 
@@ -43,111 +53,8 @@ _RMDIR_ATTEMPTS = 50
 _RMDIR_PAUSE_S = 0.02
 
 
-def restart_delay_s(crashes: int, base_s: float, max_s: float) -> float:
-    """Delay before restarting after the ``crashes``-th crash in a row: doubling, capped."""
-    if crashes < 1:
-        return 0.0
-    return float(min(base_s * 2 ** min(crashes - 1, 64), max_s))
-
-
 async def _no_drain(service: str, address: str) -> None:
     return None
-
-
-class ReplicaPhase(enum.Enum):
-    STARTING = "starting"
-    READY = "ready"
-    UNREADY = "unready"
-    """Was ready; now failing its probe: running, but gets no new requests."""
-    BACKOFF = "backoff"
-    """Crashed (or could not start); waiting before the next start."""
-    DRAINING = "draining"
-    STOPPING = "stopping"
-    STOPPED = "stopped"
-
-
-@dataclass(frozen=True, slots=True)
-class PoolUpdate:
-    """The routable (ready) endpoints of one service, whole."""
-
-    service: str
-    addresses: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class ReplicaStatus:
-    name: str
-    phase: ReplicaPhase
-    address: str | None
-    pid: int | None
-    restarts: int
-
-
-@dataclass(frozen=True, slots=True)
-class ServiceStatus:
-    """What the pool has for one service right now (plain data)."""
-
-    service: str
-    desired: int
-    ready: int
-    cpu_per_replica_cores: float | None
-    """The CPU limit per replica the pool applies (None = unlimited)."""
-    cpu_applied: bool
-    """False when cgroups are unavailable: the CPU figure is decided, not enforced."""
-    restarts_total: int
-    replicas: tuple[ReplicaStatus, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class CpuTotals:
-    """Cumulative CPU of a service's replicas, past and present (monotonic)."""
-
-    usage_s: float | None
-    throttled_s: float | None
-
-
-@dataclass(eq=False)
-class _Slot:
-    service: str
-    name: str
-    cgroup: ReplicaCgroup | None
-    phase: ReplicaPhase = ReplicaPhase.STARTING
-    process: ReplicaProcess | None = None
-    crashes: int = 0
-    restarts: int = 0
-    cpu_ok: bool = True
-    """The last CPU limit was written to this replica's cgroup."""
-    retire: asyncio.Event = field(default_factory=asyncio.Event)
-    task: asyncio.Task[None] | None = None
-
-    @property
-    def active(self) -> bool:
-        """Counts toward the desired replicas (not on its way out)."""
-        return not self.retire.is_set()
-
-
-class _Service:
-    def __init__(self, name: str, spec: ReplicasConfig, cpu_cores: float | None) -> None:
-        self.name = name
-        self.spec = spec
-        self.desired = 0
-        self.cpu_cores = cpu_cores
-        self.slots: list[_Slot] = []
-        self.next_index = 0
-        self.restarts_total = 0
-        self.retired_usage_s = 0.0
-        self.retired_throttled_s = 0.0
-        self.published: tuple[str, ...] = ()
-
-
-class _Subscriber:
-    def __init__(self) -> None:
-        self.pending: dict[str, PoolUpdate] = {}
-        self.wake = asyncio.Event()
-
-    def push(self, update: PoolUpdate) -> None:
-        self.pending[update.service] = update
-        self.wake.set()
 
 
 class LocalPool:
@@ -170,7 +77,7 @@ class LocalPool:
     ) -> None:
         if total_cpu_cores is not None and total_cpu_cores <= 0:
             raise ValueError(f"total_cpu_cores must be > 0, got {total_cpu_cores!r}")
-        self._services = {name: _Service(name, spec, None) for name, spec in specs.items()}
+        self._services = {name: ServiceEntry(name, spec, None) for name, spec in specs.items()}
         self._drain = drain or _no_drain
         self._cgroup_mode = cgroups
         self._cgroup_parent_name = cgroup_parent_name
@@ -180,7 +87,7 @@ class LocalPool:
         self.cgroups: CgroupParent | None = None
         self.cgroups_unavailable_reason: str | None = None
         self.host = host
-        self._subscribers: list[_Subscriber] = []
+        self._subscribers: list[Subscriber] = []
         self._ports_in_use: set[int] = set()
         self._started = False
         self._closed = False
@@ -307,7 +214,7 @@ class LocalPool:
             if slot.cgroup is not None:
                 slot.cpu_ok = self._apply_cpu(slot.cgroup, cores)
 
-    def _service(self, service: str) -> _Service:
+    def _service(self, service: str) -> ServiceEntry:
         try:
             return self._services[service]
         except KeyError:
@@ -377,7 +284,7 @@ class LocalPool:
 
     async def updates(self) -> AsyncIterator[PoolUpdate]:
         """Every service's ready endpoints first, then each service's whole set when it changes."""
-        sub = _Subscriber()
+        sub = Subscriber()
         for svc in self._services.values():
             sub.push(PoolUpdate(svc.name, svc.published))
         self._subscribers.append(sub)
@@ -391,7 +298,7 @@ class LocalPool:
         finally:
             self._subscribers.remove(sub)
 
-    def _publish(self, svc: _Service) -> None:
+    def _publish(self, svc: ServiceEntry) -> None:
         addresses = tuple(
             s.process.address
             for s in svc.slots
@@ -406,7 +313,7 @@ class LocalPool:
 
     # ---- reconciliation ----------------------------------------------------------------------
 
-    def _reconcile(self, svc: _Service) -> None:
+    def _reconcile(self, svc: ServiceEntry) -> None:
         active = [s for s in svc.slots if s.active]
         for _ in range(svc.desired - len(active)):
             self._add_slot(svc)
@@ -426,7 +333,7 @@ class LocalPool:
                 log.info("%s: retiring %s (%s)", svc.name, slot.name, slot.phase.value)
                 slot.retire.set()
 
-    def _add_slot(self, svc: _Service) -> None:
+    def _add_slot(self, svc: ServiceEntry) -> None:
         name = f"{svc.name.replace('/', '_')}-{svc.next_index}"
         svc.next_index += 1
         cgroup = None
@@ -439,11 +346,11 @@ class LocalPool:
                 cpu_ok = False
             else:
                 cpu_ok = self._apply_cpu(cgroup, svc.cpu_cores)
-        slot = _Slot(svc.name, name, cgroup, cpu_ok=cpu_ok)
+        slot = Slot(svc.name, name, cgroup, cpu_ok=cpu_ok)
         svc.slots.append(slot)
         slot.task = asyncio.create_task(self._supervise(svc, slot), name=f"replica {name}")
 
-    async def _supervise(self, svc: _Service, slot: _Slot) -> None:
+    async def _supervise(self, svc: ServiceEntry, slot: Slot) -> None:
         failed = False
         try:
             await self._run_slot(svc, slot)
@@ -458,11 +365,11 @@ class LocalPool:
         if failed and not self._closed:
             asyncio.get_running_loop().call_later(1.0, self._reconcile_if_open, svc)
 
-    def _reconcile_if_open(self, svc: _Service) -> None:
+    def _reconcile_if_open(self, svc: ServiceEntry) -> None:
         if not self._closed and not self._killed:
             self._reconcile(svc)
 
-    def _take_port(self, svc: _Service) -> int | None:
+    def _take_port(self, svc: ServiceEntry) -> int | None:
         start, end = svc.spec.port_range
         for port in range(start, end + 1):
             if port in self._ports_in_use:
@@ -477,7 +384,7 @@ class LocalPool:
             return port
         return None
 
-    async def _run_slot(self, svc: _Service, slot: _Slot) -> None:
+    async def _run_slot(self, svc: ServiceEntry, slot: Slot) -> None:
         loop = asyncio.get_running_loop()
         retire_task = asyncio.create_task(slot.retire.wait())
         try:
@@ -502,8 +409,8 @@ class LocalPool:
 
     async def _run_once(
         self,
-        svc: _Service,
-        slot: _Slot,
+        svc: ServiceEntry,
+        slot: Slot,
         retire_task: asyncio.Task[bool],
         loop: asyncio.AbstractEventLoop,
     ) -> bool:
@@ -608,7 +515,7 @@ class LocalPool:
                 with contextlib.suppress(asyncio.CancelledError):
                     await exit_task
 
-    async def _finish_slot(self, svc: _Service, slot: _Slot) -> None:
+    async def _finish_slot(self, svc: ServiceEntry, slot: Slot) -> None:
         """Withdraw the endpoint, drain, stop the process, account its CPU, remove its cgroup."""
         try:
             await self._retire_slot(svc, slot)
@@ -625,7 +532,7 @@ class LocalPool:
                 svc.slots.remove(slot)
             self._publish(svc)
 
-    async def _retire_slot(self, svc: _Service, slot: _Slot) -> None:
+    async def _retire_slot(self, svc: ServiceEntry, slot: Slot) -> None:
         proc = slot.process
         was_routable = slot.phase in (ReplicaPhase.READY, ReplicaPhase.UNREADY)
         slot.phase = ReplicaPhase.DRAINING if was_routable else ReplicaPhase.STOPPING
@@ -652,7 +559,7 @@ class LocalPool:
         if slot.cgroup is not None and self.cgroups is not None:
             await self._remove_cgroup(svc, slot.cgroup)
 
-    async def _remove_cgroup(self, svc: _Service, cgroup: ReplicaCgroup) -> None:
+    async def _remove_cgroup(self, svc: ServiceEntry, cgroup: ReplicaCgroup) -> None:
         assert self.cgroups is not None
         with contextlib.suppress(OSError):
             final = cgroup.read_usage()
@@ -668,3 +575,16 @@ class LocalPool:
                 break
             await asyncio.sleep(_RMDIR_PAUSE_S)
         self.cgroups.discard(cgroup)
+
+
+__all__ = [
+    "STABLE_RUN_S",
+    "CpuTotals",
+    "Drain",
+    "LocalPool",
+    "PoolUpdate",
+    "ReplicaPhase",
+    "ReplicaStatus",
+    "ServiceStatus",
+    "restart_delay_s",
+]

@@ -26,7 +26,8 @@ from gateway.discovery import EndpointUpdate
 from gateway.discovery.local import LocalEndpointSource
 from scaler.actuators.local import LocalActuator
 from scaler.decision import Decision
-from scaler.localpool.cgroups import detect_layout, sweep_stale
+from scaler.localpool.cgroup_parent import sweep_stale
+from scaler.localpool.cgroups import detect_layout
 from scaler.localpool.pool import LocalPool, PoolUpdate, ReplicaPhase
 from scaler.policy import CpuPolicy, ScalingPolicy
 from scaler.signals import ServiceSignals

@@ -12,7 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from scaler.localpool.cgroups import CgroupUnavailable, open_parent
+from scaler.localpool.cgroup_parent import open_parent
+from scaler.localpool.cgroups import CgroupUnavailable
 from scaler.localpool.config import ReplicasConfig
 from scaler.localpool.pool import LocalPool
 from tests.support.procs import MARKER_VAR, pids_with_marker

@@ -8,16 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from scaler.localpool.cgroup_parent import CgroupParent, open_parent, parent_name_for, sweep_stale
 from scaler.localpool.cgroups import (
     CgroupLayout,
-    CgroupParent,
     CgroupUnavailable,
     ReplicaCgroup,
     detect_layout,
-    open_parent,
-    parent_name_for,
     quota_us_for,
-    sweep_stale,
     weight_for,
 )
 
