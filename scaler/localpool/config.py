@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from scaler.policy import KeyedValueError
 
@@ -91,17 +91,27 @@ class ReplicasConfig(_Model):
         description="Longest delay between restarts (the delay doubles after each crash).",
     )
 
+    @field_validator("command")
+    @classmethod
+    def _check_command(cls, command: list[str]) -> list[str]:
+        if not command or not command[0].strip():
+            raise ValueError("must name a program to run, got an empty command")
+        return command
+
+    @field_validator("port_range")
+    @classmethod
+    def _check_port_range(cls, port_range: tuple[int, int]) -> tuple[int, int]:
+        start, end = port_range
+        if not 1 <= start <= 65535:
+            raise ValueError(f"start must be in 1..65535, got {start}")
+        if not 1 <= end <= 65535:
+            raise ValueError(f"end must be in 1..65535, got {end}")
+        if end < start:
+            raise ValueError(f"end must be >= start ({start}), got {end}")
+        return port_range
+
     @model_validator(mode="after")
     def _check(self) -> Self:
-        if not self.command or not self.command[0].strip():
-            raise KeyedValueError("command", "must name a program to run, got an empty command")
-        start, end = self.port_range
-        if not 1 <= start <= 65535:
-            raise KeyedValueError("port_range", f"start must be in 1..65535, got {start}")
-        if not 1 <= end <= 65535:
-            raise KeyedValueError("port_range", f"end must be in 1..65535, got {end}")
-        if end < start:
-            raise KeyedValueError("port_range", f"end must be >= start ({start}), got {end}")
         if self.restart_backoff_max_s < self.restart_backoff_s:
             raise KeyedValueError(
                 "restart_backoff_max_s",

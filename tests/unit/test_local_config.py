@@ -152,3 +152,11 @@ def test_local_platform_refuses_a_service_without_replicas() -> None:
     settings = parse_settings({"services": {"api": {}}})
     with pytest.raises(ValueError, match=r"services\.api\.replicas is required"):
         local_platform(settings)
+
+
+def test_problems_in_several_replicas_keys_are_reported_together() -> None:
+    found = problems(local({"b": {"replicas": replicas(command=[], port_range=[9000, 8000])}}))
+    assert found == [
+        "cfg.yaml: services.b.replicas.command: must name a program to run, got an empty command",
+        "cfg.yaml: services.b.replicas.port_range: end must be >= start (9000), got 8000",
+    ]
