@@ -1,0 +1,758 @@
+"""An HTTP-level fake Kubernetes API server for tests, driven by the real ``kubernetes`` client.
+
+It follows the API's semantics where Sluice depends on them:
+
+* every object carries ``metadata.resourceVersion`` from one global counter; lists carry the
+  collection's resourceVersion;
+* ``?watch=true`` streams newline-delimited JSON events (ADDED/MODIFIED/DELETED/BOOKMARK/ERROR)
+  with chunked encoding, from a resourceVersion; a resourceVersion older than the compacted
+  history gets an ERROR event carrying a ``Status`` with code 410, reason ``Expired``;
+* 404 ``NotFound``, 409 ``Conflict`` for a stale ``metadata.resourceVersion`` on update/patch
+  and ``AlreadyExists`` on create, 415 for patch types it does not speak, 422 ``Invalid``;
+* subresources ``/status`` (only status changes), ``/scale`` (autoscaling/v1 Scale of a
+  Deployment/StatefulSet), ``/resize`` (only container resources of a Pod may change there, the
+  QoS class may not change; a plain Pod update that changes resources is 422);
+* merge-patch and strategic-merge-patch (lists of named objects merged by ``name``), json-patch.
+
+The test control API is plain Python on :class:`FakeKube` (the server runs in a thread of the
+test process): put/remove objects, drop watch connections, compact history, play the kubelet
+for resizes, and ``requests`` records every call as (verb, apiGroup, resource[/sub]).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+Obj = dict[str, Any]
+
+# (group/version path prefix, plural) -> (kind, apiGroup)
+RESOURCES: dict[tuple[str, str], tuple[str, str]] = {
+    ("apis/networking.k8s.io/v1", "ingresses"): ("Ingress", "networking.k8s.io"),
+    ("apis/discovery.k8s.io/v1", "endpointslices"): ("EndpointSlice", "discovery.k8s.io"),
+    ("apis/apps/v1", "deployments"): ("Deployment", "apps"),
+    ("apis/apps/v1", "statefulsets"): ("StatefulSet", "apps"),
+    ("apis/coordination.k8s.io/v1", "leases"): ("Lease", "coordination.k8s.io"),
+    ("api/v1", "pods"): ("Pod", ""),
+    ("api/v1", "services"): ("Service", ""),
+    ("api/v1", "events"): ("Event", ""),
+}
+_PATH = re.compile(
+    r"^/(?P<gv>api/v1|apis/[^/]+/[^/]+)(?:/namespaces/(?P<ns>[^/]+))?/(?P<plural>[^/]+)"
+    r"(?:/(?P<name>[^/]+))?(?:/(?P<sub>[^/]+))?$"
+)
+_MICROTIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}(Z|[+-]\d\d:\d\d)$")
+_CPU = re.compile(r"^(\d+(\.\d+)?)(m|u|n)?$")
+
+
+@dataclass(frozen=True)
+class Call:
+    """One request as RBAC sees it."""
+
+    verb: str
+    api_group: str
+    resource: str
+    """``plural`` or ``plural/subresource``."""
+    namespace: str | None
+    name: str | None
+    content_type: str | None = None
+    resource_version: str | None = None
+    """The ``resourceVersion`` query parameter of a list/watch."""
+
+
+class ApiError(Exception):
+    def __init__(self, code: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.reason = reason
+        self.message = message
+
+    def status(self) -> Obj:
+        return {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "code": self.code,
+        }
+
+
+def _cpu_millis(q: Any) -> float:
+    m = _CPU.match(str(q))
+    if not m:
+        raise ApiError(422, "Invalid", f"quantities must match the regular expression: got {q!r}")
+    scale = {"m": 1.0, "u": 1e-3, "n": 1e-6, None: 1000.0}[m.group(3)]
+    return float(m.group(1)) * scale
+
+
+def qos_class(pod: Obj) -> str:
+    """Guaranteed / Burstable / BestEffort, as the API computes it (cpu and memory)."""
+    containers = pod.get("spec", {}).get("containers", [])
+    any_set = False
+    guaranteed = True
+    for c in containers:
+        res = c.get("resources") or {}
+        req, lim = res.get("requests") or {}, res.get("limits") or {}
+        if req or lim:
+            any_set = True
+        for r in ("cpu", "memory"):
+            limit = lim.get(r)
+            request = req.get(r, limit)
+            if limit is None or str(request) != str(limit):
+                guaranteed = False
+    if not any_set:
+        return "BestEffort"
+    return "Guaranteed" if guaranteed else "Burstable"
+
+
+def merge_patch(target: Any, patch: Any, strategic: bool = False) -> Any:
+    """RFC 7386 merge patch; with ``strategic``, lists of objects with ``name`` merge by name."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif (
+            strategic
+            and isinstance(value, list)
+            and isinstance(out.get(key), list)
+            and all(isinstance(v, dict) and "name" in v for v in value)
+        ):
+            merged = [copy.deepcopy(v) for v in out[key]]
+            for item in value:
+                for i, existing in enumerate(merged):
+                    if isinstance(existing, dict) and existing.get("name") == item["name"]:
+                        merged[i] = merge_patch(existing, item, strategic)
+                        break
+                else:
+                    merged.append(copy.deepcopy(item))
+            out[key] = merged
+        else:
+            out[key] = merge_patch(out.get(key), value, strategic)
+    return out
+
+
+def json_patch(target: Any, ops: Any) -> Any:
+    if not isinstance(ops, list):
+        raise ApiError(400, "BadRequest", "json patch must be a list of operations")
+    doc = copy.deepcopy(target)
+    for op in ops:
+        parts = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+        parent = doc
+        for p in parts[:-1]:
+            parent = parent[int(p)] if isinstance(parent, list) else parent[p]
+        last = parts[-1]
+        if op["op"] == "add" and isinstance(parent, list):
+            parent.insert(int(last), op["value"])
+        elif op["op"] in ("add", "replace"):
+            parent[int(last) if isinstance(parent, list) else last] = op["value"]
+        elif op["op"] == "remove":
+            del parent[int(last) if isinstance(parent, list) else last]
+        else:
+            raise ApiError(422, "Invalid", f"unsupported json patch op {op['op']!r}")
+    return doc
+
+
+def _labels_match(obj: Obj, selector: str | None) -> bool:
+    if not selector:
+        return True
+    labels = obj.get("metadata", {}).get("labels") or {}
+    for term in selector.split(","):
+        if "!=" in term:
+            k, v = term.split("!=", 1)
+            if labels.get(k) == v:
+                return False
+        elif "=" in term:
+            k, v = term.replace("==", "=").split("=", 1)
+            if labels.get(k) != v:
+                return False
+        elif term.startswith("!"):
+            if term[1:] in labels:
+                return False
+        elif term not in labels:
+            return False
+    return True
+
+
+class FakeKube:
+    """The fake API server's state plus its test control API.  Use as a context manager."""
+
+    def __init__(self, bookmark_interval_s: float = 0.5) -> None:
+        self.cond = threading.Condition()
+        self.rv = 100
+        self.objects: dict[tuple[str, str | None, str], Obj] = {}
+        self.history: list[tuple[int, str, str, Obj]] = []
+        self.compacted_rv = 0
+        self.watch_epoch = 0
+        self.stopping = False
+        self.bookmark_interval_s = bookmark_interval_s
+        self.requests: list[Call] = []
+        self.fail_next: dict[tuple[str, str], ApiError] = {}
+        handler = type("Handler", (_Handler,), {"fake": self})
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __enter__(self) -> FakeKube:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self.cond:
+            self.stopping = True
+            self.cond.notify_all()
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(5)
+
+    # ---- control API -------------------------------------------------------------------------
+
+    def put(self, obj: Obj) -> Obj:
+        """Create or replace an object as a controller would (status included)."""
+        plural = _plural_of(obj)
+        meta = obj.setdefault("metadata", {})
+        key = (plural, meta.get("namespace"), meta["name"])
+        with self.cond:
+            old = self.objects.get(key)
+            return self._store(key, copy.deepcopy(obj), "MODIFIED" if old else "ADDED", old)
+
+    def get(self, plural: str, namespace: str | None, name: str) -> Obj | None:
+        with self.cond:
+            obj = self.objects.get((plural, namespace, name))
+            return copy.deepcopy(obj) if obj else None
+
+    def remove(self, plural: str, namespace: str | None, name: str) -> None:
+        with self.cond:
+            obj = self.objects.pop((plural, namespace, name))
+            self._record("DELETED", plural, obj, bump=True)
+
+    def list(self, plural: str) -> list[Obj]:
+        with self.cond:
+            return [copy.deepcopy(o) for (p, _, _), o in self.objects.items() if p == plural]
+
+    def drop_watches(self) -> None:
+        """Cut every open watch connection without a clean end (as a network failure does)."""
+        with self.cond:
+            self.watch_epoch += 1
+            self.cond.notify_all()
+
+    def compact(self) -> None:
+        """Compact history past every resourceVersion handed out so far: open watches and any
+        watch from an older resourceVersion get an ERROR event with 410 Expired; a relist works."""
+        with self.cond:
+            self.rv += 1
+            self.compacted_rv = self.rv
+            self.history.clear()
+            self.cond.notify_all()
+
+    def watch_count(self) -> int:
+        return sum(1 for c in self.requests if c.verb == "watch")
+
+    def kubelet_resize(self, namespace: str, name: str, outcome: str = "apply") -> None:
+        """Play the kubelet: ``apply`` the desired resources to status, or mark the resize
+        ``Infeasible``/``Deferred`` with a PodResizePending condition."""
+        with self.cond:
+            key = ("pods", namespace, name)
+            pod = copy.deepcopy(self.objects[key])
+            status = pod.setdefault("status", {})
+            conditions = [
+                c
+                for c in status.get("conditions", [])
+                if c["type"] not in ("PodResizePending", "PodResizeInProgress")
+            ]
+            if outcome == "apply":
+                by_name = {c["name"]: c for c in pod["spec"]["containers"]}
+                for cs in status.setdefault("containerStatuses", []):
+                    if cs["name"] in by_name:
+                        cs["resources"] = copy.deepcopy(by_name[cs["name"]].get("resources", {}))
+            else:
+                conditions.append(
+                    {
+                        "type": "PodResizePending",
+                        "status": "True",
+                        "reason": outcome,
+                        "message": f"Node didn't have enough capacity: cpu ({outcome})",
+                    }
+                )
+            status["conditions"] = conditions
+            self._store(key, pod, "MODIFIED", self.objects[key])
+
+    # ---- internals (cond held) ---------------------------------------------------------------
+
+    def _store(self, key: tuple[str, str | None, str], obj: Obj, kind: str, old: Obj | None) -> Obj:
+        self.rv += 1
+        meta = obj["metadata"]
+        meta["resourceVersion"] = str(self.rv)
+        meta.setdefault("uid", (old or {}).get("metadata", {}).get("uid") or str(uuid.uuid4()))
+        meta.setdefault(
+            "creationTimestamp",
+            (old or {}).get("metadata", {}).get("creationTimestamp")
+            or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        )
+        if key[1] is not None:
+            meta["namespace"] = key[1]
+        self.objects[key] = obj
+        self._record(kind, key[0], obj, bump=False)
+        return copy.deepcopy(obj)
+
+    def _record(self, kind: str, plural: str, obj: Obj, bump: bool) -> None:
+        if bump:
+            self.rv += 1
+            obj = copy.deepcopy(obj)
+            obj["metadata"]["resourceVersion"] = str(self.rv)
+        self.history.append((self.rv, plural, kind, copy.deepcopy(obj)))
+        self.cond.notify_all()
+
+
+def _plural_of(obj: Obj) -> str:
+    kind = obj["kind"]
+    for (_, plural), (k, _) in RESOURCES.items():
+        if k == kind:
+            return plural
+    raise ValueError(f"fake API does not serve kind {kind}")
+
+
+def _gv_of(plural: str) -> tuple[str, str, str]:
+    for (gv, p), (kind, group) in RESOURCES.items():
+        if p == plural:
+            api_version = gv.removeprefix("apis/").removeprefix("api/")
+            return api_version, kind, group
+    raise KeyError(plural)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    fake: FakeKube
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def do_PUT(self) -> None:
+        self._dispatch("PUT")
+
+    def do_PATCH(self) -> None:
+        self._dispatch("PATCH")
+
+    def do_DELETE(self) -> None:
+        self._dispatch("DELETE")
+
+    # ------------------------------------------------------------------------------------------
+
+    def _dispatch(self, method: str) -> None:
+        url = urlsplit(self.path)
+        query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        m = _PATH.match(url.path)
+        if not m or (m["gv"], m["plural"]) not in RESOURCES:
+            self._send(404, ApiError(404, "NotFound", f"the server could not find {url.path}").status())
+            return
+        gv, ns, plural, name, sub = m["gv"], m["ns"], m["plural"], m["name"], m["sub"]
+        _, group = RESOURCES[(gv, plural)]
+        watch = query.get("watch") in ("true", "1")
+        verb = {
+            "GET": "get" if name else ("watch" if watch else "list"),
+            "POST": "create",
+            "PUT": "update",
+            "PATCH": "patch",
+            "DELETE": "delete",
+        }[method]
+        call = Call(
+            verb,
+            group,
+            f"{plural}/{sub}" if sub else plural,
+            ns,
+            name,
+            self.headers.get("Content-Type"),
+            query.get("resourceVersion"),
+        )
+        fake = self.fake
+        with fake.cond:
+            fake.requests.append(call)
+            injected = fake.fail_next.pop((verb, call.resource), None)
+        try:
+            if injected:
+                raise injected
+            body = json.loads(raw) if raw else None
+            if verb == "watch":
+                self._watch(plural, ns, query)
+                return
+            code, out = self._handle(verb, plural, ns, name, sub, body, query)
+        except ApiError as e:
+            self._send(e.code, e.status())
+            return
+        except (ValueError, KeyError, TypeError, IndexError) as e:
+            self._send(400, ApiError(400, "BadRequest", f"bad request: {e}").status())
+            return
+        self._send(code, out)
+
+    def _send(self, code: int, obj: Obj) -> None:
+        data = json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _handle(
+        self,
+        verb: str,
+        plural: str,
+        ns: str | None,
+        name: str | None,
+        sub: str | None,
+        body: Any,
+        query: dict[str, str],
+    ) -> tuple[int, Obj]:
+        fake = self.fake
+        api_version, kind, _ = _gv_of(plural)
+        with fake.cond:
+            if verb == "list":
+                items = [
+                    copy.deepcopy(o)
+                    for (p, n, _), o in sorted(fake.objects.items(), key=lambda kv: kv[0][2])
+                    if p == plural
+                    and (ns is None or n == ns)
+                    and _labels_match(o, query.get("labelSelector"))
+                ]
+                return 200, {
+                    "kind": f"{kind}List",
+                    "apiVersion": api_version,
+                    "metadata": {"resourceVersion": str(fake.rv)},
+                    "items": items,
+                }
+            if verb == "create":
+                if not isinstance(body, dict):
+                    raise ApiError(400, "BadRequest", "body must be an object")
+                meta = body.setdefault("metadata", {})
+                if not meta.get("name") and meta.get("generateName"):
+                    meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+                if not meta.get("name"):
+                    raise ApiError(422, "Invalid", f"{kind}: metadata.name: Required value")
+                key = (plural, ns, meta["name"])
+                if key in fake.objects:
+                    raise ApiError(
+                        409, "AlreadyExists", f'{plural} "{meta["name"]}" already exists'
+                    )
+                meta.pop("resourceVersion", None)
+                body.setdefault("kind", kind)
+                body.setdefault("apiVersion", api_version)
+                _validate(plural, body)
+                return 201, fake._store(key, body, "ADDED", None)
+            assert name is not None
+            key = (plural, ns, name)
+            current = fake.objects.get(key)
+            if current is None:
+                raise ApiError(404, "NotFound", f'{plural} "{name}" not found')
+            if sub == "scale":
+                return self._scale(verb, key, current, body)
+            if verb == "get":
+                return 200, copy.deepcopy(current)
+            if verb == "delete":
+                del fake.objects[key]
+                fake._record("DELETED", plural, current, bump=True)
+                return 200, copy.deepcopy(current)
+            new = self._updated(verb, current, body)
+            if sub == "status":
+                new = {**copy.deepcopy(current), "status": new.get("status", {})}
+            elif sub == "resize":
+                if plural != "pods":
+                    raise ApiError(404, "NotFound", "resize is a pod subresource")
+                _check_resize(current, new)
+                new = {**copy.deepcopy(current), "spec": new["spec"]}
+            elif sub is None:
+                if "status" in current:
+                    new["status"] = copy.deepcopy(current["status"])
+                if plural == "pods":
+                    _check_pod_update(current, new)
+            else:
+                raise ApiError(404, "NotFound", f"no subresource {sub}")
+            _validate(plural, new)
+            return 200, fake._store(key, new, "MODIFIED", current)
+
+    def _updated(self, verb: str, current: Obj, body: Any) -> Obj:
+        ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip()
+        if verb == "update":
+            if not isinstance(body, dict):
+                raise ApiError(400, "BadRequest", "body must be an object")
+            new = copy.deepcopy(body)
+        elif ctype == "application/merge-patch+json":
+            new = merge_patch(current, body)
+        elif ctype == "application/strategic-merge-patch+json":
+            new = merge_patch(current, body, strategic=True)
+        elif ctype == "application/json-patch+json":
+            new = json_patch(current, body)
+        else:
+            raise ApiError(415, "UnsupportedMediaType", f"the body of the request was in an unknown format: {ctype}")
+        sent_rv = (new.get("metadata") or {}).get("resourceVersion")
+        if verb == "update" and sent_rv is None:
+            sent_rv = current["metadata"]["resourceVersion"]
+        if sent_rv is not None and sent_rv != current["metadata"]["resourceVersion"]:
+            raise ApiError(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on {current["kind"]} "{current["metadata"]["name"]}": '
+                "the object has been modified; please apply your changes to the latest version and try again",
+            )
+        new["metadata"] = {**new.get("metadata", {}), "uid": current["metadata"].get("uid")}
+        new["kind"], new["apiVersion"] = current["kind"], current["apiVersion"]
+        return new
+
+    def _scale(
+        self, verb: str, key: tuple[str, str | None, str], current: Obj, body: Any
+    ) -> tuple[int, Obj]:
+        if key[0] not in ("deployments", "statefulsets"):
+            raise ApiError(404, "NotFound", "scale is served for deployments and statefulsets")
+
+        def scale_of(obj: Obj) -> Obj:
+            sel = obj["spec"].get("selector", {}).get("matchLabels", {})
+            return {
+                "kind": "Scale",
+                "apiVersion": "autoscaling/v1",
+                "metadata": {
+                    "name": obj["metadata"]["name"],
+                    "namespace": obj["metadata"]["namespace"],
+                    "resourceVersion": obj["metadata"]["resourceVersion"],
+                    "uid": obj["metadata"]["uid"],
+                },
+                "spec": {"replicas": obj["spec"].get("replicas", 1)},
+                "status": {
+                    "replicas": obj.get("status", {}).get("replicas", 0),
+                    "selector": ",".join(f"{k}={v}" for k, v in sorted(sel.items())),
+                },
+            }
+
+        scale = scale_of(current)
+        if verb == "get":
+            return 200, scale
+        if verb not in ("patch", "update"):
+            raise ApiError(405, "MethodNotAllowed", f"{verb} is not allowed on scale")
+        new_scale = self._updated(verb, {**scale, "kind": "Scale"}, body)
+        replicas = new_scale.get("spec", {}).get("replicas")
+        if not isinstance(replicas, int) or replicas < 0:
+            raise ApiError(422, "Invalid", f"Scale.spec.replicas: Invalid value: {replicas!r}")
+        new = copy.deepcopy(current)
+        new["spec"]["replicas"] = replicas
+        stored = self.fake._store(key, new, "MODIFIED", current)
+        return 200, scale_of(stored)
+
+    def _watch(self, plural: str, ns: str | None, query: dict[str, str]) -> None:
+        fake = self.fake
+        selector = query.get("labelSelector")
+        bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
+        timeout_s = float(query.get("timeoutSeconds") or 1800)
+        deadline = time.monotonic() + timeout_s
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self.close_connection = True
+
+        def matches(p: str, obj: Obj) -> bool:
+            return (
+                p == plural
+                and (ns is None or obj["metadata"].get("namespace") == ns)
+                and _labels_match(obj, selector)
+            )
+
+        with fake.cond:
+            epoch = fake.watch_epoch
+            rv_param = query.get("resourceVersion") or "0"
+            pending: list[Obj] = []
+            if rv_param == "0":
+                pending = [
+                    {"type": "ADDED", "object": copy.deepcopy(o)}
+                    for (p, _, _), o in fake.objects.items()
+                    if matches(p, o)
+                ]
+                since = fake.rv
+            else:
+                since = int(rv_param)
+                if since < fake.compacted_rv:
+                    err = ApiError(
+                        410,
+                        "Expired",
+                        f"too old resource version: {since} ({fake.compacted_rv})",
+                    )
+                    pending = [{"type": "ERROR", "object": err.status()}]
+                    since = -1
+        if since < 0:
+            self._chunks(pending)
+            self._chunks(None)
+            return
+        try:
+            last_bookmark = time.monotonic()
+            while True:
+                if pending:
+                    self._chunks(pending)
+                    pending = []
+                with fake.cond:
+                    while True:
+                        if fake.stopping:
+                            break
+                        if since < fake.compacted_rv:
+                            err = ApiError(
+                                410,
+                                "Expired",
+                                f"too old resource version: {since} ({fake.compacted_rv})",
+                            )
+                            pending = [{"type": "ERROR", "object": err.status()}]
+                            since = -1
+                            break
+                        if fake.watch_epoch != epoch:
+                            # a dropped connection: no terminating chunk
+                            self.connection.shutdown(socket.SHUT_RDWR)
+                            return
+                        new = [
+                            (rv, kind, o)
+                            for rv, p, kind, o in fake.history
+                            if rv > since and matches(p, o)
+                        ]
+                        if new:
+                            pending = [{"type": kind, "object": o} for _, kind, o in new]
+                            since = new[-1][0]
+                            break
+                        now = time.monotonic()
+                        if now >= deadline:
+                            break
+                        if bookmarks and now - last_bookmark >= fake.bookmark_interval_s:
+                            since = max(since, fake.rv)
+                            pending = [
+                                {
+                                    "type": "BOOKMARK",
+                                    "object": {
+                                        "kind": _gv_of(plural)[1],
+                                        "apiVersion": _gv_of(plural)[0],
+                                        "metadata": {"resourceVersion": str(since)},
+                                    },
+                                }
+                            ]
+                            last_bookmark = now
+                            break
+                        fake.cond.wait(min(0.2, deadline - now))
+                if not pending:
+                    break
+                if since < 0:
+                    self._chunks(pending)
+                    break
+            self._chunks(None)
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            return
+
+    def _chunks(self, events: list[Obj] | None) -> None:
+        if events is None:
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+            return
+        for ev in events:
+            data = json.dumps(ev).encode() + b"\n"
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+
+def _containers(pod: Obj) -> Iterator[Obj]:
+    yield from pod.get("spec", {}).get("containers", [])
+
+
+def _check_pod_update(old: Obj, new: Obj) -> None:
+    before = {c["name"]: c.get("resources") for c in _containers(old)}
+    after = {c["name"]: c.get("resources") for c in _containers(new)}
+    if before != after:
+        raise ApiError(
+            422,
+            "Invalid",
+            f'Pod "{old["metadata"]["name"]}" is invalid: spec: Forbidden: pod updates may not '
+            "change fields other than `spec.containers[*].image`, ... (container resources may "
+            "only be changed through the resize subresource)",
+        )
+
+
+def _check_resize(old: Obj, new: Obj) -> None:
+    def strip(pod: Obj) -> Obj:
+        spec = copy.deepcopy(pod.get("spec", {}))
+        for c in spec.get("containers", []):
+            c.pop("resources", None)
+            c.pop("resizePolicy", None)
+        return spec
+
+    name = old["metadata"]["name"]
+    if strip(old) != strip(new):
+        raise ApiError(
+            422,
+            "Invalid",
+            f'Pod "{name}" is invalid: spec: Forbidden: only cpu and memory resources are mutable',
+        )
+    for c in _containers(new):
+        res = c.get("resources") or {}
+        for part in ("requests", "limits"):
+            if "cpu" in (res.get(part) or {}):
+                _cpu_millis(res[part]["cpu"])
+        req = (res.get("requests") or {}).get("cpu")
+        lim = (res.get("limits") or {}).get("cpu")
+        if req is not None and lim is not None and _cpu_millis(req) > _cpu_millis(lim):
+            raise ApiError(
+                422,
+                "Invalid",
+                f'Pod "{name}" is invalid: spec.containers[{c["name"]}].resources.requests: '
+                "Invalid value: must be less than or equal to cpu limit",
+            )
+    for c_old in _containers(old):
+        res_old = c_old.get("resources") or {}
+        c_new = next((c for c in _containers(new) if c["name"] == c_old["name"]), {})
+        res_new = c_new.get("resources") or {}
+        for part in ("requests", "limits"):
+            if "cpu" in (res_old.get(part) or {}) and "cpu" not in (res_new.get(part) or {}):
+                raise ApiError(
+                    422,
+                    "Invalid",
+                    f'Pod "{name}" is invalid: spec.containers[{c_old["name"]}].resources.{part}'
+                    "[cpu]: Forbidden: resource cpu cannot be removed",
+                )
+    if qos_class(old) != qos_class(new):
+        raise ApiError(
+            422,
+            "Invalid",
+            f'Pod "{name}" is invalid: metadata: Invalid value: "{qos_class(new)}": '
+            "Pod QOS Class may not change as a result of resizing",
+        )
+
+
+def _validate(plural: str, obj: Obj) -> None:
+    if plural == "leases":
+        spec = obj.get("spec") or {}
+        for field in ("acquireTime", "renewTime"):
+            value = spec.get(field)
+            if value is not None and not _MICROTIME.match(str(value)):
+                raise ApiError(
+                    400,
+                    "BadRequest",
+                    f"Lease in version v1 cannot be handled: spec.{field}: {value!r} is not "
+                    "RFC3339 with microseconds (MicroTime)",
+                )
+    if plural in ("deployments", "statefulsets"):
+        replicas = obj.get("spec", {}).get("replicas", 1)
+        if not isinstance(replicas, int) or replicas < 0:
+            raise ApiError(422, "Invalid", f"spec.replicas: Invalid value: {replicas!r}")
