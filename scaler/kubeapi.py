@@ -237,6 +237,18 @@ class Lease:
 
 
 @dataclass(frozen=True, slots=True)
+class Workload:
+    """The object whose ``/scale`` subresource sets a service's replicas."""
+
+    kind: WorkloadKind
+    namespace: str
+    name: str
+
+    def ref(self) -> ObjectRef:
+        return ObjectRef(self.kind, "apps/v1", self.namespace, self.name)
+
+
+@dataclass(frozen=True, slots=True)
 class ObjectRef:
     """The object an Event is about."""
 

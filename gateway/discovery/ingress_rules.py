@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from gateway.discovery import RouteRule, RoutesUpdate
 from gateway.settings import RouteConfig, ServiceConfig, validation_problems
-from scaler.kubeapi import Ingress, IngressBackend, WorkloadKind
+from scaler.kubeapi import Ingress, IngressBackend, Workload
 from scaler.policy import BudgetConfig, KeyedValueError, ScalingPolicy, check_floors
 
 PREFIX = "sluice.io/"
@@ -59,15 +59,6 @@ class Backend:
     @property
     def service(self) -> str:
         return f"{self.namespace}/{self.name}"
-
-
-@dataclass(frozen=True, slots=True)
-class Workload:
-    """The object whose ``/scale`` subresource sets a service's replicas."""
-
-    kind: WorkloadKind
-    namespace: str
-    name: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,7 +168,7 @@ def _workloads_from_annotation(raw: str, services: Iterable[Backend]) -> tuple[d
         if svc_name and not chosen:
             problems.append(f"annotation {WORKLOAD_ANNOTATION}: {svc_name!r} is not a backend of this Ingress")
         for b in chosen:
-            out[b.service] = Workload(kind, b.namespace, name)  # type: ignore[arg-type]
+            out[b.service] = Workload("Deployment" if kind == "Deployment" else "StatefulSet", b.namespace, name)
     return out, problems
 
 
@@ -205,7 +196,7 @@ def build_table(
     workloads: dict[str, Workload] = {}
     default_backend: str | None = None
 
-    def use_backend(ing: Ingress, backend: Backend) -> bool:
+    def use_backend(ing: Ingress, backend: Backend) -> None:
         known = backends.get(backend.service)
         if known is not None and (known.port_number, known.port_name) != (
             backend.port_number,
@@ -219,9 +210,8 @@ def build_table(
                     "rule; the first one is used",
                 )
             )
-            return True
+            return
         backends[backend.service] = backend
-        return True
 
     for ing in ours:
         key, ns = ing.meta.key, ing.meta.namespace
@@ -281,8 +271,9 @@ def build_table(
                 policies[b.service] = configured[b.service].scaling
             elif annotation_policy is not None:
                 if budget is not None:
+                    fixed = {n: c.scaling for n, c in configured.items()}
                     try:
-                        check_floors(budget, {**policies, b.service: annotation_policy})
+                        check_floors(budget, {**fixed, **policies, b.service: annotation_policy})
                     except KeyedValueError as e:
                         problems.append(
                             Problem(key, f"scaling policy for {b.service} not used: {e.message}")

@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from types import TracebackType
 
 from gateway.discovery import EndpointInfo, EndpointUpdate, RoutesUpdate
-from gateway.discovery.ingress_rules import Backend, IngressTable, Problem, Workload, build_table
+from gateway.discovery.ingress_rules import Backend, IngressTable, Problem, build_table
 from gateway.settings import Settings
 from scaler.kubeapi import (
     EndpointSlice,
@@ -30,6 +30,7 @@ from scaler.kubeapi import (
     ObjectRef,
     Reflector,
     SlicePort,
+    Workload,
 )
 from scaler.policy import ScalingPolicy
 

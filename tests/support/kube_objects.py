@@ -110,6 +110,15 @@ def pod(
         "status": {
             "phase": "Running",
             "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
-            "containerStatuses": [{"name": container, "ready": ready, "resources": resources}],
+            "containerStatuses": [
+                {
+                    "name": container,
+                    "ready": ready,
+                    "image": "example/app:1",
+                    "imageID": "example/app@sha256:0",
+                    "restartCount": 0,
+                    "resources": resources,
+                }
+            ],
         },
     }
