@@ -152,7 +152,9 @@ _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 
 def _check_dns_label(value: str) -> str:
     if len(value) > 63 or not _DNS_LABEL.match(value):
-        raise ValueError(f"must be a Kubernetes name (lowercase DNS label, <= 63 chars), got {value!r}")
+        raise ValueError(
+            f"must be a Kubernetes name (lowercase DNS label, <= 63 chars), got {value!r}"
+        )
     return value
 
 
@@ -169,7 +171,9 @@ KubeNamespace = Annotated[str, AfterValidator(_check_dns_label)]
 class GatewayServiceConfig(_Model):
     """The Kubernetes Service in front of the gateway replicas themselves."""
 
-    namespace: KubeNamespace = Field(default="sluice", description="Namespace of the gateway's Service.")
+    namespace: KubeNamespace = Field(
+        default="sluice", description="Namespace of the gateway's Service."
+    )
     name: KubeName = Field(
         default="sluice",
         description="Name of the gateway's Service: its EndpointSlices list the peer gateway "
@@ -250,7 +254,10 @@ class KubernetesConfig(_Model):
         description="Path to a kubeconfig; default: in-cluster config, else ~/.kube/config.",
     )
     api_max_concurrency: int = Field(
-        default=4, ge=1, le=64, description="Worker threads for Kubernetes API calls (watches have their own)."
+        default=4,
+        ge=1,
+        le=64,
+        description="Worker threads for Kubernetes API calls (watches have their own).",
     )
     peer_timeout_s: float = Field(
         default=1.0, gt=0, le=30, description="Timeout for GET /api/signals on each peer gateway."

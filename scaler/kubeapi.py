@@ -320,7 +320,9 @@ def endpoint_slice_from_json(d: Mapping[str, Any]) -> EndpointSlice:
         ready = c.get("ready") is not False
         serving = ready if c.get("serving") is None else bool(c["serving"])
         endpoints.append(
-            SliceEndpoint(tuple(e.get("addresses") or ()), ready, serving, bool(c.get("terminating")))
+            SliceEndpoint(
+                tuple(e.get("addresses") or ()), ready, serving, bool(c.get("terminating"))
+            )
         )
     return EndpointSlice(
         meta,
@@ -438,18 +440,20 @@ def load_api_client(kubeconfig: str | None = None, host: str | None = None) -> A
         cfg.host = host
     elif kubeconfig is None:
         try:
-            kubernetes.config.load_incluster_config(client_configuration=cfg)
+            kubernetes.config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
         except kubernetes.config.ConfigException:
-            kubernetes.config.load_kube_config(client_configuration=cfg)
+            kubernetes.config.load_kube_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
     else:
-        kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+        kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)  # type: ignore[no-untyped-call]
     return k8s.ApiClient(cfg)
 
 
 class KubeApi:
     """Every Kubernetes call Sluice makes, as coroutines returning plain data."""
 
-    def __init__(self, api_client: Any, max_concurrency: int = 4, request_timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, api_client: Any, max_concurrency: int = 4, request_timeout_s: float = 10.0
+    ) -> None:
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
         self.client = api_client
@@ -529,7 +533,9 @@ class KubeApi:
         obj = await self._call(self.core.read_namespaced_service, name, namespace)
         return service_from_json(self._plain(obj))
 
-    async def patch_ingress_status(self, namespace: str, name: str, addresses: list[str]) -> Ingress:
+    async def patch_ingress_status(
+        self, namespace: str, name: str, addresses: list[str]
+    ) -> Ingress:
         entries = [
             {"ip": a} if a.replace(".", "").isdigit() or ":" in a else {"hostname": a}
             for a in addresses
@@ -546,9 +552,15 @@ class KubeApi:
 
     def _scale_fns(self, kind: WorkloadKind) -> tuple[Callable[..., Any], Callable[..., Any]]:
         if kind == "Deployment":
-            return self.apps.read_namespaced_deployment_scale, self.apps.patch_namespaced_deployment_scale
+            return (
+                self.apps.read_namespaced_deployment_scale,
+                self.apps.patch_namespaced_deployment_scale,
+            )
         if kind == "StatefulSet":
-            return self.apps.read_namespaced_stateful_set_scale, self.apps.patch_namespaced_stateful_set_scale
+            return (
+                self.apps.read_namespaced_stateful_set_scale,
+                self.apps.patch_namespaced_stateful_set_scale,
+            )
         raise ValueError(f"cannot scale a {kind}")
 
     def _scale(self, kind: WorkloadKind, obj: Any) -> Scale:
@@ -567,7 +579,9 @@ class KubeApi:
         read, _ = self._scale_fns(kind)
         return self._scale(kind, await self._call(read, name, namespace))
 
-    async def patch_scale(self, kind: WorkloadKind, namespace: str, name: str, replicas: int) -> Scale:
+    async def patch_scale(
+        self, kind: WorkloadKind, namespace: str, name: str, replicas: int
+    ) -> Scale:
         _, patch = self._scale_fns(kind)
         body = {"spec": {"replicas": replicas}}
         return self._scale(
@@ -587,7 +601,10 @@ class KubeApi:
         body = {
             "spec": {
                 "containers": [
-                    {"name": n, "resources": {"requests": dict(c.requests), "limits": dict(c.limits)}}
+                    {
+                        "name": n,
+                        "resources": {"requests": dict(c.requests), "limits": dict(c.limits)},
+                    }
                     for n, c in containers.items()
                 ]
             }
@@ -602,7 +619,11 @@ class KubeApi:
         return pod_from_json(self._plain(obj))
 
     async def create_event(
-        self, target: ObjectRef, type_: Literal["Normal", "Warning"], reason: str, message: str,
+        self,
+        target: ObjectRef,
+        type_: Literal["Normal", "Warning"],
+        reason: str,
+        message: str,
         component: str = "sluice",
     ) -> None:
         now = datetime.now(UTC)
@@ -686,6 +707,7 @@ class Reflector(Generic[T]):
         lister: Callable[..., Any],
         convert: Callable[[Mapping[str, Any]], T],
         label_selector: str | None,
+        *,
         watch_timeout_s: int = 300,
         backoff_initial_s: float = 0.2,
         backoff_max_s: float = 30.0,
@@ -718,7 +740,9 @@ class Reflector(Generic[T]):
 
     def start(self) -> None:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name=f"watch-{self.what}", daemon=True)
+            self._thread = threading.Thread(
+                target=self._run, name=f"watch-{self.what}", daemon=True
+            )
             self._thread.start()
 
     def stop(self) -> None:
@@ -776,10 +800,20 @@ class Reflector(Generic[T]):
                     self._list()
                 events = self._watch()
             except Gone:
-                log.info("watch %s: resourceVersion %s expired (410), relisting", self.what, self.resource_version)
+                log.info(
+                    "watch %s: resourceVersion %s expired (410), relisting",
+                    self.what,
+                    self.resource_version,
+                )
                 self.resource_version = None
                 continue
-            except (KubeError, k8s.ApiException, urllib3.exceptions.HTTPError, OSError, ValueError) as e:
+            except (
+                KubeError,
+                k8s.ApiException,
+                urllib3.exceptions.HTTPError,
+                OSError,
+                ValueError,
+            ) as e:
                 if self._stop.is_set():
                     break
                 err = _translate(e) if not isinstance(e, KubeError) else e
@@ -847,7 +881,9 @@ class Reflector(Generic[T]):
         kind, obj = ev.get("type"), ev.get("object") or {}
         if kind == "ERROR":
             code = int(obj.get("code") or 0)
-            raise _BY_STATUS.get(code, KubeError)(code, obj.get("reason", ""), obj.get("message", ""))
+            raise _BY_STATUS.get(code, KubeError)(
+                code, obj.get("reason", ""), obj.get("message", "")
+            )
         meta = obj.get("metadata") or {}
         rv = meta.get("resourceVersion")
         if kind == "BOOKMARK":

@@ -41,6 +41,7 @@ class LeaderElector:
         namespace: str,
         name: str,
         identity: str,
+        *,
         lease_duration_s: int = 15,
         renew_deadline_s: float = 10.0,
         retry_period_s: float = 2.0,
@@ -85,7 +86,13 @@ class LeaderElector:
 
     def _lose(self, why: str) -> None:
         if self._holding:
-            log.warning("leader election %s/%s: %s lost leadership: %s", self.namespace, self.name, self.identity, why)
+            log.warning(
+                "leader election %s/%s: %s lost leadership: %s",
+                self.namespace,
+                self.name,
+                self.identity,
+                why,
+            )
         self._holding = False
 
     async def try_acquire_or_renew(self) -> bool:
@@ -98,20 +105,32 @@ class LeaderElector:
             current = await self.api.get_lease(self.namespace, self.name)
             if current is None:
                 created = await self.api.create_lease(
-                    Lease(self.namespace, self.name, self.identity, self.lease_duration_s, wall, wall, 0)
+                    Lease(
+                        self.namespace,
+                        self.name,
+                        self.identity,
+                        self.lease_duration_s,
+                        wall,
+                        wall,
+                        0,
+                    )
                 )
                 self._won(created, now)
                 return True
-            record = (current.holder_identity, current.renew_time, current.acquire_time,
-                      current.lease_duration_s, current.lease_transitions)
+            record = (
+                current.holder_identity,
+                current.renew_time,
+                current.acquire_time,
+                current.lease_duration_s,
+                current.lease_transitions,
+            )
             if record != self._observed:
                 self._observed, self._observed_at = record, now
             holder = current.holder_identity
             duration = current.lease_duration_s or self.lease_duration_s
-            if holder and holder != self.identity:
-                if now < self._observed_at + duration:
-                    self._lose(f"{holder} holds the lease")
-                    return False
+            if holder and holder != self.identity and now < self._observed_at + duration:
+                self._lose(f"{holder} holds the lease")
+                return False
             mine = holder == self.identity
             updated = await self.api.update_lease(
                 Lease(
@@ -136,13 +155,21 @@ class LeaderElector:
         if not self._holding:
             log.info(
                 "leader election %s/%s: %s is the leader (transitions %d)",
-                self.namespace, self.name, self.identity, lease.lease_transitions,
+                self.namespace,
+                self.name,
+                self.identity,
+                lease.lease_transitions,
             )
         self._holding = True
         self._renewed_at = now
         self.transitions_seen = lease.lease_transitions
-        self._observed = (lease.holder_identity, lease.renew_time, lease.acquire_time,
-                          lease.lease_duration_s, lease.lease_transitions)
+        self._observed = (
+            lease.holder_identity,
+            lease.renew_time,
+            lease.acquire_time,
+            lease.lease_duration_s,
+            lease.lease_transitions,
+        )
         self._observed_at = now
         self.last_error = None
 
@@ -168,8 +195,16 @@ class LeaderElector:
                 return
             wall = self._wall_clock()
             await self.api.update_lease(
-                Lease(self.namespace, self.name, None, 1, wall, wall,
-                      current.lease_transitions, current.resource_version)
+                Lease(
+                    self.namespace,
+                    self.name,
+                    None,
+                    1,
+                    wall,
+                    wall,
+                    current.lease_transitions,
+                    current.resource_version,
+                )
             )
         except KubeError as e:
             log.warning("leader election %s/%s: release failed: %s", self.namespace, self.name, e)

@@ -94,7 +94,9 @@ def _parse_value(raw: str) -> Any:
         return raw
 
 
-def policy_from_annotations(annotations: Mapping[str, str]) -> tuple[ScalingPolicy | None, list[str]]:
+def policy_from_annotations(
+    annotations: Mapping[str, str],
+) -> tuple[ScalingPolicy | None, list[str]]:
     """The policy the ``sluice.io/`` annotations describe (None if there are none) and problems."""
     problems: list[str] = []
     data: dict[str, Any] = {}
@@ -106,7 +108,9 @@ def policy_from_annotations(annotations: Mapping[str, str]) -> tuple[ScalingPoli
         if isinstance(blob, dict):
             data.update(blob)
         else:
-            problems.append(f"annotation {SCALING_ANNOTATION}: must be a JSON/YAML mapping of scaling fields")
+            problems.append(
+                f"annotation {SCALING_ANNOTATION}: must be a JSON/YAML mapping of scaling fields"
+            )
     present = False
     for key, raw in annotations.items():
         if not key.startswith(PREFIX):
@@ -150,7 +154,9 @@ def _annotation_for(path: str) -> str:
     return f"{SCALING_ANNOTATION} ({path})"
 
 
-def _workloads_from_annotation(raw: str, services: Iterable[Backend]) -> tuple[dict[str, Workload], list[str]]:
+def _workloads_from_annotation(
+    raw: str, services: Iterable[Backend]
+) -> tuple[dict[str, Workload], list[str]]:
     """``Kind/name`` for every backend, or ``svc=Kind/name,svc2=Kind/name``."""
     out: dict[str, Workload] = {}
     problems = []
@@ -164,11 +170,21 @@ def _workloads_from_annotation(raw: str, services: Iterable[Backend]) -> tuple[d
                 "'StatefulSet/<name>', optionally prefixed by '<service>='"
             )
             continue
-        chosen = [backends[svc_name]] if svc_name in backends else [] if svc_name else list(backends.values())
+        chosen = (
+            [backends[svc_name]]
+            if svc_name in backends
+            else []
+            if svc_name
+            else list(backends.values())
+        )
         if svc_name and not chosen:
-            problems.append(f"annotation {WORKLOAD_ANNOTATION}: {svc_name!r} is not a backend of this Ingress")
+            problems.append(
+                f"annotation {WORKLOAD_ANNOTATION}: {svc_name!r} is not a backend of this Ingress"
+            )
         for b in chosen:
-            out[b.service] = Workload("Deployment" if kind == "Deployment" else "StatefulSet", b.namespace, name)
+            out[b.service] = Workload(
+                "Deployment" if kind == "Deployment" else "StatefulSet", b.namespace, name
+            )
     return out, problems
 
 
@@ -222,7 +238,9 @@ def build_table(
                 problems.append(Problem(key, f"defaultBackend: {err}"))
             elif default_backend is not None and default_backend != b.service:
                 problems.append(
-                    Problem(key, f"defaultBackend {b.service} ignored: {default_backend} came first")
+                    Problem(
+                        key, f"defaultBackend {b.service} ignored: {default_backend} came first"
+                    )
                 )
             else:
                 default_backend = b.service
@@ -259,7 +277,9 @@ def build_table(
         annotation_policy, annotation_problems = policy_from_annotations(ing.meta.annotations)
         problems.extend(Problem(key, m) for m in annotation_problems)
         if WORKLOAD_ANNOTATION in ing.meta.annotations:
-            found, wl_problems = _workloads_from_annotation(ing.meta.annotations[WORKLOAD_ANNOTATION], mine)
+            found, wl_problems = _workloads_from_annotation(
+                ing.meta.annotations[WORKLOAD_ANNOTATION], mine
+            )
             problems.extend(Problem(key, m) for m in wl_problems)
             for svc, wl in found.items():
                 workloads.setdefault(svc, wl)

@@ -79,7 +79,11 @@ def _slice_port(
         name: str | None = backend.port_name
     elif len(ports) == 1:
         return ports[0].port
-    elif service_ports is not None and backend.port_number in service_ports:
+    elif (
+        service_ports is not None
+        and backend.port_number is not None
+        and backend.port_number in service_ports
+    ):
         name = service_ports[backend.port_number]
     else:
         return None
@@ -117,10 +121,10 @@ class KubernetesDiscovery:
         )
 
     async def __aenter__(self) -> KubernetesDiscovery:
-        for i, w in enumerate(self._ingress_watches):
-            self._supervise(f"ingresses[{i}]", functools.partial(self._follow_ingresses, i, w))
-        for i, w in enumerate(self._slice_watches):
-            self._supervise(f"endpointslices[{i}]", functools.partial(self._follow_slices, i, w))
+        for i, iw in enumerate(self._ingress_watches):
+            self._supervise(f"ingresses[{i}]", functools.partial(self._follow_ingresses, i, iw))
+        for i, sw in enumerate(self._slice_watches):
+            self._supervise(f"endpointslices[{i}]", functools.partial(self._follow_slices, i, sw))
         self._supervise("peers", self._follow_peers)
         return self
 
@@ -132,7 +136,9 @@ class KubernetesDiscovery:
                 except asyncio.CancelledError:
                     raise
                 except Exception:
-                    log.exception("kubernetes discovery: %s follower failed; restarting in 1s", name)
+                    log.exception(
+                        "kubernetes discovery: %s follower failed; restarting in 1s", name
+                    )
                     await asyncio.sleep(1.0)
 
         self._tasks.append(asyncio.create_task(guarded(), name=f"kube-discovery-{name}"))
@@ -217,7 +223,12 @@ class KubernetesDiscovery:
         try:
             svc = await self.api.get_service(backend.namespace, backend.name)
         except KubeError as e:
-            log.warning("service %s: cannot read its ports to match port %s: %s", backend.service, backend.port_number, e)
+            log.warning(
+                "service %s: cannot read its ports to match port %s: %s",
+                backend.service,
+                backend.port_number,
+                e,
+            )
             return None
         ports = {p.port: p.name for p in svc.ports if p.port is not None}
         self._service_ports[(backend.namespace, backend.name)] = ports
@@ -256,7 +267,9 @@ class KubernetesDiscovery:
             log.warning("ingress %s: %s", p.ingress, p.message)
             if ing is None:
                 continue
-            ref = ObjectRef("Ingress", "networking.k8s.io/v1", ing.meta.namespace, ing.meta.name, ing.meta.uid)
+            ref = ObjectRef(
+                "Ingress", "networking.k8s.io/v1", ing.meta.namespace, ing.meta.name, ing.meta.uid
+            )
             try:
                 await self.api.create_event(ref, "Warning", "InvalidIngress", p.message)
             except KubeError as e:
@@ -269,7 +282,9 @@ class KubernetesDiscovery:
         try:
             svc = await self.api.get_service(gw.namespace, gw.name)
         except KubeError as e:
-            log.warning("gateway service %s/%s: %s; Ingress status not written", gw.namespace, gw.name, e)
+            log.warning(
+                "gateway service %s/%s: %s; Ingress status not written", gw.namespace, gw.name, e
+            )
             return []
         if svc.load_balancer:
             return list(svc.load_balancer)

@@ -75,7 +75,10 @@ def plan_resize(pod: Pod, cores: float) -> ResizePlan:
     if qos == "BestEffort":
         return ResizePlan(None, "BestEffort pod: giving it CPU would change its QoS class")
     if main.cpu_restart_policy != "NotRequired":
-        return ResizePlan(None, f"container {main.name}: resizePolicy cpu {main.cpu_restart_policy} would restart it")
+        return ResizePlan(
+            None,
+            f"container {main.name}: resizePolicy cpu {main.cpu_restart_policy} would restart it",
+        )
     req, lim = main.requests.get("cpu"), main.limits.get("cpu")
     if req is None and lim is None:
         return ResizePlan(None, f"container {main.name} has no cpu request or limit to resize")
@@ -148,7 +151,14 @@ class KubernetesActuator:
                 self.errors.pop(service, None)
             except KubeError as e:
                 self.errors[service] = str(e)
-                log.warning("%s: cannot apply decision to %s %s/%s: %s", service, target.kind, target.namespace, target.name, e)
+                log.warning(
+                    "%s: cannot apply decision to %s %s/%s: %s",
+                    service,
+                    target.kind,
+                    target.namespace,
+                    target.name,
+                    e,
+                )
 
     async def _apply_one(self, service: str, target: Workload, d: Decision) -> None:
         scale = await self.api.read_scale(target.kind, target.namespace, target.name)
@@ -157,7 +167,9 @@ class KubernetesActuator:
                 return
             await self.api.patch_scale(target.kind, target.namespace, target.name, d.replicas)
             await self._event(
-                target, "Normal", "Scaled",
+                target,
+                "Normal",
+                "Scaled",
                 f"{service}: replicas {scale.spec_replicas} -> {d.replicas}: {_reason_text(d)}",
             )
         resized = []
@@ -169,36 +181,61 @@ class KubernetesActuator:
                 continue
             if not self._leads():
                 return
-            await self.api.resize_pod(pod.meta.namespace, pod.meta.name, {plan.container.name: plan.container})
+            await self.api.resize_pod(
+                pod.meta.namespace, pod.meta.name, {plan.container.name: plan.container}
+            )
             resized.append(pod.meta.name)
         if resized:
             await self._event(
-                target, "Normal", "Resized",
+                target,
+                "Normal",
+                "Resized",
                 f"{service}: cpu per replica -> {format_cpu(d.cpu_per_replica_cores)} on "
                 f"{len(resized)} pod(s) ({', '.join(resized)}): {_reason_text(d)}",
             )
 
     async def _event(self, target: Workload, type_: str, reason: str, message: str) -> None:
         try:
-            await self.api.create_event(target.ref(), "Warning" if type_ == "Warning" else "Normal", reason, message, self.component)
+            await self.api.create_event(
+                target.ref(),
+                "Warning" if type_ == "Warning" else "Normal",
+                reason,
+                message,
+                self.component,
+            )
         except KubeError as e:
-            log.warning("cannot record event %s on %s/%s: %s", reason, target.namespace, target.name, e)
+            log.warning(
+                "cannot record event %s on %s/%s: %s", reason, target.namespace, target.name, e
+            )
 
     async def current(self) -> Mapping[str, ServiceState]:
         out: dict[str, ServiceState] = {}
         for service, target in sorted(self.workloads().items()):
             try:
                 scale = await self.api.read_scale(target.kind, target.namespace, target.name)
-                pods = [p for p in await self.api.list_pods(target.namespace, scale.selector) if not p.deleting]
+                pods = [
+                    p
+                    for p in await self.api.list_pods(target.namespace, scale.selector)
+                    if not p.deleting
+                ]
             except KubeError as e:
                 self.errors[service] = str(e)
-                log.warning("%s: cannot read %s %s/%s: %s", service, target.kind, target.namespace, target.name, e)
+                log.warning(
+                    "%s: cannot read %s %s/%s: %s",
+                    service,
+                    target.kind,
+                    target.namespace,
+                    target.name,
+                    e,
+                )
                 continue
             applied = [c for c in map(_cpu_shown_in_status, pods) if c is not None]
             blocked = []
             for p in pods:
                 if p.resize_pending and p.resize_pending[0] in BLOCKING_RESIZE_REASONS:
-                    blocked.append((p.meta.name, f"resize {p.resize_pending[0]}: {p.resize_pending[1]}"))
+                    blocked.append(
+                        (p.meta.name, f"resize {p.resize_pending[0]}: {p.resize_pending[1]}")
+                    )
                 else:
                     why = plan_resize(p, cpu_in_force(p.spec[0]) or 0.0).blocked if p.spec else None
                     if why:
@@ -206,7 +243,12 @@ class KubernetesActuator:
             for pod_name, why in blocked:
                 if (pod_name, why) not in self._blocked_reported and self._leads():
                     self._blocked_reported.add((pod_name, why))
-                    await self._event(target, "Warning", "ResizeBlocked", f"{service}: pod {pod_name}: {why}; scaling out instead")
+                    await self._event(
+                        target,
+                        "Warning",
+                        "ResizeBlocked",
+                        f"{service}: pod {pod_name}: {why}; scaling out instead",
+                    )
             out[service] = ServiceState(
                 service=service,
                 replicas=scale.spec_replicas,

@@ -48,7 +48,10 @@ def cpu_of(fake: FakeKube, name: str, where: str = "spec") -> dict[str, Any]:
 
 
 async def test_scale_and_resize_applied_only_when_status_shows_it(fake: FakeKube) -> None:
-    guaranteed = {"requests": {"cpu": "500m", "memory": "128Mi"}, "limits": {"cpu": "500m", "memory": "128Mi"}}
+    guaranteed = {
+        "requests": {"cpu": "500m", "memory": "128Mi"},
+        "limits": {"cpu": "500m", "memory": "128Mi"},
+    }
     burstable = {"requests": {"cpu": "250m"}, "limits": {"cpu": "500m"}}
     fake.put(deployment("web", 2))
     fake.put(pod("web-1", "web", guaranteed))
@@ -63,7 +66,10 @@ async def test_scale_and_resize_applied_only_when_status_shows_it(fake: FakeKube
         await act.apply({"shop/web": decision(3, 1.0)})
         assert fake.get("deployments", "shop", "web")["spec"]["replicas"] == 3  # type: ignore[index]
         # desired resources changed in place, QoS kept
-        assert cpu_of(fake, "web-1") == {"requests": {"cpu": "1000m", "memory": "128Mi"}, "limits": {"cpu": "1000m", "memory": "128Mi"}}
+        assert cpu_of(fake, "web-1") == {
+            "requests": {"cpu": "1000m", "memory": "128Mi"},
+            "limits": {"cpu": "1000m", "memory": "128Mi"},
+        }
         assert cpu_of(fake, "web-2") == {"requests": {"cpu": "500m"}, "limits": {"cpu": "1000m"}}
         assert qos_class(fake.get("pods", "shop", "web-1") or {}) == "Guaranteed"
         assert cpu_of(fake, "other")["limits"]["cpu"] == "500m"
@@ -79,7 +85,12 @@ async def test_scale_and_resize_applied_only_when_status_shows_it(fake: FakeKube
         assert not state.resize_blocked
 
         (scaled,) = events(fake, "Scaled")
-        assert scaled["involvedObject"] == {"kind": "Deployment", "apiVersion": "apps/v1", "namespace": "shop", "name": "web"}
+        assert scaled["involvedObject"] == {
+            "kind": "Deployment",
+            "apiVersion": "apps/v1",
+            "namespace": "shop",
+            "name": "web",
+        }
         assert "replicas 2 -> 3" in scaled["message"]
         assert "concurrency 14 over target 7 per replica" in scaled["message"]
         (resized,) = events(fake, "Resized")
@@ -154,22 +165,46 @@ async def test_a_plain_pod_patch_of_resources_is_rejected_by_the_api(fake: FakeK
     """The fake enforces what the real API does, so the actuator cannot cheat."""
     import kubernetes
 
-    guaranteed = {"requests": {"cpu": "500m", "memory": "64Mi"}, "limits": {"cpu": "500m", "memory": "64Mi"}}
+    guaranteed = {
+        "requests": {"cpu": "500m", "memory": "64Mi"},
+        "limits": {"cpu": "500m", "memory": "64Mi"},
+    }
     fake.put(pod("web-1", "web", guaranteed))
     api = KubeApi.connect(host=fake.url)
     try:
-        body = {"spec": {"containers": [{"name": "app", "resources": {"limits": {"cpu": "1"}, "requests": {"cpu": "1"}}}]}}
+        body = {
+            "spec": {
+                "containers": [
+                    {"name": "app", "resources": {"limits": {"cpu": "1"}, "requests": {"cpu": "1"}}}
+                ]
+            }
+        }
         with pytest.raises(kubernetes.client.ApiException) as info:
             await asyncio.to_thread(
-                api.core.patch_namespaced_pod, "web-1", "shop", body,
+                api.core.patch_namespaced_pod,
+                "web-1",
+                "shop",
+                body,
                 _content_type="application/strategic-merge-patch+json",
             )
         assert info.value.status == 422
         # and the resize subresource refuses to change the QoS class
-        body = {"spec": {"containers": [{"name": "app", "resources": {"limits": {"cpu": "1"}, "requests": {"cpu": "500m"}}}]}}
+        body = {
+            "spec": {
+                "containers": [
+                    {
+                        "name": "app",
+                        "resources": {"limits": {"cpu": "1"}, "requests": {"cpu": "500m"}},
+                    }
+                ]
+            }
+        }
         with pytest.raises(kubernetes.client.ApiException) as info:
             await asyncio.to_thread(
-                api.core.patch_namespaced_pod_resize, "web-1", "shop", body,
+                api.core.patch_namespaced_pod_resize,
+                "web-1",
+                "shop",
+                body,
                 _content_type="application/strategic-merge-patch+json",
             )
         assert info.value.status == 422

@@ -52,7 +52,9 @@ def settings(**kube: Any) -> Settings:
 async def test_ingress_add_modify_delete_change_routes(fake: FakeKube) -> None:
     fake.put(ingress("web", [("shop.test", "/", "Prefix", "web", 80)]))
     fake.put(ingress("other", [("x.test", "/", "Prefix", "x", 80)], ingress_class="nginx"))
-    legacy = ingress("legacy", [("*.shop.test", "/api", "Exact", "api", "http")], ingress_class=None)
+    legacy = ingress(
+        "legacy", [("*.shop.test", "/api", "Exact", "api", "http")], ingress_class=None
+    )
     legacy["metadata"]["annotations"] = {"kubernetes.io/ingress.class": "sluice"}
     fake.put(legacy)
     api = KubeApi.connect(host=fake.url)
@@ -73,7 +75,10 @@ async def test_ingress_add_modify_delete_change_routes(fake: FakeKube) -> None:
             fake.put(
                 ingress(
                     "web",
-                    [("shop.test", "/", "Prefix", "web", 80), ("shop.test", "/static", "Prefix", "static", 8080)],
+                    [
+                        ("shop.test", "/", "Prefix", "web", 80),
+                        ("shop.test", "/static", "Prefix", "static", 8080),
+                    ],
                     default_backend=("web", 80),
                 )
             )
@@ -101,14 +106,22 @@ async def test_bad_annotations_are_reported_and_other_routes_survive(fake: FakeK
         ingress(
             "bad",
             [("bad.test", "/", "Prefix", "bad", 80)],
-            annotations={"sluice.io/min-replicas": "3", "sluice.io/max-replicas": "1", "sluice.io/colour": "red"},
+            annotations={
+                "sluice.io/min-replicas": "3",
+                "sluice.io/max-replicas": "1",
+                "sluice.io/colour": "red",
+            },
         )
     )
     fake.put(
         ingress(
             "good",
             [("good.test", "/", "Prefix", "good", 80)],
-            annotations={"sluice.io/target": "25", "sluice.io/cpu-max": "2", "sluice.io/metric": "rps"},
+            annotations={
+                "sluice.io/target": "25",
+                "sluice.io/cpu-max": "2",
+                "sluice.io/metric": "rps",
+            },
         )
     )
     api = KubeApi.connect(host=fake.url)
@@ -126,7 +139,10 @@ async def test_bad_annotations_are_reported_and_other_routes_survive(fake: FakeK
             await wait_for(lambda: len(events()) == 2)
             messages = sorted(e["message"] for e in events())
             assert messages[0].startswith("annotation sluice.io/colour: unknown")
-            assert messages[1] == "annotation sluice.io/max-replicas: must be >= min_replicas (3), got 1"
+            assert (
+                messages[1]
+                == "annotation sluice.io/max-replicas: must be >= min_replicas (3), got 1"
+            )
             assert {e["type"] for e in events()} == {"Warning"}
             assert {e["involvedObject"]["kind"] for e in events()} == {"Ingress"}
     finally:
@@ -160,7 +176,11 @@ async def test_endpoint_churn_with_ready_and_terminating(fake: FakeKube) -> None
                 endpoint_slice(
                     "web-abc",
                     "web",
-                    [("10.1.0.1", draining), ("10.1.0.2", ready), ("10.1.0.3", {"ready": False, "serving": False})],
+                    [
+                        ("10.1.0.1", draining),
+                        ("10.1.0.2", ready),
+                        ("10.1.0.3", {"ready": False, "serving": False}),
+                    ],
                     [("metrics", 9090), ("http", 8080)],
                 )
             )
@@ -220,7 +240,11 @@ async def test_peers_come_from_the_gateway_endpointslice(fake: FakeKube) -> None
         endpoint_slice(
             "sluice-1",
             "sluice",
-            [("10.9.0.1", ok), ("10.9.0.2", ok), ("10.9.0.3", {"ready": False, "terminating": True})],
+            [
+                ("10.9.0.1", ok),
+                ("10.9.0.2", ok),
+                ("10.9.0.3", {"ready": False, "terminating": True}),
+            ],
             [("http", 8080), ("admin", 9901)],
             namespace="sluice",
         )

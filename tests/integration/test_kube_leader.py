@@ -31,8 +31,16 @@ def fake() -> Iterator[FakeKube]:
 
 
 def elector(api: KubeApi, identity: str, clock: ManualClock) -> LeaderElector:
-    return LeaderElector(api, "sluice", "sluice-scaler", identity, lease_duration_s=15,
-                         renew_deadline_s=10, retry_period_s=2, clock=clock)
+    return LeaderElector(
+        api,
+        "sluice",
+        "sluice-scaler",
+        identity,
+        lease_duration_s=15,
+        renew_deadline_s=10,
+        retry_period_s=2,
+        clock=clock,
+    )
 
 
 async def test_one_leader_and_failover_when_the_leader_stops_renewing(fake: FakeKube) -> None:
@@ -71,7 +79,11 @@ async def test_one_leader_and_failover_when_the_leader_stops_renewing(fake: Fake
         assert not await a.try_acquire_or_renew()
         assert not a.is_leader()
         # every write carried the read resourceVersion; lease verbs are exactly get/create/update
-        assert {c.verb for c in fake.requests if c.resource == "leases"} == {"get", "create", "update"}
+        assert {c.verb for c in fake.requests if c.resource == "leases"} == {
+            "get",
+            "create",
+            "update",
+        }
     finally:
         await api.close()
 

@@ -368,7 +368,9 @@ class _Handler(BaseHTTPRequestHandler):
         raw = self.rfile.read(length) if length else b""
         m = _PATH.match(url.path)
         if not m or (m["gv"], m["plural"]) not in RESOURCES:
-            self._send(404, ApiError(404, "NotFound", f"the server could not find {url.path}").status())
+            self._send(
+                404, ApiError(404, "NotFound", f"the server could not find {url.path}").status()
+            )
             return
         gv, ns, plural, name, sub = m["gv"], m["ns"], m["plural"], m["name"], m["sub"]
         _, group = RESOURCES[(gv, plural)]
@@ -506,7 +508,11 @@ class _Handler(BaseHTTPRequestHandler):
         elif ctype == "application/json-patch+json":
             new = json_patch(current, body)
         else:
-            raise ApiError(415, "UnsupportedMediaType", f"the body of the request was in an unknown format: {ctype}")
+            raise ApiError(
+                415,
+                "UnsupportedMediaType",
+                f"the body of the request was in an unknown format: {ctype}",
+            )
         sent_rv = (new.get("metadata") or {}).get("resourceVersion")
         if verb == "update" and sent_rv is None:
             sent_rv = current["metadata"]["resourceVersion"]

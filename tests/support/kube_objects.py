@@ -18,7 +18,12 @@ def ingress(
     """``rules``: (host, path, pathType, service, port number or name)."""
 
     def backend(svc: str, port: int | str) -> Obj:
-        return {"service": {"name": svc, "port": {"number": port} if isinstance(port, int) else {"name": port}}}
+        return {
+            "service": {
+                "name": svc,
+                "port": {"number": port} if isinstance(port, int) else {"name": port},
+            }
+        }
 
     by_host: dict[str | None, list[Obj]] = {}
     for host, path, path_type, svc, port in rules:
@@ -64,7 +69,13 @@ def endpoint_slice(
     }
 
 
-def service(name: str, ports: list[tuple[str, int]], namespace: str = "shop", cluster_ip: str = "10.0.0.10", lb: list[str] | None = None) -> Obj:
+def service(
+    name: str,
+    ports: list[tuple[str, int]],
+    namespace: str = "shop",
+    cluster_ip: str = "10.0.0.10",
+    lb: list[str] | None = None,
+) -> Obj:
     return {
         "kind": "Service",
         "apiVersion": "v1",
