@@ -766,6 +766,8 @@ class Reflector(Generic[T]):
         entry = (asyncio.get_running_loop(), wake)
         with self._lock:
             self._wakeups.append(entry)
+            if self._synced:
+                wake.set()  # a late consumer gets the current state at once
         self.start()
         seen = 0
         try:

@@ -112,6 +112,7 @@ def policy_from_annotations(
                 f"annotation {SCALING_ANNOTATION}: must be a JSON/YAML mapping of scaling fields"
             )
     present = False
+    flat_paths: dict[str, str] = {}
     for key, raw in annotations.items():
         if not key.startswith(PREFIX):
             continue
@@ -131,27 +132,19 @@ def policy_from_annotations(
             cpu = data.setdefault("cpu", {})
             if isinstance(cpu, dict):
                 cpu[_CPU_KEYS[short]] = _parse_value(raw)
+            flat_paths[f"cpu.{_CPU_KEYS[short]}"] = key
         else:
             data[short.replace("-", "_")] = _parse_value(raw)
+            flat_paths[short.replace("-", "_")] = key
     if not present and not data:
         return None, problems
     try:
         return ScalingPolicy.model_validate(data), problems
     except ValidationError as e:
         for path, problem in validation_problems(e):
-            problems.append(f"annotation {_annotation_for(path)}: {problem}")
+            where = flat_paths.get(path, f"{SCALING_ANNOTATION} ({path})")
+            problems.append(f"annotation {where}: {problem}")
         return None, problems
-
-
-def _annotation_for(path: str) -> str:
-    if path.startswith("cpu."):
-        cpu_key = {v: k for k, v in _CPU_KEYS.items()}.get(path.removeprefix("cpu."))
-        if cpu_key:
-            return PREFIX + cpu_key
-    flat = path.replace("_", "-")
-    if flat in FLAT_ANNOTATIONS:
-        return PREFIX + flat
-    return f"{SCALING_ANNOTATION} ({path})"
 
 
 def _workloads_from_annotation(

@@ -16,11 +16,24 @@ from tests.support.kube_objects import deployment, endpoint_slice, ingress, pod,
 
 async def test_every_call_is_covered_by_rbac_rules_and_every_rule_is_used() -> None:
     with FakeKube() as fake:
-        fake.put(ingress("web", [("shop.test", "/", "Prefix", "web", 80)],
-                         annotations={"sluice.io/max-replicas": "0"}))
+        fake.put(
+            ingress(
+                "web",
+                [("shop.test", "/", "Prefix", "web", 80)],
+                annotations={"sluice.io/max-replicas": "0"},
+            )
+        )
         fake.put(service("web", [("http", 80), ("metrics", 9090)]))
-        fake.put(service("sluice", [("http", 80), ("admin", 9901)], namespace="sluice", lb=["198.51.100.1"]))
-        fake.put(endpoint_slice("web-1", "web", [("10.0.0.1", {"ready": True})], [("http", 8080), ("metrics", 9090)]))
+        fake.put(
+            service(
+                "sluice", [("http", 80), ("admin", 9901)], namespace="sluice", lb=["198.51.100.1"]
+            )
+        )
+        fake.put(
+            endpoint_slice(
+                "web-1", "web", [("10.0.0.1", {"ready": True})], [("http", 8080), ("metrics", 9090)]
+            )
+        )
         fake.put(deployment("web", 1))
         fake.put(deployment("db", 1, kind="StatefulSet"))
         fake.put(pod("web-1", "web", {"requests": {"cpu": "100m"}, "limits": {"cpu": "200m"}}))
@@ -33,9 +46,14 @@ async def test_every_call_is_covered_by_rbac_rules_and_every_rule_is_used() -> N
                 async with asyncio.timeout(10):
                     first = await anext(updates)
                     assert first.endpoints
-                    while not any(c.resource == "ingresses/status" for c in fake.requests) or not fake.list("events"):
+                    while not any(
+                        c.resource == "ingresses/status" for c in fake.requests
+                    ) or not fake.list("events"):
                         await asyncio.sleep(0.02)
-            targets = {"shop/web": Workload("Deployment", "shop", "web"), "shop/db": Workload("StatefulSet", "shop", "db")}
+            targets = {
+                "shop/web": Workload("Deployment", "shop", "web"),
+                "shop/db": Workload("StatefulSet", "shop", "db"),
+            }
             leader = LeaderElector(api, "sluice", "sluice-scaler", "gw-a")
             assert await leader.try_acquire_or_renew()
             assert await leader.try_acquire_or_renew()
