@@ -794,6 +794,7 @@ class Reflector(Generic[T]):
 
     def _run(self) -> None:
         backoff = self.backoff_initial_s
+        gone_streak = 0
         while not self._stop.is_set():
             started = time.monotonic()
             events = 0
@@ -801,14 +802,7 @@ class Reflector(Generic[T]):
                 if self.resource_version is None:
                     self._list()
                 events = self._watch()
-            except Gone:
-                log.info(
-                    "watch %s: resourceVersion %s expired (410), relisting",
-                    self.what,
-                    self.resource_version,
-                )
-                self.resource_version = None
-                continue
+                gone_streak = 0
             except (
                 KubeError,
                 k8s.ApiException,
@@ -818,9 +812,18 @@ class Reflector(Generic[T]):
             ) as e:
                 if self._stop.is_set():
                     break
-                err = _translate(e) if not isinstance(e, KubeError) else e
+                err = e if isinstance(e, KubeError) else _translate(e)
                 if isinstance(err, Gone):
+                    log.info(
+                        "watch %s: resourceVersion %s expired (410), relisting",
+                        self.what,
+                        self.resource_version,
+                    )
                     self.resource_version = None
+                    gone_streak += 1
+                    if gone_streak > 1:  # 410 again right after a relist: do not spin
+                        self._stop.wait(backoff)
+                        backoff = min(backoff * 2, self.backoff_max_s)
                     continue
                 self.last_error = str(err)
                 log.warning("watch %s failed (%s); retrying in %.1fs", self.what, err, backoff)
