@@ -29,6 +29,7 @@ import httpx
 from gateway.discovery import EndpointInfo, EndpointUpdate, RoutesUpdate
 from gateway.discovery.ingress_rules import Backend, IngressTable, Problem, build_table
 from gateway.settings import Settings
+from scaler.actuators.kubernetes import KubernetesActuator
 from scaler.kubeapi import (
     EndpointSlice,
     Ingress,
@@ -39,7 +40,6 @@ from scaler.kubeapi import (
     SlicePort,
     Workload,
 )
-from scaler.actuators.kubernetes import KubernetesActuator
 from scaler.leader import LeaderElector
 from scaler.peer_signals import PeerSignals
 from scaler.policy import ScalingPolicy
