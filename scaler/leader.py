@@ -25,7 +25,8 @@ import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from scaler.kubeapi import KubeApi, KubeError, Lease
+from scaler.kube_model import KubeError, Lease
+from scaler.kubeapi import KubeApi
 
 log = logging.getLogger(__name__)
 

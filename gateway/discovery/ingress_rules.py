@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from gateway.discovery import RouteRule, RoutesUpdate
 from gateway.settings import RouteConfig, ServiceConfig, validation_problems
-from scaler.kubeapi import Ingress, IngressBackend, Workload
+from scaler.kube_model import Ingress, IngressBackend, Workload
 from scaler.policy import BudgetConfig, KeyedValueError, ScalingPolicy, check_floors
 
 PREFIX = "sluice.io/"

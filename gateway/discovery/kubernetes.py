@@ -30,16 +30,8 @@ from gateway.discovery import EndpointInfo, EndpointUpdate, RoutesUpdate
 from gateway.discovery.ingress_rules import Backend, IngressTable, Problem, build_table
 from gateway.settings import Settings
 from scaler.actuators.kubernetes import KubernetesActuator
-from scaler.kubeapi import (
-    EndpointSlice,
-    Ingress,
-    KubeApi,
-    KubeError,
-    ObjectRef,
-    Reflector,
-    SlicePort,
-    Workload,
-)
+from scaler.kube_model import EndpointSlice, Ingress, KubeError, ObjectRef, SlicePort, Workload
+from scaler.kubeapi import KubeApi, Reflector
 from scaler.leader import LeaderElector
 from scaler.peer_signals import PeerSignals
 from scaler.policy import ScalingPolicy

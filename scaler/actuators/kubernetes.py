@@ -21,15 +21,15 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from scaler.decision import Decision, ServiceState
-from scaler.kubeapi import (
+from scaler.kube_model import (
     ContainerResources,
-    KubeApi,
     KubeError,
     Pod,
     Workload,
     format_cpu,
     parse_cpu_cores,
 )
+from scaler.kubeapi import KubeApi
 
 log = logging.getLogger(__name__)
 BLOCKING_RESIZE_REASONS = ("Infeasible", "Deferred")

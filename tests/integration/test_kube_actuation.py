@@ -10,7 +10,8 @@ import pytest
 
 from scaler.actuators.kubernetes import KubernetesActuator
 from scaler.decision import Decision
-from scaler.kubeapi import KubeApi, Workload
+from scaler.kube_model import Workload
+from scaler.kubeapi import KubeApi
 from tests.support.fake_kube import FakeKube, qos_class
 from tests.support.kube_objects import deployment, pod
 

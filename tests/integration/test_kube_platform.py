@@ -15,7 +15,8 @@ import pytest
 from gateway.discovery.kubernetes import KubernetesPlatform
 from gateway.settings import Settings, parse_settings
 from scaler.engine import Engine
-from scaler.kubeapi import KubeApi, format_cpu
+from scaler.kube_model import format_cpu
+from scaler.kubeapi import KubeApi
 from scaler.signals import ServiceSignals
 from tests.support.fake_kube import FakeKube
 from tests.support.kube_objects import deployment, endpoint_slice, ingress, pod

@@ -8,7 +8,8 @@ from gateway.discovery.kubernetes import KubernetesDiscovery
 from gateway.settings import parse_settings
 from scaler.actuators.kubernetes import KubernetesActuator
 from scaler.decision import Decision
-from scaler.kubeapi import RBAC_RULES, KubeApi, Workload
+from scaler.kube_model import Workload
+from scaler.kubeapi import RBAC_RULES, KubeApi
 from scaler.leader import LeaderElector
 from tests.support.fake_kube import FakeKube
 from tests.support.kube_objects import deployment, endpoint_slice, ingress, pod, service

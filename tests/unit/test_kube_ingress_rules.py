@@ -7,7 +7,7 @@ from typing import Any
 from gateway.discovery import RouteRule
 from gateway.discovery.ingress_rules import Backend, build_table, is_ours, policy_from_annotations
 from gateway.settings import parse_settings
-from scaler.kubeapi import Ingress, Workload, ingress_from_json
+from scaler.kube_model import Ingress, Workload, ingress_from_json
 from scaler.policy import BudgetConfig
 from tests.support.kube_objects import ingress
 
