@@ -263,6 +263,15 @@ class KubernetesConfig(_Model):
         default=1.0, gt=0, le=30, description="Timeout for GET /api/signals on each peer gateway."
     )
 
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        seen: set[str] = set()
+        for i, ns in enumerate(self.namespaces):
+            if ns in seen:
+                raise KeyedValueError("namespaces", f"{ns!r} is listed twice (entry [{i}])")
+            seen.add(ns)
+        return self
+
 
 def _check_network(value: str) -> str:
     try:

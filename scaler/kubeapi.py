@@ -18,6 +18,7 @@ the requests a fake API server receives and compares them with it.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import json
@@ -402,6 +403,8 @@ class Reflector(Generic[T]):
         self.relists = 0
         self.resumes = 0
         self.last_error: str | None = None
+        self.backoffs_s: collections.deque[float] = collections.deque(maxlen=32)
+        """The most recent waits before retrying (observability, and tests)."""
 
     def __repr__(self) -> str:
         return (
@@ -493,21 +496,25 @@ class Reflector(Generic[T]):
                     self.resource_version = None
                     gone_streak += 1
                     if gone_streak > 1:  # 410 again right after a relist: do not spin
-                        self._stop.wait(backoff)
-                        backoff = min(backoff * 2, self.backoff_max_s)
+                        backoff = self._back_off(backoff)
                     continue
                 self.last_error = str(err)
-                log.warning("watch %s failed (%s); retrying in %.1fs", self.what, err, backoff)
-                self._stop.wait(backoff * (0.5 + random.random() / 2))
-                backoff = min(backoff * 2, self.backoff_max_s)
+                log.warning("watch %s failed (%s); retrying in <= %.1fs", self.what, err, backoff)
+                backoff = self._back_off(backoff)
                 continue
             if events == 0 and time.monotonic() - started < 1.0:
                 # the server closed a watch at once with nothing to say: back off, no busy loop
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, self.backoff_max_s)
+                backoff = self._back_off(backoff)
             else:
                 backoff = self.backoff_initial_s
             self.resumes += 1
+
+    def _back_off(self, backoff_s: float) -> float:
+        """Wait ``backoff_s`` with jitter (50-100 %), interruptibly; return the next backoff."""
+        wait_s = backoff_s * (0.5 + random.random() / 2)
+        self.backoffs_s.append(wait_s)
+        self._stop.wait(wait_s)
+        return min(backoff_s * 2, self.backoff_max_s)
 
     def _list(self) -> None:
         resp = self._lister(

@@ -200,7 +200,7 @@ class FakeKube:
         self.stopping = False
         self.bookmark_interval_s = bookmark_interval_s
         self.requests: list[Call] = []
-        self.fail_next: dict[tuple[str, str], ApiError] = {}
+        self.failures: dict[tuple[str, str], list[ApiError]] = {}
         handler = type("Handler", (_Handler,), {"fake": self})
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.server.daemon_threads = True
@@ -246,6 +246,16 @@ class FakeKube:
     def list(self, plural: str) -> list[Obj]:
         with self.cond:
             return [copy.deepcopy(o) for (p, _, _), o in self.objects.items() if p == plural]
+
+    def fail(self, verb: str, resource: str, code: int = 500, times: int = 1) -> None:
+        """Answer the next ``times`` requests of ``verb`` on ``resource`` with an error Status."""
+        reason = {500: "InternalError", 503: "ServiceUnavailable", 429: "TooManyRequests"}.get(
+            code, "Failure"
+        )
+        with self.cond:
+            self.failures.setdefault((verb, resource), []).extend(
+                ApiError(code, reason, f"injected failure {code}") for _ in range(times)
+            )
 
     def drop_watches(self) -> None:
         """Cut every open watch connection without a clean end (as a network failure does)."""
@@ -394,7 +404,8 @@ class _Handler(BaseHTTPRequestHandler):
         fake = self.fake
         with fake.cond:
             fake.requests.append(call)
-            injected = fake.fail_next.pop((verb, call.resource), None)
+            queued = fake.failures.get((verb, call.resource))
+            injected = queued.pop(0) if queued else None
         try:
             if injected:
                 raise injected
