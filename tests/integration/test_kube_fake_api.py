@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import kubernetes
 import pytest
@@ -84,3 +85,25 @@ def test_conflict_not_found_and_invalid(fake: FakeKube, api: KubeApi) -> None:
     assert info.value.status == 422
     scale = api.apps.read_namespaced_deployment_scale("web", "shop")
     assert (scale.spec.replicas, scale.status.selector) == (2, "app=web")
+
+
+async def test_kubeconfig_is_honoured(fake: FakeKube, tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "config"
+    kubeconfig.write_text(
+        f"""
+apiVersion: v1
+kind: Config
+clusters: [{{name: fake, cluster: {{server: "{fake.url}"}}}}]
+users: [{{name: sluice, user: {{token: s3cr3t-token}}}}]
+contexts: [{{name: fake, context: {{cluster: fake, user: sluice}}}}]
+current-context: fake
+"""
+    )
+    fake.put(deployment("web", 3))
+    api = KubeApi.connect(kubeconfig=str(kubeconfig))
+    try:
+        scale = await api.read_scale("Deployment", "shop", "web")
+        assert scale.spec_replicas == 3
+        assert fake.requests[-1].authorization == "Bearer s3cr3t-token"
+    finally:
+        await api.close()

@@ -68,6 +68,7 @@ class Call:
     content_type: str | None = None
     resource_version: str | None = None
     """The ``resourceVersion`` query parameter of a list/watch."""
+    authorization: str | None = None
 
 
 class ApiError(Exception):
@@ -400,6 +401,7 @@ class _Handler(BaseHTTPRequestHandler):
             name,
             self.headers.get("Content-Type"),
             query.get("resourceVersion"),
+            self.headers.get("Authorization"),
         )
         fake = self.fake
         with fake.cond:
