@@ -95,6 +95,7 @@ class FakeKube:
         self.bookmark_interval_s = bookmark_interval_s
         self.requests: list[Call] = []
         self.failures: dict[tuple[str, str], list[ApiError]] = {}
+        self.streaming: dict[str, int] = {}
         handler = type("Handler", (_Handler,), {"fake": self})
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.server.daemon_threads = True
@@ -166,8 +167,10 @@ class FakeKube:
             self.history.clear()
             self.cond.notify_all()
 
-    def watch_count(self) -> int:
-        return sum(1 for c in self.requests if c.verb == "watch")
+    def open_watches(self, plural: str) -> int:
+        """Watches of ``plural`` currently streaming."""
+        with self.cond:
+            return self.streaming.get(plural, 0)
 
     def kubelet_resize(self, namespace: str, name: str, outcome: str = "apply") -> None:
         """Play the kubelet: ``apply`` the desired resources to status, or mark the resize
@@ -515,6 +518,25 @@ class _Handler(BaseHTTPRequestHandler):
             self._chunks(pending)
             self._chunks(None)
             return
+        with fake.cond:
+            fake.streaming[plural] = fake.streaming.get(plural, 0) + 1
+        try:
+            self._stream(plural, since, pending, epoch, deadline, bookmarks, matches)
+        finally:
+            with fake.cond:
+                fake.streaming[plural] -= 1
+
+    def _stream(
+        self,
+        plural: str,
+        since: int,
+        pending: list[Obj],
+        epoch: int,
+        deadline: float,
+        bookmarks: bool,
+        matches: Any,
+    ) -> None:
+        fake = self.fake
         try:
             last_bookmark = time.monotonic()
             while True:
