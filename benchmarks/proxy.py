@@ -560,7 +560,7 @@ def run(args: argparse.Namespace) -> Run:
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3, help="rounds (median reported), default 3")
     parser.add_argument("--duration-s", type=float, default=8, help="each c=50 run, default 8 s")
@@ -570,6 +570,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--connections", type=int, default=50, help="wrk connections, default 50")
     parser.add_argument("--skip-sluice", action="store_true", help="measure direct and nginx only")
     parser.add_argument("--out", type=Path, default=None, help="JSON output file")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.duration_s <= 0 or args.latency_duration_s <= 0:
         parser.error("--rounds must be >= 1 and durations > 0")

@@ -117,3 +117,13 @@ def test_no_ratios_without_sluice(bench: ModuleType) -> None:
         [_sample(bench, "direct", 90_000, 0.02, None), _sample(bench, "nginx", 40_000, 0.07, 25.0)]
     )
     assert bench.ratios(table) == {}
+
+
+def test_every_flag_the_docs_mention_exists(bench: ModuleType) -> None:
+    import re
+
+    docs = (ROOT / "docs" / "benchmarks.md").read_text()
+    flags = set(re.findall(r"(--[a-z][a-z-]+)", docs.split("## Proxy", 1)[1].split("\n## ", 1)[0]))
+    assert flags, "docs/benchmarks.md documents no flags"
+    known = {opt for action in bench.build_parser()._actions for opt in action.option_strings}
+    assert flags <= known, flags - known
