@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from tests.support.dockerfile import parse_dockerfile
+from tests.support.k8s_fields import field_errors
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "sluice"
@@ -181,6 +182,29 @@ def test_objects_and_kinds(case: tuple[dict[str, Any], list[Manifest]]) -> None:
             assert doc["metadata"]["namespace"] == NAMESPACE
         else:
             assert "namespace" not in doc["metadata"]
+
+
+def test_every_field_is_known_to_the_kubernetes_api(
+    case: tuple[dict[str, Any], list[Manifest]],
+) -> None:
+    for doc in case[1]:
+        if doc["kind"] == "ServiceMonitor":  # a CRD: not in the official client's models
+            assert doc["apiVersion"] == "monitoring.coreos.com/v1"
+            continue
+        manifest = {k: v for k, v in doc.items() if k != "__template__"}
+        assert field_errors(manifest) == [], doc["__template__"]
+
+
+def test_the_field_check_catches_typos_and_wrong_kinds() -> None:
+    deployment = _one(_render({}), "Deployment")
+    manifest = {k: v for k, v in deployment.items() if k != "__template__"}
+    (container,) = manifest["spec"]["template"]["spec"]["containers"]
+    container["readinesProbe"] = container.pop("readinessProbe")
+    container["ports"][0]["containerPort"] = "8080"
+    assert field_errors(manifest) == [
+        "Deployment.spec.template.spec.containers[0].ports[0].containerPort: expected int, got '8080'",
+        "Deployment.spec.template.spec.containers[0].readinesProbe: unknown field of V1Container",
+    ]
 
 
 def test_selectors_match_the_pods(case: tuple[dict[str, Any], list[Manifest]]) -> None:
