@@ -97,9 +97,13 @@ def test_the_value_sets_exist() -> None:
     assert len(VALUE_SETS) >= 4, [p.name for p in VALUE_SETS]
 
 
+@pytest.mark.parametrize("kube_version", ["v1.25.0", "v1.33.0"])  # oldest supported, resize GA
 @pytest.mark.parametrize("path", VALUE_SETS, ids=lambda p: p.stem)
-def test_lint_is_clean(path: Path) -> None:
-    report = helm.lint(CHART, _values(path), strict=True, namespace=NAMESPACE)
+def test_lint_is_clean(path: Path, kube_version: str) -> None:
+    """Strict lint (warnings are errors), including Helm's deprecated-API check."""
+    report = helm.lint(
+        CHART, _values(path), strict=True, namespace=NAMESPACE, kube_version=kube_version
+    )
     assert report["errors"] == []
     # severity 1 is INFO; only "icon is recommended" (the project has no icon) is accepted
     findings = [m for m in report["messages"] if m["error"] != "icon is recommended"]
