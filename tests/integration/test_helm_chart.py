@@ -97,7 +97,7 @@ def test_the_value_sets_exist() -> None:
     assert len(VALUE_SETS) >= 4, [p.name for p in VALUE_SETS]
 
 
-@pytest.mark.parametrize("kube_version", ["v1.25.0", "v1.33.0"])  # oldest supported, resize GA
+@pytest.mark.parametrize("kube_version", ["v1.25.0", "v1.33.0"])  # oldest supported; pods/resize
 @pytest.mark.parametrize("path", VALUE_SETS, ids=lambda p: p.stem)
 def test_lint_is_clean(path: Path, kube_version: str) -> None:
     """Strict lint (warnings are errors), including Helm's deprecated-API check."""
