@@ -59,6 +59,7 @@ UPSTREAM_BODY = "ok\n"
 READY_TIMEOUT_S = 30.0
 REQS_TARGET = 0.5
 ADDED_LATENCY_TARGET = 2.0
+SATURATED = 0.9
 
 
 # ---------------------------------------------------------------- wrk output
@@ -312,6 +313,7 @@ class Sample:
     c1: WrkResult
     proxy_cpu_us_per_request: float | None = None
     proxy_core_utilisation: float | None = None
+    loadavg_1m: float | None = None
 
 
 @dataclass
@@ -336,7 +338,7 @@ def measure(target: str, port: int, proxy: Process | None, args: argparse.Namesp
     wall_s = time.monotonic() - wall_before
     cpu_s = (proxy.group_cpu_s() - cpu_before) if proxy else 0.0
     c1 = wrk(port, 1, args.latency_duration_s, timeout_s)
-    sample = Sample(target, c50, c1)
+    sample = Sample(target, c50, c1, loadavg_1m=os.getloadavg()[0])
     if proxy is not None and c50.requests:
         sample.proxy_cpu_us_per_request = cpu_s / c50.requests * 1e6
         sample.proxy_core_utilisation = cpu_s / wall_s
@@ -406,6 +408,16 @@ def print_table(table: dict[str, dict[str, float | None]], rat: dict[str, float 
             f"{_fmt(row['p99_ms'], '.3f'):>8} {_fmt(row['c1_p50_ms'], '.3f'):>8} "
             f"{_fmt(row['c1_p99_ms'], '.3f'):>8} {_fmt(row['cpu_us_per_request'], '.1f'):>10} "
             f"{_fmt(row['core_utilisation'], '.0%'):>6} {errors:>6.0f}"
+        )
+    busy = [
+        f"{target} {row['core_utilisation']:.0%}"
+        for target, row in table.items()
+        if row["core_utilisation"] is not None and row["core_utilisation"] < SATURATED
+    ]
+    if busy:
+        print(
+            f"\nwarning: a proxy used less than {SATURATED:.0%} of its core ({', '.join(busy)}): "
+            "something else ran on core 0, so req/s understate it; CPU us/req is the fairer figure"
         )
     if not rat:
         return
