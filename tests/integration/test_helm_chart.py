@@ -13,6 +13,7 @@ import json
 import re
 import subprocess
 import sys
+import tarfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -108,6 +109,21 @@ def test_lint_is_clean(path: Path, kube_version: str) -> None:
     # severity 1 is INFO; only "icon is recommended" (the project has no icon) is accepted
     findings = [m for m in report["messages"] if m["error"] != "icon is recommended"]
     assert findings == []
+
+
+def test_the_packaged_chart_renders_the_same(tmp_path: Path) -> None:
+    archive = helm.package(CHART, destination=tmp_path)
+    with helm.Chart.load(archive) as packaged, helm.Chart.load(CHART) as source:
+        assert packaged.render({}, name=RELEASE, namespace=NAMESPACE) == source.render(
+            {}, name=RELEASE, namespace=NAMESPACE
+        )
+        assert packaged.schema == source.schema is not None
+    assert not [f for f in packaged_names(archive) if "/ci/" in f], ".helmignore keeps ci/ out"
+
+
+def packaged_names(archive: str) -> list[str]:
+    with tarfile.open(archive) as tar:
+        return tar.getnames()
 
 
 def test_schema_rejects_bad_values() -> None:
