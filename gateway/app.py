@@ -34,7 +34,7 @@ from gateway.outlier import HealthChecker
 from gateway.reload import Reloader
 from gateway.routing import RouteTable
 from gateway.service import Service
-from gateway.settings import ServiceConfig, Settings
+from gateway.settings import ServiceConfig, Settings, load_runtime_settings
 from scaler.signals import ServiceSignals
 
 log = logging.getLogger(__name__)
@@ -202,7 +202,13 @@ async def serve(
     runtime.apply_routes(routes_from_settings(settings))
     for update in endpoints_from_settings(settings):
         runtime.apply_endpoints(update)
-    if settings.platform != "static":
+    local = None
+    if settings.platform == "local":
+        from gateway.local_platform import LocalRunner
+
+        local = LocalRunner(runtime, settings)
+        await local.start()
+    elif settings.platform != "static":
         log.warning(
             "platform %r has no endpoint source yet: serving the config file's endpoints",
             settings.platform,
@@ -221,13 +227,15 @@ async def serve(
             runtime.apply_settings(new)
             dataplane.configure(new.trusted_proxies, HeadLimits.from_settings(new.limits))
 
-        runtime.reloader = Reloader(config_path, settings, apply)
+        runtime.reloader = Reloader(config_path, settings, apply, load=load_runtime_settings)
     try:
         data_host, data_port = await dataplane.start(settings.listen.host, settings.listen.port)
         admin_host, admin_port = await admin.start(settings.admin.host, settings.admin.port)
     except OSError as e:
         print(f"sluice: cannot listen: {e}", file=sys.stderr, flush=True)
         await dataplane.stop(0)
+        if local is not None:
+            await local.stop()
         return 1
     runtime._sync_checkers()
     if runtime.reloader is not None:  # SIGHUP is handled before anyone learns we are up
@@ -257,6 +265,8 @@ async def serve(
         await runtime.reloader.stop()
     await dataplane.stop(drain_s)
     await runtime.stop_checkers()
+    if local is not None:
+        await local.stop()
     await admin.stop()
     log.info("stopped")
     return 0
