@@ -3,8 +3,10 @@
 Bounded twice: at most ``max_traces`` traces (the trace whose first span ended longest ago
 is dropped first) and at most ``max_spans_per_trace`` spans each (later spans are counted in
 ``dropped_spans``, not kept).  Only sampled spans reach a SpanProcessor, so the buffer holds
-what the sampler kept.  Spans are copied into small plain records when they end (on the
-sampled path only); :meth:`RecentTraces.query` turns them into JSON-ready dicts.
+what the sampler kept.  On the hot path
+the SDK's finished, immutable ``ReadableSpan`` objects are kept as they are (appending a
+reference is all ``on_end`` costs); :meth:`RecentTraces.query` turns them into JSON-ready
+dicts.
 """
 
 from __future__ import annotations
@@ -73,7 +75,7 @@ def _jsonable(value: Any) -> Any:
 @dataclass(slots=True)
 class _Trace:
     trace_id: int
-    spans: list[SpanRecord] = field(default_factory=list)
+    spans: list[ReadableSpan] = field(default_factory=list)
     dropped_spans: int = 0
 
 
@@ -126,7 +128,6 @@ class RecentTraces(SpanProcessor):
     def on_end(self, span: ReadableSpan) -> None:
         if self.max_traces == 0 or span.context is None:
             return
-        record = _record(span)
         trace_id = span.context.trace_id
         with self._lock:
             entry = self._traces.get(trace_id)
@@ -135,7 +136,7 @@ class RecentTraces(SpanProcessor):
                 while len(self._traces) > self.max_traces:
                     self._traces.popitem(last=False)
             if len(entry.spans) < self.max_spans_per_trace:
-                entry.spans.append(record)
+                entry.spans.append(span)
             else:
                 entry.dropped_spans += 1
 
@@ -164,11 +165,12 @@ class RecentTraces(SpanProcessor):
                 candidates = [] if found is None else [(found, list(found.spans))]
             else:
                 candidates = [(t, list(t.spans)) for t in reversed(self._traces.values())]
+        # Copied out of the spans outside the lock, on the (rare) query path.
         out: list[dict[str, Any]] = []
-        for entry, spans in candidates:
+        for entry, kept in candidates:
             if len(out) >= limit:
                 break
-            summary = _summarise(entry, spans)
+            summary = _summarise(entry, [_record(span) for span in kept])
             if service is not None and service not in summary["services"]:
                 continue
             if summary["duration_ms"] < min_duration_ms:

@@ -13,8 +13,6 @@ propagator API (which wants a carrier dict and a Context).
 
 from __future__ import annotations
 
-import re
-
 TRACEPARENT = b"traceparent"
 TRACESTATE = b"tracestate"
 BAGGAGE = b"baggage"
@@ -23,26 +21,51 @@ TRACE_HEADERS = frozenset({TRACEPARENT, TRACESTATE, BAGGAGE})
 
 SAMPLED = 0x01
 
-_TRACEPARENT = re.compile(rb"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?")
+_HEX = b"0123456789abcdef"
+_ZERO_TRACE = b"0" * 32
+_ZERO_SPAN = b"0" * 16
+_DASH = 0x2D
+
+
+def valid_traceparent(value: bytes) -> bytes | None:
+    """The 55-byte ``version-trace_id-span_id-flags`` part of a valid ``traceparent``, or None.
+
+    Invalid means: not the W3C shape (lowercase hex, dashes in place), version ``ff``, extra
+    fields on version 00, or an all-zero trace or span id.  Surrounding spaces and tabs are
+    ignored (OWS in HTTP).  Byte checks in C (``translate``, slices), no regex, no ints.
+    """
+    if len(value) != 55:
+        value = value.strip(b" \t")
+        if len(value) != 55:
+            # A higher version may append fields: read the first four, as the spec asks.
+            if len(value) < 56 or value[55] != _DASH or value[:2] in (b"00", b"ff"):
+                return None
+            value = value[:55]
+    if (
+        value[2] != _DASH
+        or value[35] != _DASH
+        or value[52] != _DASH
+        or value.translate(None, _HEX) != b"---"
+        or value[:2] == b"ff"
+        or value[3:35] == _ZERO_TRACE
+        or value[36:52] == _ZERO_SPAN
+    ):
+        return None
+    return value
+
+
+def is_sampled(valid: bytes) -> bool:
+    """The sampled bit of a :func:`valid_traceparent` result, read from its last hex digit."""
+    c = valid[54]
+    return bool(c & 1) if c <= 0x39 else not c & 1  # '0'-'9' -> c-48; 'a'-'f' -> c-87
 
 
 def parse_traceparent(value: bytes) -> tuple[int, int, int] | None:
-    """``(trace_id, parent_span_id, flags)`` from a ``traceparent`` value, or None if invalid.
-
-    Invalid means: not the W3C shape, version ``ff``, extra fields on version 00, or an
-    all-zero trace or span id.  Surrounding spaces and tabs are ignored (OWS in HTTP).
-    """
-    m = _TRACEPARENT.fullmatch(value.strip(b" \t"))
-    if m is None:
+    """``(trace_id, parent_span_id, flags)`` from a ``traceparent`` value, or None if invalid."""
+    valid = valid_traceparent(value)
+    if valid is None:
         return None
-    version, trace_hex, span_hex, flags_hex, rest = m.groups()
-    if version == b"ff" or (version == b"00" and rest is not None):
-        return None
-    trace_id = int(trace_hex, 16)
-    span_id = int(span_hex, 16)
-    if trace_id == 0 or span_id == 0:
-        return None
-    return trace_id, span_id, int(flags_hex, 16)
+    return int(valid[3:35], 16), int(valid[36:52], 16), int(valid[53:55], 16)
 
 
 def format_traceparent(trace_id: int, span_id: int, flags: int = SAMPLED) -> bytes:

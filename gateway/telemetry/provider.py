@@ -17,19 +17,18 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
-from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import SpanProcessor, SynchronousMultiSpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import (
     BatchSpanProcessor,
     ConsoleSpanExporter,
     SpanExporter,
 )
-from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Tracer
 
 from gateway.settings import ExporterName, TracesConfig
@@ -130,28 +129,6 @@ def resolve(config: TracesConfig, env: Mapping[str, str]) -> TraceSetup:
     )
 
 
-class PresetTraceIds(RandomIdGenerator):
-    """Random ids, except that the data plane may hand over the trace id it already sampled.
-
-    The data plane decides sampling *before* creating any span (so an unsampled request costs
-    one random number); when it decides to record a new trace, the SDK must use that same
-    trace id, or the SDK's own ratio sampler would filter a second time.
-    """
-
-    def __init__(self) -> None:
-        self._preset = threading.local()
-
-    def preset(self, trace_id: int) -> None:
-        self._preset.trace_id = trace_id
-
-    def generate_trace_id(self) -> int:
-        trace_id: int = getattr(self._preset, "trace_id", 0)
-        if trace_id:
-            self._preset.trace_id = 0
-            return trace_id
-        return super().generate_trace_id()
-
-
 def _exporter(setup: TraceSetup) -> SpanExporter | None:
     if setup.exporter == "none":
         return None
@@ -192,21 +169,23 @@ class Telemetry:
         setup: TraceSetup,
         provider: TracerProvider | None,
         buffer: RecentTraces,
-        ids: PresetTraceIds | None,
+        processors: SynchronousMultiSpanProcessor | None,
     ) -> None:
         from gateway.telemetry.requests import RequestTracing
 
         self.setup = setup
         self.provider = provider
         self.buffer = buffer
-        self.tracer: Tracer | None = (
-            provider.get_tracer(INSTRUMENTATION) if provider is not None else None
-        )
-        self.requests: RequestTracing | None = (
-            RequestTracing(self.tracer, ids, setup.ratio)
-            if self.tracer is not None and ids is not None
-            else None
-        )
+        self.tracer: Tracer | None = None
+        self.requests: RequestTracing | None = None
+        if provider is not None and processors is not None:
+            self.tracer = provider.get_tracer(INSTRUMENTATION)
+            self.requests = RequestTracing(
+                processors.on_end,
+                provider.resource,
+                InstrumentationScope(INSTRUMENTATION),
+                setup.ratio,
+            )
 
     def __repr__(self) -> str:
         s = self.setup
@@ -226,11 +205,12 @@ class Telemetry:
         buffer = RecentTraces(setup.max_traces, setup.max_spans_per_trace)
         if not setup.enabled:
             return cls(setup, None, buffer, None)
-        ids = PresetTraceIds()
+        processors = SynchronousMultiSpanProcessor()  # type: ignore[no-untyped-call]
         provider = TracerProvider(
             sampler=ParentBased(TraceIdRatioBased(setup.ratio)),
             resource=_resource(),
-            id_generator=ids,
+            shutdown_on_exit=False,
+            active_span_processor=processors,
         )
         provider.add_span_processor(buffer)
         exporter = _exporter(setup)
@@ -244,7 +224,7 @@ class Telemetry:
             setup.exporter,
             f" -> {setup.endpoint}" if setup.endpoint else "",
         )
-        return cls(setup, provider, buffer, ids)
+        return cls(setup, provider, buffer, processors)
 
     def force_flush(self, timeout_s: float = 5.0) -> bool:
         if self.provider is None:
