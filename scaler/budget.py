@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from scaler.decision import Explanation
 from scaler.policy import ScalingPolicy
 
 _EPS = 1e-9
@@ -93,18 +94,12 @@ class Claim:
     """guaranteed_cpu (>= minimum)."""
     cap: float
     """max_replicas × cpu.max: never more."""
-    demand: float
-    previous: float
+    demand: float = 0.0
+    previous: float = 0.0
     """Allocation in force before this tick."""
     fair_share: float = 0.0
-    fixed: bool = False
-    """Frozen (stale signals): its allocation is ``demand`` unless floors need it back."""
-
-
-@dataclass(slots=True)
-class Allocation:
-    cores: list[float]
-    notes: list[list[str]] = field(default_factory=list)
+    hold: float = 0.0
+    """Cores a frozen service keeps at least (its replicas × cpu.min), floors permitting."""
 
 
 def fair_shares(budget: float, policies: Sequence[ScalingPolicy]) -> list[float]:
@@ -114,11 +109,22 @@ def fair_shares(budget: float, policies: Sequence[ScalingPolicy]) -> list[float]
     return water_fill(budget, lows, highs, [p.weight for p in policies])
 
 
-def _top(names: list[tuple[float, str]], limit: int = 3) -> str:
-    names.sort(reverse=True)
-    shown = ", ".join(f"{n} {c:.2f}" for c, n in names[:limit])
-    more = len(names) - limit
-    return f"{shown} and {more} more" if more > 0 else shown
+class _Names:
+    """'a 0.40, b 0.10 and 3 more', formatted only if a reason is ever read."""
+
+    __slots__ = ("_items", "_text")
+
+    def __init__(self, items: list[tuple[float, str]]) -> None:
+        self._items = items
+        self._text: str | None = None
+
+    def __str__(self) -> str:
+        if self._text is None:
+            items = sorted(self._items, reverse=True)
+            shown = ", ".join(f"{n} {c:.2f}" for c, n in items[:3])
+            more = len(items) - 3
+            self._text = f"{shown} and {more} more" if more > 0 else shown
+        return self._text
 
 
 def arbitrate_shared(
@@ -126,91 +132,91 @@ def arbitrate_shared(
     claims: Sequence[Claim],
     hysteresis_cores: float = 0.05,
     hysteresis_ratio: float = 0.05,
-) -> Allocation:
-    """Allocate ``budget`` among ``claims`` (see the module docstring)."""
-    n = len(claims)
+    explain: Sequence[Explanation] | None = None,
+) -> list[float]:
+    """Allocate ``budget`` among ``claims`` (see the module docstring); notes go to ``explain``."""
     lows: list[float] = []
     highs: list[float] = []
+    holding = False
     for c in claims:
-        if c.fixed:
-            low = high = max(c.minimum, c.demand)
-        else:
-            low = max(c.minimum, min(c.demand, c.floor))
-            high = min(max(c.demand, low), max(c.cap, low))
+        low = max(c.minimum, min(c.demand, c.floor))
+        if c.hold > low:
+            low = min(c.hold, max(c.demand, low))
+            holding = True
         lows.append(low)
-        highs.append(high)
-    # Frozen services keep what they hold, but never at the cost of another's guarantee.
-    if any(c.fixed for c in claims):
-        room = budget - math.fsum(lo for lo, c in zip(lows, claims, strict=True) if not c.fixed)
-        held = math.fsum(lo for lo, c in zip(lows, claims, strict=True) if c.fixed)
-        if held > room + _EPS:
-            for i, c in enumerate(claims):
-                if c.fixed:
-                    guarantee = max(c.minimum, min(c.demand, c.floor))
-                    extra = lows[i] - guarantee
-                    cut = min(extra, held - room)
-                    lows[i] -= cut
-                    highs[i] = lows[i]
-                    held -= cut
+        highs.append(min(max(c.demand, low), max(c.cap, low)))
+    if holding:
+        # Frozen services keep their replicas at cpu.min, but never at the cost of a floor.
+        excess = math.fsum(lows) - budget
+        for i, c in enumerate(claims):
+            if excess <= 0:
+                break
+            guarantee = max(c.minimum, min(c.demand, c.floor))
+            if lows[i] > guarantee:
+                cut = min(lows[i] - guarantee, excess)
+                lows[i] -= cut
+                excess -= cut
+                if explain is not None:
+                    explain[i].add("frozen, but %.2f cores taken back for others' floors", cut)
     ideal = water_fill(budget, lows, highs, [c.weight for c in claims])
     cores = list(ideal)
+    kept = False
     for i, c in enumerate(claims):
         p = c.previous
-        if c.fixed or p == ideal[i]:
+        a = ideal[i]
+        if p == a:
             continue
         band = max(hysteresis_cores, hysteresis_ratio * p)
-        if abs(ideal[i] - p) <= band and lows[i] <= p <= highs[i]:
-            if p < ideal[i] and p < min(c.demand, c.fair_share) - _EPS:
+        if abs(a - p) <= band and lows[i] <= p <= highs[i]:
+            if p < a and p < min(c.demand, c.fair_share) - _EPS:
                 continue
             cores[i] = p
-    if math.fsum(cores) > budget:
+            kept = True
+    if kept and math.fsum(cores) > budget:
         cores = [min(a, b) for a, b in zip(cores, ideal, strict=True)]
-    notes: list[list[str]] = [[] for _ in range(n)]
-    lenders = [
-        (c.fair_share - cores[i], c.name)
-        for i, c in enumerate(claims)
-        if c.fair_share - cores[i] > 0.005
-    ]
-    borrowers = [
-        (cores[i] - c.fair_share, c.name)
-        for i, c in enumerate(claims)
-        if cores[i] - c.fair_share > 0.005
-    ]
-    gainers = [
-        (cores[i] - c.previous, c.name)
-        for i, c in enumerate(claims)
-        if cores[i] - c.previous > 0.005 and c.previous < c.fair_share - 0.005
-    ]
-    givers = [
-        (c.previous - cores[i], c.name)
-        for i, c in enumerate(claims)
-        if c.previous - cores[i] > 0.005 and c.previous > c.fair_share + 0.005
-    ]
-    lend_to = _top(borrowers) if borrowers and lenders else ""
-    borrow_from = _top(lenders) if borrowers and lenders else ""
-    reclaim_from = _top(givers) if gainers and givers else ""
-    give_to = _top(gainers) if gainers and givers else ""
+    if explain is None:
+        return cores
+    lenders: list[tuple[float, str]] = []
+    borrowers: list[tuple[float, str]] = []
+    gainers: list[tuple[float, str]] = []
+    givers: list[tuple[float, str]] = []
     for i, c in enumerate(claims):
         a = cores[i]
-        note = notes[i]
-        if cores[i] != ideal[i]:
-            note.append(
-                f"hysteresis: keeping {a:.2f} cores (ideal {ideal[i]:.2f} is within the band)"
-            )
-        if lend_to and c.fair_share - a > 0.005:
-            note.append(f"lends {c.fair_share - a:.2f} cores of its fair share to: {lend_to}")
-        elif borrow_from and a - c.fair_share > 0.005:
-            note.append(
-                f"borrows {a - c.fair_share:.2f} cores beyond its fair share {c.fair_share:.2f} "
-                f"from: {borrow_from}"
-            )
-        if reclaim_from and a - c.previous > 0.005 and c.previous < c.fair_share - 0.005:
-            note.append(f"reclaimed {a - c.previous:.2f} cores from: {reclaim_from}")
-        elif give_to and c.previous - a > 0.005 and c.previous > c.fair_share + 0.005:
-            note.append(f"gave back {c.previous - a:.2f} borrowed cores to: {give_to}")
-        if a < c.demand - 0.005 and not c.fixed:
-            note.append(f"wants {c.demand:.2f} cores, budget gives {a:.2f}")
-    return Allocation(cores, notes)
+        if c.fair_share - a > 0.005:
+            lenders.append((c.fair_share - a, c.name))
+        elif a - c.fair_share > 0.005:
+            borrowers.append((a - c.fair_share, c.name))
+        if a - c.previous > 0.005 and c.previous < c.fair_share - 0.005:
+            gainers.append((a - c.previous, c.name))
+        elif c.previous - a > 0.005 and c.previous > c.fair_share + 0.005:
+            givers.append((c.previous - a, c.name))
+    lending = bool(lenders and borrowers)
+    reclaiming = bool(gainers and givers)
+    lend_to, borrow_from = _Names(borrowers), _Names(lenders)
+    give_to, reclaim_from = _Names(gainers), _Names(givers)
+    for i, c in enumerate(claims):
+        a = cores[i]
+        note = explain[i]
+        if a != ideal[i]:
+            note.add("hysteresis: keeping %.2f cores (ideal %.2f is within the band)", a, ideal[i])
+        if lending:
+            if c.fair_share - a > 0.005:
+                note.add("lends %.2f cores of its fair share to: %s", c.fair_share - a, lend_to)
+            elif a - c.fair_share > 0.005:
+                note.add(
+                    "borrows %.2f cores beyond its fair share %.2f from: %s",
+                    a - c.fair_share,
+                    c.fair_share,
+                    borrow_from,
+                )
+        if reclaiming:
+            if a - c.previous > 0.005 and c.previous < c.fair_share - 0.005:
+                note.add("reclaimed %.2f cores from: %s", a - c.previous, reclaim_from)
+            elif c.previous - a > 0.005 and c.previous > c.fair_share + 0.005:
+                note.add("gave back %.2f borrowed cores to: %s", c.previous - a, give_to)
+        if a < c.demand - 0.005:
+            note.add("wants %.2f cores, budget gives %.2f", c.demand, a)
+    return cores
 
 
 @dataclass(slots=True)
@@ -226,14 +232,15 @@ class IndependentClaim:
 
 
 def arbitrate_independent(
-    budget: float, claims: Sequence[IndependentClaim]
-) -> tuple[list[tuple[int, float]], list[list[str]]]:
+    budget: float,
+    claims: Sequence[IndependentClaim],
+    explain: Sequence[Explanation] | None = None,
+) -> list[tuple[int, float]]:
     """First come first served on the budget, in the given order; nothing is reclaimed.
 
-    Returns ``(replicas, cpu per replica)`` per claim, and notes.
+    Returns ``(replicas, cpu per replica)`` per claim.
     """
     n = len(claims)
-    notes: list[list[str]] = [[] for _ in range(n)]
     base = [c.policy.min_replicas * c.policy.cpu.min for c in claims]
     free = budget - math.fsum(base)
     # Top the minimum replicas up to the replica size, in order.
@@ -267,17 +274,19 @@ def arbitrate_independent(
         if more > 0:
             got = grant(i, more)
             extra[i] += got
-            if got < more:
-                notes[i].append(
-                    f"pending: {more - got} more replicas of {c.cpu_ref:g} cores do not fit the "
-                    "budget (first come first served, nothing reclaimed)"
+            if got < more and explain is not None:
+                explain[i].add(
+                    "pending: %d more replicas of %g cores do not fit the budget "
+                    "(first come first served, nothing reclaimed)",
+                    more - got,
+                    c.cpu_ref,
                 )
     out: list[tuple[int, float]] = []
     for i, c in enumerate(claims):
         replicas = c.policy.min_replicas + extra[i]
         cpu = mins_cpu[i] if extra[i] == 0 else c.cpu_ref
         out.append((replicas, cpu))
-    return out, notes
+    return out
 
 
 def split_allocation(
@@ -288,8 +297,9 @@ def split_allocation(
     current_replicas: int,
     squeezed: bool,
     fixed_cpu: float | None = None,
-) -> tuple[int, float, str | None]:
-    """Turn ``cores`` into ``(replicas, cpu per replica, note)`` within the policy's bounds.
+    explain: Explanation | None = None,
+) -> tuple[int, float]:
+    """Turn ``cores`` into ``(replicas, cpu per replica)`` within the policy's bounds.
 
     ``replicas × cpu`` never exceeds ``cores`` (given ``cores >= min_replicas × cpu.min``).
     ``squeezed`` (the budget gives less than the demand): keep the current replicas and
@@ -302,32 +312,38 @@ def split_allocation(
     cpu_max = policy.cpu.max
     lo = policy.min_replicas
     hi = policy.max_replicas
-    note: str | None = None
     if fixed_cpu is not None:
         cpu = min(max(fixed_cpu, cpu_min), cpu_max)
         replicas = min(max(math.floor(cores / cpu + _EPS), lo), hi)
         if replicas and replicas * cpu > cores + _EPS:
             cpu = cores / replicas
-            note = f"resize blocked, but {replicas} replicas need CPU cut to {cpu:.2f} to fit"
-        else:
-            note = f"resize blocked: CPU stays {cpu:.2f}, scaling replicas instead"
-        return replicas, cpu, note
+            if explain is not None:
+                explain.add(
+                    "resize blocked, but %d replicas need CPU cut to %.2f to fit", replicas, cpu
+                )
+        elif explain is not None:
+            explain.add("resize blocked: CPU stays %.2f, scaling replicas instead", cpu)
+        return replicas, cpu
     if squeezed and current_replicas > 0:
         replicas = min(max(current_replicas, lo, math.ceil(cores / cpu_max - _EPS)), hi)
-        if replicas:
-            note = f"squeezed: shrinking CPU per replica in place, keeping {replicas} replicas"
+        if replicas and explain is not None:
+            explain.add(
+                "squeezed: shrinking CPU per replica in place, keeping %d replicas", replicas
+            )
     elif policy.prefer == "horizontal":
         replicas = min(max(math.ceil(cores / cpu_ref - _EPS), lo), hi)
     else:
         replicas = min(max(math.ceil(cores / cpu_max - _EPS), lo), hi)
     if replicas and cores / replicas < cpu_min - _EPS:
         fewer = max(lo, math.floor(cores / cpu_min + _EPS))
-        note = f"only {fewer} replicas fit at cpu.min {cpu_min:g} (of {replicas})"
+        if explain is not None:
+            explain.add("only %d replicas fit at cpu.min %g (of %d)", fewer, cpu_min, replicas)
         replicas = fewer
     if replicas == 0:
-        return 0, policy.cpu.initial_cores, note
-    cpu = min(cpu_max, cores / replicas)
-    cpu = max(cpu, cpu_min) if cores / replicas >= cpu_min - _EPS else cpu
-    if replicas * cpu > cores:
-        cpu = cores / replicas
-    return replicas, cpu, note
+        return 0, policy.cpu.initial_cores
+    cpu = cores / replicas
+    if cpu > cpu_max:
+        cpu = cpu_max
+    elif cpu < cpu_min:
+        cpu = cpu_min if replicas * cpu_min <= cores + _EPS else cpu
+    return replicas, cpu

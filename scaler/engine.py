@@ -31,7 +31,7 @@ from scaler.budget import (
     fair_shares,
     split_allocation,
 )
-from scaler.decision import Decision, ServiceState
+from scaler.decision import Decision, Explanation, ServiceState
 from scaler.horizontal import HorizontalRecommendation, KpaRecommender
 from scaler.hpa import HpaBehaviorState, NoMetricsError, PodSample, calculate_replicas
 from scaler.policy import BudgetConfig, ScalingPolicy, check_floors
@@ -45,6 +45,7 @@ class _Track:
 
     __slots__ = (
         "arrivals",
+        "claim",
         "cpu_rate",
         "cpu_ref",
         "fair_share",
@@ -77,6 +78,15 @@ class _Track:
         self.last_used: float | None = None
         self.last_throttled: float | None = None
         self.last_allocation: float | None = None
+        minimum = policy.min_replicas * policy.cpu.min
+        self.claim = Claim(
+            name=name,
+            weight=policy.weight,
+            minimum=minimum,
+            floor=max(policy.floor_cores, minimum),
+            cap=policy.max_replicas * policy.cpu.max,
+            fair_share=fair_share,
+        )
 
 
 class Engine:
@@ -104,6 +114,7 @@ class Engine:
             _Track(name, policy, share)
             for (name, policy), share in zip(self.policies.items(), shares, strict=True)
         ]
+        self._by_name = {t.name: t for t in self._tracks}
 
     def __repr__(self) -> str:
         return (
@@ -113,10 +124,7 @@ class Engine:
 
     def fair_share(self, service: str) -> float:
         """Cores ``service`` is entitled to when every service wants all it can use."""
-        for track in self._tracks:
-            if track.name == service:
-                return track.fair_share
-        raise KeyError(service)
+        return self._by_name[service].fair_share
 
     def tick(
         self,
@@ -126,47 +134,65 @@ class Engine:
     ) -> dict[str, Decision]:
         """Decide every configured service's replicas and CPU for this tick."""
         n = len(self._tracks)
-        recs: list[HorizontalRecommendation] = [None] * n  # type: ignore[list-item]
+        recs: list[HorizontalRecommendation | None] = [None] * n
         frozen: list[str | None] = [None] * n
-        currents: list[tuple[int, int, float]] = [(0, 0, 0.0)] * n
-        demands = [0.0] * n
+        currents: list[tuple[int, int, float, bool]] = []
+        explains = [Explanation() for _ in range(n)]
+        oldest = now - self.staleness_s
         for i, track in enumerate(self._tracks):
             policy = track.policy
             state = states.get(track.name)
             if state is None:
-                cur = (0, 0, track.cpu_ref)
+                cur = (0, 0, track.cpu_ref, False)
             else:
-                cur = (state.replicas, state.ready_replicas, state.cpu_per_replica_cores)
-            currents[i] = cur
+                cur = (
+                    state.replicas,
+                    state.ready_replicas,
+                    state.cpu_per_replica_cores,
+                    state.resize_blocked,
+                )
+            currents.append(cur)
+            claim = track.claim
+            previous = track.last_allocation
+            claim.previous = cur[0] * cur[2] if previous is None else previous
             sig = signals.get(track.name)
+            reason = None
             if sig is None:
-                frozen[i] = "frozen: missing signals"
-            elif now - sig.at > self.staleness_s:
-                frozen[i] = "frozen: stale signals"
-            if frozen[i] is not None:
-                held = min(max(cur[0], policy.min_replicas), policy.max_replicas)
-                cpu = min(max(cur[2], policy.cpu.min), policy.cpu.max)
-                demands[i] = held * cpu
-                continue
-            assert sig is not None
-            rec = self._recommend(track, now, sig, cur)
-            recs[i] = rec
-            if not rec.valid:
-                frozen[i] = "frozen: no data"
-                held = min(max(cur[0], policy.min_replicas), policy.max_replicas)
-                cpu = min(max(cur[2], policy.cpu.min), policy.cpu.max)
-                demands[i] = held * cpu
-                continue
-            demands[i] = self._demand(track, rec, cur)
-
+                reason = "frozen: missing signals"
+            elif sig.at < oldest:
+                reason = "frozen: stale signals"
+            else:
+                rec = self._recommend(track, now, sig, cur)
+                recs[i] = rec
+                explains[i] = rec.reasons
+                if rec.valid:
+                    claim.demand = self._demand(track, rec, cur)
+                    claim.hold = 0.0
+                    continue
+                reason = "frozen: no data"
+            frozen[i] = reason
+            held = min(max(cur[0], policy.min_replicas), policy.max_replicas)
+            cpu = min(max(cur[2], policy.cpu.min), policy.cpu.max)
+            claim.demand = held * cpu
+            claim.hold = held * policy.cpu.min
+            explains[i].add(
+                "%s: keeping %d×%.2f cores, never scaling down on missing data",
+                reason,
+                cur[0],
+                cur[2],
+            )
         if self.budget.arbitration == "independent":
-            return self._decide_independent(now, recs, frozen, currents, demands)
-        return self._decide_shared(now, recs, frozen, currents, demands)
+            return self._decide_independent(now, recs, frozen, currents, explains)
+        return self._decide_shared(now, recs, frozen, currents, explains)
 
     # -- horizontal ------------------------------------------------------------------
 
     def _recommend(
-        self, track: _Track, now: float, sig: ServiceSignals, cur: tuple[int, int, float]
+        self,
+        track: _Track,
+        now: float,
+        sig: ServiceSignals,
+        cur: tuple[int, int, float, bool],
     ) -> HorizontalRecommendation:
         policy = track.policy
         fresh = sig.at != track.last_at
@@ -180,24 +206,27 @@ class Engine:
                 track.last_throttled = track.throttle_rate.update(
                     sig.at, sig.cpu_throttled_seconds_total
                 )
-        value = (
-            float(sig.in_flight + sig.queued)
-            if policy.metric == "concurrency"
-            else (track.last_rps or 0.0)
-        )
-        replicas, ready, cpu = cur
-        ready_capacity = ready * cpu / track.cpu_ref
-        if track.kpa is not None:
+        if policy.metric == "concurrency":
+            value = float(sig.in_flight + sig.queued)
+        else:
+            value = track.last_rps or 0.0
+        kpa = track.kpa
+        if kpa is not None:
             if fresh:
-                track.kpa.observe(now, value)
-            rec = track.kpa.recommend(now, ready_capacity, replicas)
+                kpa.observe(now, value)
+            rec = kpa.recommend(now, cur[1] * cur[2] / track.cpu_ref, cur[0])
         else:
             rec = self._recommend_hpa(track, now, value, fresh, cur)
         rec.inputs[policy.metric] = value
         return rec
 
     def _recommend_hpa(
-        self, track: _Track, now: float, value: float, fresh: bool, cur: tuple[int, int, float]
+        self,
+        track: _Track,
+        now: float,
+        value: float,
+        fresh: bool,
+        cur: tuple[int, int, float, bool],
     ) -> HorizontalRecommendation:
         policy = track.policy
         window = track.hpa_window
@@ -206,16 +235,23 @@ class Engine:
         if fresh:
             window.record(now, value)
         average = window.average(now)
+        reasons = Explanation()
         if average is None:
-            return HorizontalRecommendation(cur[0], "no-data", ["no metric data"], valid=False)
-        replicas, ready, cpu = cur
+            reasons.add("no metric data")
+            return HorizontalRecommendation(cur[0], "no-data", reasons, valid=False)
+        replicas, ready, cpu, _ = cur
         scale = cpu / track.cpu_ref
         current = math.ceil(replicas * scale - 1e-6)
         ready_ref = min(current, round(ready * scale))
-        reasons = [
-            f"hpa: {policy.metric} {average:.2f} over {policy.panic_window_s:g}s, target "
-            f"{policy.target:g} per replica, {current} replicas ({ready_ref} ready)"
-        ]
+        reasons.add(
+            "hpa: %s %.2f over %gs, target %g per replica, %d replicas (%d ready)",
+            policy.metric,
+            average,
+            policy.panic_window_s,
+            policy.target,
+            current,
+            ready_ref,
+        )
         if current == 0:
             samples = [PodSample(True, average)]
         else:
@@ -227,11 +263,11 @@ class Engine:
         try:
             result = calculate_replicas(samples, current, policy.target, policy.tolerance)
             desired = result.replicas
-            reasons.append(f"hpa: {result.reason}")
+            reasons.add("hpa: %s", result.reason)
         except NoMetricsError as e:
             desired = current
             rule = "hpa-no-ready-pods"
-            reasons.append(f"hpa: {e}, holding")
+            reasons.add("hpa: %s, holding", e)
         desired = hpa.normalize(
             now,
             current=current,
@@ -245,142 +281,120 @@ class Engine:
         )
 
     def _demand(
-        self, track: _Track, rec: HorizontalRecommendation, cur: tuple[int, int, float]
+        self, track: _Track, rec: HorizontalRecommendation, cur: tuple[int, int, float, bool]
     ) -> float:
+        """Cores this service needs: its wanted replicas at ``cpu.request`` (replicas kept only
+        for min_replicas or the idle hold need just ``cpu.min``), or measured use with headroom."""
         policy = track.policy
         wanted = rec.replicas
         load = wanted if rec.load_replicas is None else min(rec.load_replicas, wanted)
-        demand = max(load * track.cpu_ref, wanted * policy.cpu.min)
+        demand = load * track.cpu_ref
+        least = wanted * policy.cpu.min
+        demand = max(demand, least)
         used = track.last_used
-        replicas, _, cpu = cur
+        replicas = cur[0]
         if used is not None and load > 0 and replicas > 0:
-            capacity_ref = replicas * cpu / track.cpu_ref
+            capacity_ref = replicas * cur[2] / track.cpu_ref
             growth = max(1.0, load / capacity_ref) if capacity_ref > 0 else 1.0
             throttled = track.last_throttled or 0.0
             boost = 1.0 + min(1.0, throttled / replicas)
             measured = used / policy.target_utilization * growth * boost
-            demand = max(measured, wanted * policy.cpu.min)
+            demand = max(measured, least)
             rec.inputs["cpu_used_cores"] = used
             rec.inputs["cpu_throttled_per_replica"] = throttled / replicas
-        cap = policy.max_replicas * policy.cpu.max
-        return min(demand, cap)
+        cap = track.claim.cap
+        return demand if demand < cap else cap
 
     # -- arbitration -----------------------------------------------------------------
 
     def _decide_shared(
         self,
         now: float,
-        recs: list[HorizontalRecommendation],
+        recs: list[HorizontalRecommendation | None],
         frozen: list[str | None],
-        currents: list[tuple[int, int, float]],
-        demands: list[float],
+        currents: list[tuple[int, int, float, bool]],
+        explains: list[Explanation],
     ) -> dict[str, Decision]:
-        claims: list[Claim] = []
-        for i, track in enumerate(self._tracks):
-            policy = track.policy
-            cur = currents[i]
-            previous = track.last_allocation
-            if previous is None:
-                previous = cur[0] * cur[2]
-            minimum = policy.min_replicas * policy.cpu.min
-            claims.append(
-                Claim(
-                    name=track.name,
-                    weight=policy.weight,
-                    minimum=minimum,
-                    floor=max(policy.floor_cores, minimum),
-                    cap=policy.max_replicas * policy.cpu.max,
-                    demand=demands[i],
-                    previous=previous,
-                    fair_share=track.fair_share,
-                    fixed=frozen[i] is not None,
-                )
-            )
-        allocation = arbitrate_shared(
-            self.budget.cpu, claims, self.hysteresis_cores, self.hysteresis_ratio
+        tracks = self._tracks
+        claims = [t.claim for t in tracks]
+        cores_list = arbitrate_shared(
+            self.budget.cpu, claims, self.hysteresis_cores, self.hysteresis_ratio, explains
         )
         out: dict[str, Decision] = {}
-        for i, track in enumerate(self._tracks):
+        for i, track in enumerate(tracks):
             policy = track.policy
-            cores = allocation.cores[i]
+            cores = cores_list[i]
             cur = currents[i]
             claim = claims[i]
-            replicas, cpu, note = split_allocation(
+            explain = explains[i]
+            is_frozen = frozen[i] is not None
+            replicas, cpu = split_allocation(
                 cores,
                 policy,
                 cpu_ref=track.cpu_ref,
                 current_replicas=cur[0],
-                squeezed=frozen[i] is not None or cores < claim.demand - 1e-6,
+                squeezed=is_frozen or cores < claim.demand - 1e-6,
+                # A blocked resize: scale replicas instead -- unless frozen (keep replicas).
+                fixed_cpu=cur[2] if cur[3] and cur[0] > 0 and not is_frozen else None,
+                explain=explain,
             )
             allocated = replicas * cpu
             track.last_allocation = allocated
-            reasons: list[str] = []
+            explain.add(
+                "budget: demand %.2f cores (floor %.2f, fair share %.2f) -> %d×%.2f = %.2f cores",
+                claim.demand,
+                claim.floor,
+                claim.fair_share,
+                replicas,
+                cpu,
+                allocated,
+            )
             rec = recs[i]
-            inputs: dict[str, float] = {}
             if rec is not None:
-                reasons.extend(rec.reasons)
                 inputs = rec.inputs
-            if frozen[i] is not None:
-                reasons.append(
-                    f"{frozen[i]}: keeping {cur[0]}×{cur[2]:.2f} cores, never scaling down on missing data"
-                )
-            reasons.append(
-                f"budget: demand {claim.demand:.2f} cores (floor {claim.floor:.2f}, fair share "
-                f"{track.fair_share:.2f}) -> {replicas}×{cpu:.2f} = {allocated:.2f} cores"
-            )
-            reasons.extend(allocation.notes[i])
-            if note is not None:
-                reasons.append(note)
+                inputs["horizontal_replicas"] = rec.replicas
+                rule = frozen[i] or rec.rule
+            else:
+                inputs = {}
+                rule = frozen[i] or "frozen"
             inputs["demand_cores"] = claim.demand
-            inputs["fair_share_cores"] = track.fair_share
+            inputs["allocation_cores"] = cores
+            inputs["fair_share_cores"] = claim.fair_share
             inputs["floor_cores"] = claim.floor
-            if rec is not None:
-                inputs["horizontal_replicas"] = float(rec.replicas)
-            rule = frozen[i] or (rec.rule if rec is not None else "frozen")
             out[track.name] = Decision(
-                service=track.name,
-                at=now,
-                replicas=replicas,
-                cpu_per_replica_cores=cpu,
-                allocated_cores=allocated,
-                rule=rule,
-                reasons=tuple(reasons),
-                inputs=inputs,
-                frozen=frozen[i] is not None,
+                track.name, now, replicas, cpu, allocated, rule, explain, inputs, is_frozen
             )
-            if track.hpa is not None and frozen[i] is None:
-                scale = cpu / track.cpu_ref
+            if track.hpa is not None and not is_frozen:
+                ref = track.cpu_ref
                 track.hpa.record_scale(
-                    now,
-                    math.ceil(cur[0] * cur[2] / track.cpu_ref - 1e-6),
-                    math.ceil(replicas * scale - 1e-6),
+                    now, math.ceil(cur[0] * cur[2] / ref - 1e-6), math.ceil(allocated / ref - 1e-6)
                 )
         return out
 
     def _decide_independent(
         self,
         now: float,
-        recs: list[HorizontalRecommendation],
+        recs: list[HorizontalRecommendation | None],
         frozen: list[str | None],
-        currents: list[tuple[int, int, float]],
-        demands: list[float],
+        currents: list[tuple[int, int, float, bool]],
+        explains: list[Explanation],
     ) -> dict[str, Decision]:
         claims: list[IndependentClaim] = []
         for i, track in enumerate(self._tracks):
             cur = currents[i]
             rec = recs[i]
-            want = cur[0] if frozen[i] is not None or rec is None else rec.replicas
+            fixed = frozen[i] is not None
             claims.append(
                 IndependentClaim(
                     name=track.name,
                     policy=track.policy,
                     cpu_ref=track.cpu_ref,
-                    want_replicas=want,
+                    want_replicas=cur[0] if fixed or rec is None else rec.replicas,
                     held_replicas=cur[0],
-                    fixed=frozen[i] is not None,
+                    fixed=fixed,
                 )
             )
-        granted, notes = arbitrate_independent(self.budget.cpu, claims)
+        granted = arbitrate_independent(self.budget.cpu, claims, explains)
         out: dict[str, Decision] = {}
         for i, track in enumerate(self._tracks):
             replicas, cpu = granted[i]
@@ -388,29 +402,29 @@ class Engine:
             track.last_allocation = allocated
             rec = recs[i]
             cur = currents[i]
-            reasons: list[str] = list(rec.reasons) if rec is not None else []
-            inputs: dict[str, float] = rec.inputs if rec is not None else {}
-            if frozen[i] is not None:
-                reasons.append(
-                    f"{frozen[i]}: keeping {cur[0]} replicas, never scaling down on missing data"
-                )
-            reasons.append(
-                f"independent: wants {claims[i].want_replicas} replicas of {track.cpu_ref:g} cores "
-                f"-> {replicas}×{cpu:.2f} = {allocated:.2f} cores"
+            explain = explains[i]
+            explain.add(
+                "independent: wants %d replicas of %g cores -> %d×%.2f = %.2f cores",
+                claims[i].want_replicas,
+                track.cpu_ref,
+                replicas,
+                cpu,
+                allocated,
             )
-            reasons.extend(notes[i])
-            inputs["demand_cores"] = demands[i]
+            inputs: dict[str, float] = rec.inputs if rec is not None else {}
+            inputs["demand_cores"] = track.claim.demand
+            inputs["allocation_cores"] = allocated
             rule = frozen[i] or (rec.rule if rec is not None else "frozen")
             out[track.name] = Decision(
-                service=track.name,
-                at=now,
-                replicas=replicas,
-                cpu_per_replica_cores=cpu,
-                allocated_cores=allocated,
-                rule=rule,
-                reasons=tuple(reasons),
-                inputs=inputs,
-                frozen=frozen[i] is not None,
+                track.name,
+                now,
+                replicas,
+                cpu,
+                allocated,
+                rule,
+                explain,
+                inputs,
+                frozen[i] is not None,
             )
             if track.hpa is not None and frozen[i] is None:
                 track.hpa.record_scale(now, cur[0], replicas)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from scaler.decision import Explanation
 from scaler.policy import ScalingPolicy
 from scaler.signals import BucketedWindow
 
@@ -39,8 +40,8 @@ class HorizontalRecommendation:
     """Reference replicas wanted (within min/max replicas)."""
     rule: str
     """kpa: 'stable' | 'panic' | 'scale-to-zero' | 'idle-grace' | 'no-data';
-    hpa: 'hpa' | 'hpa-tolerance' | 'no-data'."""
-    reasons: list[str] = field(default_factory=list)
+    hpa: 'hpa' | 'hpa-no-ready-pods' | 'no-data'."""
+    reasons: Explanation = field(default_factory=Explanation)
     inputs: dict[str, float] = field(default_factory=dict)
     valid: bool = True
     """False when there was no data to decide on: the engine freezes the service."""
@@ -50,14 +51,14 @@ class HorizontalRecommendation:
 
 
 def clamp_replicas(
-    replicas: int, policy: ScalingPolicy, reasons: list[str], what: str = "replicas"
+    replicas: int, policy: ScalingPolicy, reasons: Explanation, what: str = "replicas"
 ) -> int:
     """Keep ``replicas`` within the policy's bounds, saying which bound clamped it."""
     if replicas > policy.max_replicas:
-        reasons.append(f"clamped {what} {replicas} -> {policy.max_replicas} by max_replicas")
+        reasons.add("clamped %s %d -> %d by max_replicas", what, replicas, policy.max_replicas)
         return policy.max_replicas
     if replicas < policy.min_replicas:
-        reasons.append(f"clamped {what} {replicas} -> {policy.min_replicas} by min_replicas")
+        reasons.add("clamped %s %d -> %d by min_replicas", what, replicas, policy.min_replicas)
         return policy.min_replicas
     return replicas
 
@@ -115,38 +116,43 @@ class KpaRecommender:
         policy = self.policy
         stable = self._stable.average(now)
         panic = self._panic.average(now)
+        reasons = Explanation()
         if stable is None or panic is None:
-            return HorizontalRecommendation(
-                replicas=current,
-                rule="no-data",
-                reasons=["no metric data in the windows: holding"],
-                valid=False,
-            )
+            reasons.add("no metric data in the windows: holding")
+            return HorizontalRecommendation(current, "no-data", reasons, valid=False)
         target_value = self._target_value
-        ready_count = max(1.0, ready)
+        ready_count = ready if ready > 1.0 else 1.0
         max_up = math.ceil(policy.max_scale_up_rate * ready_count - _EPS)
         max_down = math.floor(ready_count / policy.max_scale_down_rate + _EPS)
         want_stable = ceil_div(stable, target_value)
         want_panic = ceil_div(panic, target_value)
         desired_stable = min(max(want_stable, max_down), max_up)
         desired_panic = min(max(want_panic, max_down), max_up)
-        metric = policy.metric
-        reasons = [
-            f"{metric} stable {stable:.2f} over {policy.stable_window_s:g}s, panic {panic:.2f} over "
-            f"{policy.panic_window_s:g}s; target {policy.target:g}×{policy.target_utilization:g}="
-            f"{target_value:g} per replica; capacity {ready:.2f} replicas"
-        ]
-        over = want_panic / ready_count >= policy.panic_threshold
-        if over:
+        reasons.add(
+            "%s stable %.2f over %gs, panic %.2f over %gs; target %g×%g=%g per replica; "
+            "capacity %.2f replicas",
+            policy.metric,
+            stable,
+            policy.stable_window_s,
+            panic,
+            policy.panic_window_s,
+            policy.target,
+            policy.target_utilization,
+            target_value,
+            ready,
+        )
+        if want_panic / ready_count >= policy.panic_threshold:
             if self._panic_since is None:
-                reasons.append(
-                    f"panic: {want_panic} wanted over the panic window >= {policy.panic_threshold:g}× "
-                    f"capacity {ready_count:g}"
+                reasons.add(
+                    "panic: %d wanted over the panic window >= %g× capacity %g",
+                    want_panic,
+                    policy.panic_threshold,
+                    ready_count,
                 )
             self._panic_since = now
         elif self._panic_since is not None and now - self._panic_since > policy.stable_window_s:
-            reasons.append(
-                f"panic over: {policy.stable_window_s:g}s since the last tick over the threshold"
+            reasons.add(
+                "panic over: %gs since the last tick over the threshold", policy.stable_window_s
             )
             self._panic_since = None
             self._max_panic_replicas = 0
@@ -157,51 +163,54 @@ class KpaRecommender:
             if desired > self._max_panic_replicas:
                 self._max_panic_replicas = desired
             elif desired < self._max_panic_replicas:
-                reasons.append(
-                    f"panic: not scaling down from {self._max_panic_replicas} to {desired}"
+                reasons.add(
+                    "panic: not scaling down from %d to %d", self._max_panic_replicas, desired
                 )
             desired = self._max_panic_replicas
-            reasons.append(f"panic: ceil({panic:.2f}/{target_value:g}) = {want_panic}")
+            reasons.add("panic: ceil(%.2f/%g) = %d", panic, target_value, want_panic)
         else:
             rule = "stable"
             desired = desired_stable
-            reasons.append(f"stable: ceil({stable:.2f}/{target_value:g}) = {want_stable}")
-        wanted = want_panic if rule == "panic" else want_stable
-        if desired != wanted and desired in (max_up, max_down) and rule == "stable":
-            bound = "max_scale_up_rate" if desired == max_up else "max_scale_down_rate"
-            reasons.append(f"rate-limited {wanted} -> {desired} by {bound}")
+            reasons.add("stable: ceil(%.2f/%g) = %d", stable, target_value, want_stable)
+            if desired != want_stable:
+                bound = "max_scale_up_rate" if desired == max_up else "max_scale_down_rate"
+                reasons.add("rate-limited %d -> %d by %s", want_stable, desired, bound)
 
         load = min(desired, policy.max_replicas)
         if desired == 0:
-            idle_for = now - (
-                self._last_active_at if self._last_active_at is not None else -math.inf
-            )
-            covered = now - (self._first_at if self._first_at is not None else now)
+            last = self._last_active_at
+            idle_for = now - last if last is not None else math.inf
+            first = self._first_at
+            covered = now - first if first is not None else 0.0
             need = policy.stable_window_s + policy.scale_to_zero_grace_s
             if policy.min_replicas == 0 and idle_for >= need and covered >= need:
                 rule = "scale-to-zero"
-                reasons.append(
-                    f"scale to zero: idle {min(idle_for, covered):.0f}s >= stable window "
-                    f"{policy.stable_window_s:g}s + grace {policy.scale_to_zero_grace_s:g}s"
+                reasons.add(
+                    "scale to zero: idle %.0fs >= stable window %gs + grace %gs",
+                    min(idle_for, covered),
+                    policy.stable_window_s,
+                    policy.scale_to_zero_grace_s,
                 )
-            elif current > 0 or policy.min_replicas > 0:
+            elif current > 0 and policy.min_replicas == 0:
                 desired = 1
-                if policy.min_replicas == 0:
-                    rule = "idle-grace"
-                    reasons.append(
-                        f"idle, holding 1 replica until idle for {need:g}s "
-                        f"(stable window + scale_to_zero_grace_s)"
-                    )
-        desired = clamp_replicas(desired, policy, reasons)
+                rule = "idle-grace"
+                reasons.add(
+                    "idle, holding 1 replica until idle for %gs (stable window + "
+                    "scale_to_zero_grace_s)",
+                    need,
+                )
+        if desired > policy.max_replicas or desired < policy.min_replicas:
+            desired = clamp_replicas(desired, policy, reasons)
         return HorizontalRecommendation(
-            replicas=desired,
-            rule=rule,
-            reasons=reasons,
-            load_replicas=load,
-            inputs={
+            desired,
+            rule,
+            reasons,
+            {
                 "stable": stable,
                 "panic": panic,
                 "target_value": target_value,
                 "capacity_replicas": ready,
             },
+            True,
+            load,
         )

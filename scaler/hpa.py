@@ -5,9 +5,11 @@ Two parts, mirroring the HPA controller:
 * :func:`calculate_replicas` — the replica calculator for a per-pod metric
   (``replica_calculator.go``, plain metric path): ``ratio = average / target``
   over ready pods that reported a value; within ``1 ± tolerance`` nothing changes;
-  pods that are *not ready* are left out, and on a scale-up counted as 0;
+  pods that are *not ready* are left out, and on a scale-up counted as 0 (for per-pod
+  custom metrics the HPA calls a pod unready only while it is Pending; for CPU also during
+  its initialisation period — the caller decides, through ``PodSample.ready``);
   ready pods *missing* a value count as ``target`` (100 %) on a scale-down and 0 on a
-  scale-up; if filling them in flips the direction or lands inside the tolerance, the
+  scale-up (at exactly 1.0 they are left out); if filling them in flips the direction or lands inside the tolerance, the
   current count is kept; the result is ``ceil(new_ratio × pods counted)``.
 * :class:`HpaBehaviorState` — ``behavior`` (``horizontal.go``): the recommendation is
   stabilised (scale-up uses the *lowest* recommendation of the last
@@ -28,6 +30,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from scaler.decision import Explanation
 from scaler.policy import HpaBehavior, HpaScalingRules
 
 
@@ -100,9 +103,10 @@ def calculate_replicas(
             f"ceil({ratio:.3f} × {len(values)} pods)",
         )
     filled = list(values)
-    if missing:
-        fill = target if ratio < 1.0 else 0.0
-        filled.extend([fill] * missing)
+    if missing and ratio < 1.0:
+        filled.extend([target] * missing)
+    elif missing and ratio > 1.0:
+        filled.extend([0.0] * missing)
     if rebalance_unready:
         filled.extend([0.0] * unready)
     new_ratio = sum(filled) / len(filled) / target
@@ -230,7 +234,7 @@ class HpaBehaviorState:
         desired: int,
         min_replicas: int,
         max_replicas: int,
-        reasons: list[str],
+        reasons: Explanation,
     ) -> int:
         """Stabilise, rate-limit and clamp ``desired`` (the calculator's answer) as the HPA does."""
         self._trim(now)
@@ -249,10 +253,12 @@ class HpaBehaviorState:
         stabilized = max(stabilized, up_rec)
         stabilized = min(stabilized, down_rec)
         if stabilized != desired:
-            reasons.append(
-                f"stabilized {desired} -> {stabilized} (scale-up window "
-                f"{behavior.scale_up.stabilization_window_s:g}s, scale-down window "
-                f"{behavior.scale_down.stabilization_window_s:g}s)"
+            reasons.add(
+                "stabilized %d -> %d (scale-up window %gs, scale-down window %gs)",
+                desired,
+                stabilized,
+                behavior.scale_up.stabilization_window_s,
+                behavior.scale_down.stabilization_window_s,
             )
         result = stabilized
         if result > current:
@@ -260,19 +266,19 @@ class HpaBehaviorState:
                 current, now, behavior.scale_up, self._up_events, self._down_events
             )
             if limit < max_replicas and result > limit:
-                reasons.append(f"rate-limited {result} -> {limit} by behavior.scale_up policies")
+                reasons.add("rate-limited %d -> %d by behavior.scale_up policies", result, limit)
                 result = limit
         elif result < current:
             limit = scale_down_limit(
                 current, now, behavior.scale_down, self._up_events, self._down_events
             )
             if limit > min_replicas and result < limit:
-                reasons.append(f"rate-limited {result} -> {limit} by behavior.scale_down policies")
+                reasons.add("rate-limited %d -> %d by behavior.scale_down policies", result, limit)
                 result = limit
         if result > max_replicas:
-            reasons.append(f"clamped replicas {result} -> {max_replicas} by max_replicas")
+            reasons.add("clamped replicas %d -> %d by max_replicas", result, max_replicas)
             result = max_replicas
         elif result < min_replicas:
-            reasons.append(f"clamped replicas {result} -> {min_replicas} by min_replicas")
+            reasons.add("clamped replicas %d -> %d by min_replicas", result, min_replicas)
             result = min_replicas
         return result
