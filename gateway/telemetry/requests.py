@@ -87,7 +87,7 @@ class RequestTracing:
         method: bytes | str,
         path: bytes | str,
         host: bytes | str | None = None,
-        client_address: str | None = None,
+        client_address: bytes | str | None = None,
         start_ns: int | None = None,
     ) -> RequestSpan | None:
         """Sample this request; return its SERVER span, or None when it is not recorded.
@@ -132,6 +132,8 @@ class RequestSpan:
     """The SERVER span of one sampled request, and the hooks the data plane calls on it."""
 
     __slots__ = (
+        "_attempts",
+        "_error",
         "_events",
         "_method",
         "_name",
@@ -150,10 +152,12 @@ class RequestSpan:
         method: bytes | str,
         path: bytes | str,
         host: bytes | str | None,
-        client_address: str | None,
+        client_address: bytes | str | None,
         start_ns: int | None,
     ) -> None:
         self._tracing = tracing
+        self._attempts = 0
+        self._error: str | None = None
         self.parent = parent
         self.context = SpanContext(
             trace_id,
@@ -179,7 +183,7 @@ class RequestSpan:
             if port is not None:
                 attributes["server.port"] = port
         if client_address:
-            attributes["client.address"] = client_address
+            attributes["client.address"] = _text(client_address)
         self.attributes = attributes
 
     def __repr__(self) -> str:
@@ -227,6 +231,10 @@ class RequestSpan:
         """A point in time worth seeing on the SERVER span (e.g. ``sluice.admission.rejected``)."""
         self._events.append(Event(name, attributes or {}, time.time_ns()))
 
+    def failed(self, error: str) -> None:
+        """The request failed with ``error`` (e.g. 'upstream-connect-failed'); ``end`` reports it."""
+        self._error = error
+
     def rejected(self, reason: str) -> None:
         """Admission refused the request (queue full, rate limited, no endpoint...)."""
         self.event("sluice.admission.rejected", {"sluice.reason": reason})
@@ -245,13 +253,20 @@ class RequestSpan:
         self,
         host: str,
         port: int,
-        attempt: int = 1,
+        attempt: int | None = None,
         retry_reason: str | None = None,
         *,
         path: bytes | str | None = None,
         start_ns: int | None = None,
     ) -> AttemptSpan:
-        """A CLIENT span for upstream attempt number ``attempt`` (1 = first try) to ``host:port``."""
+        """A CLIENT span for an upstream attempt to ``host:port``.
+
+        ``attempt`` numbers it (1 = the first try); by default attempts are counted here.
+        ``retry_reason`` says why this is a retry (e.g. 'stale-pooled-connection').
+        """
+        if attempt is None:
+            attempt = self._attempts + 1
+        self._attempts = attempt
         attributes: dict[str, str | int | float] = {
             "http.request.method": self._method,
             "server.address": host,
@@ -281,9 +296,14 @@ class RequestSpan:
         error: str | None = None,
         end_ns: int | None = None,
     ) -> None:
-        """The response is finished (or the request failed with ``error``, e.g. 'client_gone')."""
+        """The response is finished (or the request failed with ``error``, e.g. 'client-gone').
+
+        ``error`` defaults to what :meth:`failed` recorded.
+        """
         attributes = self.attributes
         status = _UNSET
+        if error is None:
+            error = self._error
         if status_code is not None:
             attributes["http.response.status_code"] = status_code
         if request_body_bytes is not None:

@@ -202,3 +202,73 @@ def echo_upstream() -> Iterator[tuple[str, int]]:
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+
+
+class _FlakyKeepAliveHandler(threading.Thread):
+    """One upstream connection: answers its first request, drops the connection on the second."""
+
+    def __init__(self, conn: Any, seen: list[dict[str, str]]) -> None:
+        super().__init__(daemon=True)
+        self.conn = conn
+        self.seen = seen
+
+    def run(self) -> None:
+        buf = b""
+        served = 0
+        with self.conn:
+            while True:
+                while b"\r\n\r\n" not in buf:
+                    data = self.conn.recv(65536)
+                    if not data:
+                        return
+                    buf += data
+                head, _, buf = buf.partition(b"\r\n\r\n")
+                lines = head.decode("latin-1").split("\r\n")
+                headers = {}
+                for line in lines[1:]:
+                    name, _, value = line.partition(":")
+                    headers[name.strip().lower()] = value.strip()
+                if served == 1:
+                    return  # a pooled connection the upstream dropped: no answer at all
+                served += 1
+                self.seen.append(headers)
+                body = json.dumps({"headers": headers}).encode()
+                self.conn.sendall(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+                )
+
+
+@contextmanager
+def flaky_keep_alive_upstream() -> Iterator[tuple[str, list[dict[str, str]]]]:
+    """``(address, headers seen per answered request)``: each connection answers one request
+    and silently drops the next, so a gateway that reuses the pooled connection must retry."""
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    listener.settimeout(0.2)
+    seen: list[dict[str, str]] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            conn.settimeout(10)
+            _FlakyKeepAliveHandler(conn, seen).start()
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        host, port = listener.getsockname()[:2]
+        yield f"{host}:{port}", seen
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        listener.close()
