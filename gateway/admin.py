@@ -8,6 +8,7 @@
   in-flight count, completions by status class and the live signals
 * ``GET /api/signals`` — every service's ``ServiceSignals`` (what the scaler reads; the
   Kubernetes platform merges these across gateway replicas)
+* routes passed in ``extra_routes`` (``GET /api/traces`` from ``gateway.telemetry.api``)
 * ``POST /api/reload`` — reload the config file now: 200 ``{"ok": true, "generation": N}``,
   or 422 ``{"ok": false, "errors": ["file: key.path: problem", ...]}`` (the running config
   keeps serving)
@@ -24,14 +25,14 @@ import asyncio
 import contextlib
 import dataclasses
 import socket
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 from gateway.admin_auth import AdminTokenMiddleware
 from gateway.metrics import CONTENT_TYPE, build_registry, render
@@ -73,7 +74,7 @@ def service_view(runtime: Runtime, name: str, now: float) -> dict[str, Any]:
     }
 
 
-def build_app(runtime: Runtime) -> Starlette:
+def build_app(runtime: Runtime, extra_routes: Sequence[BaseRoute] = ()) -> Starlette:
     registry = build_registry(lambda: runtime.services, runtime.now)
 
     async def healthz(request: Request) -> Response:
@@ -127,6 +128,7 @@ def build_app(runtime: Runtime) -> Starlette:
             Route("/api/services", services),
             Route("/api/signals", signals),
             Route("/api/reload", reload, methods=["POST"]),
+            *extra_routes,
         ]
     )
 
@@ -140,8 +142,9 @@ class _Server(uvicorn.Server):
 class AdminServer:
     """uvicorn serving :func:`build_app` on a socket bound up front (so port 0 works)."""
 
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Runtime, extra_routes: Sequence[BaseRoute] = ()) -> None:
         self.runtime = runtime
+        self.extra_routes = tuple(extra_routes)
         self._server: _Server | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -152,7 +155,7 @@ class AdminServer:
         sock.bind((host, port))
         sock.listen(128)
         sock.setblocking(False)
-        app: Any = build_app(self.runtime)
+        app: Any = build_app(self.runtime, self.extra_routes)
         token = self.runtime.settings.admin.token
         if token is not None:
             app = AdminTokenMiddleware(app, token.get_secret_value())

@@ -35,6 +35,8 @@ from gateway.reload import Reloader
 from gateway.routing import RouteTable
 from gateway.service import Service
 from gateway.settings import ServiceConfig, Settings, load_runtime_settings
+from gateway.telemetry.api import traces_route
+from gateway.telemetry.provider import Telemetry, TelemetryError
 from scaler.signals import ServiceSignals
 
 log = logging.getLogger(__name__)
@@ -214,13 +216,24 @@ async def serve(
             settings.platform,
         )
 
+    try:
+        telemetry = Telemetry.start(settings.telemetry.traces)
+    except TelemetryError as e:
+        print(f"sluice: telemetry: {e}", file=sys.stderr, flush=True)
+        return 2
     stop = stop or asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     dataplane = DataPlane(
-        runtime, settings.trusted_proxies, loop, HeadLimits.from_settings(settings.limits)
+        runtime,
+        settings.trusted_proxies,
+        loop,
+        tracing=telemetry.requests,
+        limits=HeadLimits.from_settings(settings.limits),
     )
-    admin = AdminServer(runtime)
+    admin = AdminServer(
+        runtime, extra_routes=[traces_route(telemetry.buffer, telemetry.tracer is not None)]
+    )
     if config_path is not None:
 
         def apply(new: Settings) -> None:
@@ -236,6 +249,7 @@ async def serve(
         await dataplane.stop(0)
         if local is not None:
             await local.stop()
+        await asyncio.to_thread(telemetry.shutdown)
         return 1
     runtime._sync_checkers()
     if runtime.reloader is not None:  # SIGHUP is handled before anyone learns we are up
@@ -268,6 +282,9 @@ async def serve(
     if local is not None:
         await local.stop()
     await admin.stop()
+    await asyncio.to_thread(
+        telemetry.shutdown
+    )  # flushes pending spans (bounded by the export timeout)
     log.info("stopped")
     return 0
 

@@ -32,7 +32,13 @@ import httptools
 
 from gateway.admission import AdmissionError, QueueFull, RateLimited
 from gateway.dataplane.errors import Cause, error_response
-from gateway.dataplane.headers import rewrite_request, rewrite_response
+from gateway.dataplane.headers import (
+    HOP_BY_HOP,
+    RequestHead,
+    connection_tokens,
+    rewrite_request,
+    rewrite_response,
+)
 from gateway.dataplane.upstream import EndpointConnections, UpstreamConnection
 from gateway.endpoints import Endpoint
 from gateway.retry import Failure, retry_reason, untried
@@ -43,6 +49,7 @@ if TYPE_CHECKING:
     from gateway.admission import Waiter
     from gateway.dataplane.server import ClientConnection
     from gateway.service import Service
+    from gateway.telemetry.requests import AttemptSpan, RequestSpan
 
 CRLF = b"\r\n"
 LAST_CHUNK = b"0\r\n\r\n"
@@ -91,6 +98,7 @@ def _pool_of(ep: Endpoint) -> EndpointConnections:
 class Exchange:
     __slots__ = (
         "arrived",
+        "attempt_span",
         "attempts",
         "body_buf",
         "body_buf_bytes",
@@ -131,6 +139,7 @@ class Exchange:
         "reused",
         "service",
         "slot",
+        "span",
         "started_at",
         "target",
         "tried",
@@ -201,6 +210,10 @@ class Exchange:
         self.replay: list[bytes] | None = None
         """A copy of the framed body sent so far (idempotent requests; dropped once too big)."""
         self.replay_bytes = 0
+        self.span: RequestSpan | None = None
+        """This request's SERVER span when tracing sampled it (else None: no tracing cost)."""
+        self.attempt_span: AttemptSpan | None = None
+        """The CLIENT span of the current upstream attempt (sampled requests only)."""
 
     # -- 1..3: route, count, admit --------------------------------------------------------
 
@@ -219,6 +232,13 @@ class Exchange:
         self.req_chunked = head.chunked
         self.has_body = head.has_body
         self.expect_continue = head.expect_continue
+        tracing = client.dp.tracing
+        if tracing is not None:
+            self.span = tracing.start(
+                head.traceparent, head.tracestate, self.method, path, head.host, client.peer_ip
+            )
+            if self.span is not None and head.traceparent is not None:
+                self._drop_client_traceparent()
         routing = client.dp.routing
         name = routing.routes.match(head.host.decode("latin-1"), path.decode("latin-1"))
         if name is None:
@@ -229,6 +249,8 @@ class Exchange:
             self.reply_error(Cause.UNKNOWN_SERVICE)
             return
         self.service = service
+        if self.span is not None:
+            self.span.routed(name)
         # -- issue 4: the service's body limit (declared now, counted as the body streams)
         limit = self.body_limit = service.admission.max_body_bytes
         if limit is not None and ((self.declared_length or 0) > limit or self.body_bytes > limit):
@@ -257,11 +279,29 @@ class Exchange:
     def _admitted(self, wait_s: float) -> None:
         self.waiter = None
         self.slot = True
+        if self.span is not None:
+            self.span.queued(wait_s)
         self.dispatch()
 
     def _refused(self, e: AdmissionError) -> None:
         self.waiter = None
+        if self.span is not None:
+            self.span.rejected(e.code)
         self.reply_error(_admission_cause(e), retry_after_s=e.retry_after_s)
+
+    def _drop_client_traceparent(self) -> None:
+        """Sampled: the upstream gets our CLIENT span's traceparent, so drop the client's."""
+        client = self.client
+        drop = (connection_tokens(self.headers) - HOP_BY_HOP) | {b"traceparent"}
+        head: RequestHead = rewrite_request(
+            self.method,
+            self.target,
+            self.headers,
+            client.peer_ip,
+            trusted=client.trusted,
+            drop=drop,
+        )
+        self.request_head = head.head
 
     def _absolute_form(self) -> bytes:
         """Absolute-form target (``http://host/path``): route by its authority, forward origin-form."""
@@ -291,6 +331,8 @@ class Exchange:
         ep = service.balancer.pick(endpoints)
         ep.acquire()
         self.endpoint = ep
+        if self.span is not None:
+            self.attempt_span = self.span.attempt(ep.host, ep.port)
         pool = self.pool = _pool_of(ep)
         if self.expect_continue and self.has_body and not self.req_done and not self.client.closed:
             self.client.transport.write(CONTINUE)
@@ -343,16 +385,19 @@ class Exchange:
             conn.pause_reading()
         transport = conn.transport
         assert transport is not None
+        head = self.request_head
+        if self.attempt_span is not None:
+            head = head[:-2] + b"traceparent: " + self.attempt_span.traceparent + b"\r\n\r\n"
         buf = self.body_buf
         if self.has_body and self.method in IDEMPOTENT:
             self._keep_replay(buf)
         if buf:
-            transport.writelines([self.request_head, *buf])
+            transport.writelines([head, *buf])
             self.body_buf = None
             self.body_buf_bytes = 0
             client.unpause(PAUSE_BUFFER)
         else:
-            transport.write(self.request_head)
+            transport.write(head)
         if conn.write_paused:
             client.pause(PAUSE_BACKPRESSURE)
         if self.req_done:
@@ -526,6 +571,13 @@ class Exchange:
                 # A pooled connection the upstream had closed: nothing was processed, try a
                 # fresh connection to the same endpoint once.
                 self.req_sent = False
+                if self.attempt_span is not None and self.span is not None:
+                    self.attempt_span.end(None, Cause.RESET.code)
+                    ep = self.endpoint
+                    assert ep is not None
+                    self.attempt_span = self.span.attempt(
+                        ep.host, ep.port, retry_reason="stale-pooled-connection"
+                    )
                 self.connect()
                 return
             if not self._retry(Cause.RESET):
@@ -576,6 +628,8 @@ class Exchange:
     def reply_error(self, cause: Cause, retry_after_s: int | None = None) -> None:
         """Answer with the gateway's own error response (nothing was sent to the client yet)."""
         self.cause = cause
+        if self.span is not None and cause.status >= 500:
+            self.span.failed(cause.code)
         if self.expect_continue and self.has_body and not self.continue_sent and not self.req_done:
             self.keep_alive = False  # the client may or may not send the body now
         client = self.client
@@ -596,6 +650,8 @@ class Exchange:
         if self.done:
             return
         self.cause = cause
+        if self.span is not None:
+            self.span.failed(cause.code)
         if self.resp_state == 0:
             self.reply_error(cause)
             return
@@ -610,6 +666,8 @@ class Exchange:
         if self.done:
             return
         self.keep_alive = False
+        if self.span is not None:
+            self.span.failed("client-gone")
         self._finish(499)
 
     def _finish(self, status: int, failed: bool = False, reusable: bool = False) -> None:
@@ -636,6 +694,8 @@ class Exchange:
             else:
                 up.exchange = None
                 up.abort()
+        if self.span is not None:
+            self._end_spans(status, failed)
         service = self.service
         if service is not None and self.arrived:
             latency_s = now - self.started_at
@@ -691,7 +751,8 @@ class Exchange:
         tried = self.tried = [*(self.tried or ()), ep]
         never_sent = failure is Failure.CONNECT
         replayable = not self.has_body or never_sent or (self.replay is not None and self.req_done)
-        if retry_reason(service.retry_policy, failure, len(tried), self.method, replayable) is None:
+        reason = retry_reason(service.retry_policy, failure, len(tried), self.method, replayable)
+        if reason is None:
             return False
         candidates = untried(service.endpoints.routable, tried)
         if not candidates:
@@ -718,6 +779,10 @@ class Exchange:
         new = service.balancer.pick(candidates)
         new.acquire()
         self.endpoint = new
+        if self.span is not None:  # the failed attempt's CLIENT span ends; a new one starts
+            if self.attempt_span is not None:
+                self.attempt_span.end(None, cause.code)
+            self.attempt_span = self.span.attempt(new.host, new.port, retry_reason=reason)
         pool = self.pool = _pool_of(new)
         conn = pool.take(now)
         if conn is not None:
@@ -727,6 +792,36 @@ class Exchange:
             self.connect()
         return True
 
+    def _end_spans(self, status: int, failed: bool) -> None:
+        """End the attempt and SERVER spans (sampled requests only)."""
+        span = self.span
+        assert span is not None
+        attempt = self.attempt_span
+        error = span._error if failed else None
+        if attempt is not None:
+            self.attempt_span = None
+            attempt.end(
+                self.resp_status or None,
+                error,
+                _content_length(self.resp_headers) if self.resp_status else None,
+            )
+        request_bytes = None if self.req_chunked else (_content_length(self.headers) or 0)
+        span.end(
+            status,
+            request_bytes,
+            _content_length(self.resp_headers) if self.resp_status else None,
+            error,
+        )
+
     def __repr__(self) -> str:
         state = "done" if self.done else ("responding" if self.resp_state else "waiting")
         return f"Exchange({self.method.decode()} {self.target.decode('latin-1')}, {state})"
+
+
+def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
+    """The Content-Length of a message (for span attributes; sampled requests only)."""
+    for name, value in headers:
+        if name.lower() == b"content-length":
+            digits = value.strip()
+            return int(digits) if digits.isdigit() else None
+    return None

@@ -16,7 +16,7 @@ import logging
 import socket
 from collections import deque
 from collections.abc import Mapping, Sequence
-from typing import NoReturn, Protocol, cast
+from typing import TYPE_CHECKING, NoReturn, Protocol, cast
 
 import httptools
 
@@ -26,6 +26,9 @@ from gateway.dataplane.limits import HeadLimits, RequestRejected, check_head
 from gateway.dataplane.upstream import WRITE_BUFFER_HIGH, WRITE_BUFFER_LOW
 from gateway.routing import RouteTable
 from gateway.service import Service
+
+if TYPE_CHECKING:
+    from gateway.telemetry.requests import RequestTracing
 
 log = logging.getLogger(__name__)
 
@@ -385,9 +388,12 @@ class DataPlane:
         routing: Routing,
         trusted_proxies: Sequence[str] = (),
         loop: asyncio.AbstractEventLoop | None = None,
+        tracing: RequestTracing | None = None,
         limits: HeadLimits | None = None,
     ) -> None:
         self.routing = routing
+        self.tracing = tracing
+        """Request tracing when on (``gateway.telemetry``); None costs one branch per request."""
         self.limits = limits or HeadLimits()
         """Head size/time limits (``limits`` in the config; swapped whole on reload)."""
         self.slow_heads: set[ClientConnection] = set()

@@ -11,6 +11,8 @@ connection, applies the fault that is set at accept time:
 * ``DELAY`` — hold the upstream's response for ``delay_s`` before forwarding it;
 * ``BLACKHOLE`` — accept and read the request, never answer, never close;
 * ``REFUSE`` — reset the connection at once (RST), nothing read;
+* ``RESET_AFTER_REQUEST`` — read what the client sends first (its request), then RST
+  without answering: the request certainly left the client;
 * ``RESET_MID_BODY`` — forward the response's first ``after_bytes`` bytes, then RST;
 * ``TRUNCATE`` — forward the first ``after_bytes`` response bytes, then a clean close (FIN);
 * ``BAD_FRAMING`` — answer the request itself with ``bad_response`` (malformed framing).
@@ -34,6 +36,7 @@ class Fault(enum.Enum):
     DELAY = "delay"
     BLACKHOLE = "blackhole"
     REFUSE = "refuse"
+    RESET_AFTER_REQUEST = "reset-after-request"
     RESET_MID_BODY = "reset-mid-body"
     TRUNCATE = "truncate"
     BAD_FRAMING = "bad-framing"
@@ -118,6 +121,11 @@ class FaultyProxy:
         self, fault: Fault, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         if fault is Fault.REFUSE:
+            _rst(writer)
+            return
+        if fault is Fault.RESET_AFTER_REQUEST:
+            data = await reader.read(65536)
+            self.received.append(data)
             _rst(writer)
             return
         if fault is Fault.BLACKHOLE:
