@@ -34,7 +34,7 @@ from gateway.outlier import HealthChecker
 from gateway.reload import Reloader
 from gateway.routing import RouteTable
 from gateway.service import Service
-from gateway.settings import ServiceConfig, Settings
+from gateway.settings import ServiceConfig, Settings, load_runtime_settings
 from gateway.telemetry.api import traces_route
 from gateway.telemetry.provider import Telemetry, TelemetryError
 from scaler.signals import ServiceSignals
@@ -240,7 +240,7 @@ async def serve(
             runtime.apply_settings(new)
             dataplane.configure(new.trusted_proxies, HeadLimits.from_settings(new.limits))
 
-        runtime.reloader = Reloader(config_path, settings, apply)
+        runtime.reloader = Reloader(config_path, settings, apply, load=load_runtime_settings)
     try:
         data_host, data_port = await dataplane.start(settings.listen.host, settings.listen.port)
         admin_host, admin_port = await admin.start(settings.admin.host, settings.admin.port)
