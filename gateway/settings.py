@@ -151,6 +151,237 @@ class ServiceConfig(_Model):
     )
 
 
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+
+
+def _check_dns_label(value: str) -> str:
+    if len(value) > 63 or not _DNS_LABEL.match(value):
+        raise ValueError(
+            f"must be a Kubernetes name (lowercase DNS label, <= 63 chars), got {value!r}"
+        )
+    return value
+
+
+def _check_dns_subdomain(value: str) -> str:
+    if len(value) > 253 or not _DNS_SUBDOMAIN.match(value):
+        raise ValueError(f"must be a Kubernetes name (lowercase DNS subdomain), got {value!r}")
+    return value
+
+
+KubeName = Annotated[str, AfterValidator(_check_dns_subdomain)]
+KubeNamespace = Annotated[str, AfterValidator(_check_dns_label)]
+
+
+class GatewayServiceConfig(_Model):
+    """The Kubernetes Service in front of the gateway replicas themselves."""
+
+    namespace: KubeNamespace = Field(
+        default="sluice", description="Namespace of the gateway's Service."
+    )
+    name: KubeName = Field(
+        default="sluice",
+        description="Name of the gateway's Service: its EndpointSlices list the peer gateway "
+        "replicas (signal merging), its load-balancer address goes into Ingress status.",
+    )
+    admin_port_name: str = Field(
+        default="admin",
+        min_length=1,
+        description="Name of the Service port that reaches each replica's admin server (GET /api/signals).",
+    )
+
+
+class LeaseConfig(_Model):
+    """Leader election with a coordination.k8s.io/v1 Lease: only the holder actuates."""
+
+    namespace: KubeNamespace = Field(default="sluice", description="Namespace of the Lease.")
+    name: KubeName = Field(default="sluice-scaler", description="Name of the Lease.")
+    duration_s: int = Field(
+        default=15,
+        ge=1,
+        le=3600,
+        description="leaseDurationSeconds: how long others wait after the last observed renewal "
+        "before taking over.",
+    )
+    renew_deadline_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="The leader stops actuating when it could not renew for this long (< duration_s).",
+    )
+    retry_period_s: float = Field(
+        default=2.0, gt=0, description="How often to try to acquire or renew (< renew_deadline_s)."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if self.renew_deadline_s >= self.duration_s:
+            raise KeyedValueError(
+                "renew_deadline_s",
+                f"must be < duration_s ({self.duration_s}), got {self.renew_deadline_s:g}",
+            )
+        if self.retry_period_s >= self.renew_deadline_s:
+            raise KeyedValueError(
+                "retry_period_s",
+                f"must be < renew_deadline_s ({self.renew_deadline_s:g}), got {self.retry_period_s:g}",
+            )
+        return self
+
+
+class KubernetesConfig(_Model):
+    """platform: kubernetes — Ingress routes, EndpointSlice endpoints, /scale and /resize, a Lease."""
+
+    ingress_class: KubeName = Field(
+        default="sluice",
+        description="Ingresses whose spec.ingressClassName (or legacy kubernetes.io/ingress.class "
+        "annotation) equals this are served.",
+    )
+    namespaces: list[KubeNamespace] = Field(
+        default_factory=list,
+        description="Namespaces to watch for Ingresses and EndpointSlices; empty = all namespaces "
+        "(needs a ClusterRole).",
+    )
+    gateway_service: GatewayServiceConfig = Field(
+        default_factory=GatewayServiceConfig, description="The gateway's own Service."
+    )
+    status_addresses: list[str] = Field(
+        default_factory=list,
+        description="IPs/hostnames written to Ingress status.loadBalancer; empty = the gateway "
+        "Service's load-balancer ingress, else its cluster IP.",
+    )
+    lease: LeaseConfig = Field(default_factory=LeaseConfig, description="Leader election.")
+    identity: str | None = Field(
+        default=None,
+        min_length=1,
+        description="This replica's Lease holder identity; default: $POD_NAME, else the hostname.",
+    )
+    kubeconfig: str | None = Field(
+        default=None,
+        description="Path to a kubeconfig; default: in-cluster config, else ~/.kube/config.",
+    )
+    api_max_concurrency: int = Field(
+        default=4,
+        ge=1,
+        le=64,
+        description="Worker threads for Kubernetes API calls (watches have their own).",
+    )
+    peer_timeout_s: float = Field(
+        default=1.0, gt=0, le=30, description="Timeout for GET /api/signals on each peer gateway."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        seen: set[str] = set()
+        for i, ns in enumerate(self.namespaces):
+            if ns in seen:
+                raise KeyedValueError("namespaces", f"{ns!r} is listed twice (entry [{i}])")
+            seen.add(ns)
+        return self
+
+
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+
+
+class SamplerConfig(_Model):
+    """Which traces are recorded: W3C parent-based, then a ratio of new traces by trace id."""
+
+    type: Literal["parentbased_ratio"] = Field(
+        default="parentbased_ratio",
+        description="parentbased_ratio: follow the caller's sampled flag when a traceparent "
+        "arrives, otherwise record this fraction of new traces (by trace id, like "
+        "OpenTelemetry's parentbased_traceidratio).",
+    )
+    ratio: float = Field(
+        default=1.0,
+        ge=0.0,
+        le=1.0,
+        description="Fraction of new (root) traces recorded, 0..1; 0.01 = one in a hundred.",
+    )
+
+
+class TraceBufferConfig(_Model):
+    """The in-memory ring buffer of recent traces behind GET /api/traces and `sluice traces`."""
+
+    max_traces: int = Field(
+        default=200, ge=0, le=100_000, description="Traces kept; the oldest go first (0 = off)."
+    )
+    max_spans_per_trace: int = Field(
+        default=256,
+        ge=1,
+        le=10_000,
+        description="Spans kept per trace; later ones are counted, not kept.",
+    )
+
+
+ExporterName = Literal["otlp_http", "otlp_grpc", "console", "none"]
+
+
+class TracesConfig(_Model):
+    """OpenTelemetry traces: a span per request and per scaler tick.
+
+    Keys set here win over the standard OTEL_* environment variables; keys left out fall
+    back to them (OTEL_TRACES_EXPORTER, OTEL_TRACES_SAMPLER[_ARG],
+    OTEL_EXPORTER_OTLP[_TRACES]_ENDPOINT/_HEADERS), then to the defaults below.
+    OTEL_SDK_DISABLED=true turns tracing off whatever this says.
+    """
+
+    enabled: bool = Field(default=False, description="Record traces at all.")
+    sampler: SamplerConfig = Field(
+        default_factory=SamplerConfig, description="Which traces are recorded."
+    )
+    exporter: ExporterName = Field(
+        default="none",
+        description="Where finished spans go besides the in-memory buffer: otlp_http (OTLP/HTTP "
+        "protobuf), otlp_grpc, console (stdout), none (only the buffer).",
+    )
+    endpoint: str | None = Field(
+        default=None,
+        description="OTLP endpoint: otlp_http takes the full URL "
+        "(default http://localhost:4318/v1/traces), otlp_grpc 'http[s]://host:port' "
+        "(default http://localhost:4317; http = plaintext).",
+    )
+    headers: dict[str, SecretStr] = Field(
+        default_factory=dict,
+        description="Extra headers sent with every export (e.g. an API key); never logged.",
+    )
+    buffer: TraceBufferConfig = Field(
+        default_factory=TraceBufferConfig, description="Recent traces kept in memory."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if self.endpoint is not None:
+            if self.exporter not in ("otlp_http", "otlp_grpc"):
+                raise KeyedValueError(
+                    "endpoint",
+                    f"only applies to the otlp_http and otlp_grpc exporters, exporter is {self.exporter!r}",
+                )
+            scheme, sep, rest = self.endpoint.partition("://")
+            if not sep or scheme not in ("http", "https") or not rest or rest.startswith("/"):
+                raise KeyedValueError(
+                    "endpoint",
+                    f"must be an http:// or https:// URL with a host, got {self.endpoint!r}",
+                )
+        for name in self.headers:
+            if not _HEADER_NAME.match(name):
+                raise KeyedValueError(
+                    f"headers.{name}", "must be an HTTP header name (letters, digits, '-', ...)"
+                )
+        if self.headers and self.exporter not in ("otlp_http", "otlp_grpc"):
+            raise KeyedValueError(
+                "headers",
+                f"only apply to the otlp_http and otlp_grpc exporters, exporter is {self.exporter!r}",
+            )
+        return self
+
+
+class TelemetryConfig(_Model):
+    """OpenTelemetry: traces (metrics are served by /metrics in Prometheus format)."""
+
+    traces: TracesConfig = Field(
+        default_factory=TracesConfig, description="Request and scaler traces."
+    )
+
+
 def _check_network(value: str) -> str:
     try:
         ipaddress.ip_network(value, strict=False)
@@ -183,6 +414,13 @@ class Settings(_Model):
     budget: BudgetConfig = Field(default_factory=BudgetConfig, description="The shared CPU budget.")
     services: dict[str, ServiceConfig] = Field(
         default_factory=dict, description="Services by name."
+    )
+    kubernetes: KubernetesConfig = Field(
+        default_factory=KubernetesConfig,
+        description="Settings for platform: kubernetes (ignored by the other platforms).",
+    )
+    telemetry: TelemetryConfig = Field(
+        default_factory=TelemetryConfig, description="OpenTelemetry traces."
     )
 
     @model_validator(mode="after")
@@ -289,11 +527,16 @@ def parse_settings(data: Any, source: str = "<config>") -> Settings:
     try:
         return Settings.model_validate(data)
     except ValidationError as e:
-        problems = []
-        for err in e.errors(include_url=False):
-            path, problem = _format_error(dict(err))
-            problems.append(f"{source}: {path}: {problem}" if path else f"{source}: {problem}")
+        problems = [
+            f"{source}: {path}: {problem}" if path else f"{source}: {problem}"
+            for path, problem in validation_problems(e)
+        ]
         raise ConfigError(problems) from None
+
+
+def validation_problems(e: ValidationError) -> list[tuple[str, str]]:
+    """A pydantic error as (key path, problem) pairs in Sluice's words (also used for annotations)."""
+    return [_format_error(dict(err)) for err in e.errors(include_url=False)]
 
 
 def load_settings(path: str | Path) -> Settings:
