@@ -207,13 +207,7 @@ async def serve(
     runtime.apply_routes(routes_from_settings(settings))
     for update in endpoints_from_settings(settings):
         runtime.apply_endpoints(update)
-    local = None
-    if settings.platform == "local":
-        from gateway.local_platform import LocalRunner
-
-        local = LocalRunner(runtime, settings)
-        await local.start()
-    elif settings.platform != "static":
+    if settings.platform not in ("static", "local"):
         log.warning(
             "platform %r has no endpoint source yet: serving the config file's endpoints",
             settings.platform,
@@ -224,6 +218,12 @@ async def serve(
     except TelemetryError as e:
         print(f"sluice: telemetry: {e}", file=sys.stderr, flush=True)
         return 2
+    local = None
+    if settings.platform == "local":
+        from gateway.local_platform import LocalRunner
+
+        local = LocalRunner(runtime, settings, tracer=telemetry.tracer)
+        await local.start()
     stop = stop or asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
