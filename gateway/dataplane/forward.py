@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, cast
 import httptools
 
 from gateway.dataplane.errors import Cause, error_response
-from gateway.dataplane.headers import rewrite_request, rewrite_response
+from gateway.dataplane.headers import request_head
 from gateway.dataplane.upstream import EndpointConnections, UpstreamConnection
 from gateway.endpoints import Endpoint
 
@@ -62,45 +62,51 @@ def _pool_of(ep: Endpoint) -> EndpointConnections:
 
 
 class Exchange:
-    __slots__ = (
-        "arrived",
-        "attempts",
-        "body_buf",
-        "body_buf_bytes",
-        "client",
-        "connect_task",
-        "continue_sent",
-        "deadline_connect",
-        "deadline_header",
-        "deadline_next",
-        "deadline_total",
-        "done",
-        "endpoint",
-        "expect_continue",
-        "has_body",
-        "headers",
-        "http11",
-        "interim",
-        "keep_alive",
-        "method",
-        "pool",
-        "req_chunked",
-        "req_done",
-        "req_sent",
-        "request_head",
-        "resp_chunked",
-        "resp_close_delimited",
-        "resp_headers",
-        "resp_reason",
-        "resp_state",
-        "resp_status",
-        "reused",
-        "service",
-        "started_at",
-        "target",
-        "upstream",
-        "wbuf",
-    )
+    """One request/response exchange.
+
+    Not slotted on purpose: most fields keep their class-level default for most requests
+    (no body, no retry, no timeout), so only the few that change are written per request.
+    """
+
+    # Request side
+    req_done = False
+    """The client's request (body included) has been fully received."""
+    req_sent = False
+    """...and fully written to the upstream."""
+    req_chunked = False
+    has_body = False
+    expect_continue = False
+    continue_sent = False
+    body_buf: list[bytes] | None = None
+    body_buf_bytes = 0
+    request_head = b""
+    # Where it goes
+    arrived = False
+    service: Service | None = None
+    endpoint: Endpoint | None = None
+    pool: EndpointConnections | None = None
+    upstream: UpstreamConnection | None = None
+    connect_task: asyncio.Task[tuple[asyncio.BaseTransport, UpstreamConnection]] | None = None
+    reused = False
+    attempts = 0
+    # Response side
+    resp_state = 0
+    """0: waiting for the head; 1: head sent (or queued) to the client."""
+    resp_status = 0
+    resp_reason = b""
+    resp_chunked = False
+    resp_close_delimited = False
+    interim = False
+    wbuf: list[bytes] | None = None
+    """Client-bound bytes produced during one upstream read, written at its end."""
+    done = False
+    # Deadlines (loop clock)
+    started_at = 0.0
+    deadline_total = 0.0
+    deadline_connect = 0.0
+    deadline_header = 0.0
+    deadline_next = INF
+    """The earliest deadline to check (the data plane sweeps active exchanges)."""
 
     def __init__(
         self,
@@ -108,50 +114,14 @@ class Exchange:
         method: bytes,
         target: bytes,
         headers: list[tuple[bytes, bytes]],
-        *,
-        keep_alive: bool,
-        http11: bool,
     ) -> None:
         self.client = client
         self.method = method
         self.target = target
         self.headers = headers
-        self.keep_alive = keep_alive
-        self.http11 = http11
-        self.done = False
-        self.arrived = False
-        self.req_done = False
-        self.req_sent = False
-        self.req_chunked = False
-        self.has_body = False
-        self.expect_continue = False
-        self.continue_sent = False
-        self.body_buf: list[bytes] | None = None
-        self.body_buf_bytes = 0
-        self.request_head = b""
-        self.service: Service | None = None
-        self.endpoint: Endpoint | None = None
-        self.pool: EndpointConnections | None = None
-        self.upstream: UpstreamConnection | None = None
-        self.connect_task: asyncio.Task[tuple[asyncio.BaseTransport, UpstreamConnection]] | None = (
-            None
-        )
-        self.reused = False
-        self.attempts = 0
-        self.resp_state = 0  # 0 waiting for the head, 1 head sent to the client
-        self.resp_status = 0
-        self.resp_reason = b""
+        self.keep_alive = True
+        self.http11 = True
         self.resp_headers: list[tuple[bytes, bytes]] = []
-        self.resp_chunked = False
-        self.resp_close_delimited = False
-        self.interim = False
-        self.started_at = 0.0
-        self.deadline_total = 0.0
-        self.deadline_connect = 0.0
-        self.deadline_header = 0.0
-        self.deadline_next = INF
-        """The earliest deadline to check (the data plane sweeps active exchanges)."""
-        self.wbuf: list[bytes] | None = None
 
     # -- 1..3: route, count, admit --------------------------------------------------------
 
@@ -163,29 +133,30 @@ class Exchange:
             path = target if q == -1 else target[:q]
         else:
             path = self._absolute_form()
-        head = rewrite_request(
-            self.method, self.target, self.headers, client.peer_ip, trusted=client.trusted
-        )
-        self.request_head = head.head
-        self.req_chunked = head.chunked
-        self.has_body = head.has_body
-        self.expect_continue = head.expect_continue
-        routing = client.dp.routing
-        name = routing.routes.match(head.host.decode("latin-1"), path.decode("latin-1"))
+        dp = client.dp
+        fields = dp.heads.request(self.headers, client.trusted)
+        self.request_head = request_head(self.method, self.target, fields, client.peer_ip)
+        if fields.has_body:
+            self.has_body = True
+            self.req_chunked = fields.chunked
+            self.expect_continue = fields.expect_continue
+        else:
+            self.req_done = True  # nothing more will come for this request
+        name = dp.route(fields.host, path)
         if name is None:
             self.reply_error(Cause.NO_ROUTE)
             return
-        service = routing.services.get(name)
+        service = dp.routing.services.get(name)
         if service is None:
             self.reply_error(Cause.UNKNOWN_SERVICE)
             return
         self.service = service
-        now = client.dp.loop.time()
+        now = dp.loop.time()
         self.started_at = now
         self.deadline_total = now + service.total_s
         service.stats.arrive(now)
         self.arrived = True
-        client.dp.active.add(self)
+        dp.active.add(self)
         # Admission (issue 4) goes here: admit now -> dispatch(); queue -> dispatch() later
         # from the slot/queue callback; reject -> reply_error(...).
         self.dispatch()
@@ -216,9 +187,12 @@ class Exchange:
             self.reply_error(Cause.NO_ENDPOINTS)
             return
         ep = service.balancer.pick(endpoints)
-        ep.acquire()
+        ep.in_flight += 1  # Endpoint.acquire(), inlined
         self.endpoint = ep
-        pool = self.pool = _pool_of(ep)
+        pool = ep.pool
+        if pool is None:
+            pool = _pool_of(ep)
+        self.pool = pool = cast(EndpointConnections, pool)
         if self.expect_continue and self.has_body and not self.req_done and not self.client.closed:
             self.client.transport.write(CONTINUE)
             self.continue_sent = True
@@ -320,6 +294,8 @@ class Exchange:
             self.client.pause(PAUSE_BUFFER)
 
     def on_request_end(self) -> None:
+        if not self.has_body:
+            return  # already known complete at the head
         self.req_done = True
         if self.done:
             return
@@ -364,14 +340,15 @@ class Exchange:
         keep_alive = self.keep_alive and not (
             self.expect_continue and self.has_body and not self.continue_sent
         )
-        head = rewrite_response(
+        dp = self.client.dp
+        head = dp.heads.response(
             status,
             self.resp_reason,
             self.resp_headers,
-            self.client.dp.date.get(),
-            http11=self.http11,
-            head_only=head_only,
-            keep_alive=keep_alive,
+            dp.date.get(),
+            self.http11,
+            head_only,
+            keep_alive,
         )
         self.keep_alive = head.keep_alive
         self.resp_state = 1

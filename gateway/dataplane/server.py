@@ -22,14 +22,19 @@ import httptools
 
 from gateway.dataplane.errors import Cause, HttpDate, error_response
 from gateway.dataplane.forward import PAUSE_BACKPRESSURE, PAUSE_BUFFER, Exchange
-from gateway.dataplane.upstream import WRITE_BUFFER_HIGH, WRITE_BUFFER_LOW
+from gateway.dataplane.headers import HeadCache
+from gateway.dataplane.upstream import WRITE_BUFFER_HIGH, WRITE_BUFFER_LOW, EndpointConnections
 from gateway.routing import RouteTable
 from gateway.service import Service
 
 log = logging.getLogger(__name__)
 
+ROUTE_CACHE_MAX = 4096
+"""Distinct (Host, path) pairs remembered per route table before the cache starts over."""
 SWEEP_S = 0.05
 """How often in-flight exchanges are checked against their deadlines (timeout precision)."""
+IDLE_SWEEP_EVERY = 20
+"""Every this many sweeps (~1 s), idle upstream connections past their idle timeout close."""
 
 
 class Routing(Protocol):
@@ -151,14 +156,11 @@ class ClientConnection(asyncio.Protocol):
         if self.closed or self.broken:
             return
         parser = self.parser
-        exchange = Exchange(
-            self,
-            parser.get_method(),
-            self.url,
-            self.headers,
-            keep_alive=parser.should_keep_alive(),
-            http11=parser.get_http_version() == "1.1",
-        )
+        exchange = Exchange(self, parser.get_method(), self.url, self.headers)
+        if not parser.should_keep_alive():
+            exchange.keep_alive = False
+        if parser.get_http_version() != "1.1":
+            exchange.http11 = False
         self.parsing = exchange
         if self.current is None:
             self.current = exchange
@@ -244,6 +246,7 @@ class DataPlane:
         self.routing = routing
         self.loop = loop or asyncio.get_running_loop()
         self.date = HttpDate()
+        self.heads = HeadCache()
         self.networks = [ipaddress.ip_network(n, strict=False) for n in trusted_proxies]
         self.connections: set[ClientConnection] = set()
         self.active: set[Exchange] = set()
@@ -252,12 +255,39 @@ class DataPlane:
         self.drained: asyncio.Event | None = None
         """Set while stopping, once no exchange is active."""
         self._sweeper: asyncio.TimerHandle | None = None
+        self._sweeps = 0
+        self._route_table: RouteTable | None = None
+        self._route_cache: dict[tuple[bytes, bytes], str | None] = {}
+
+    def route(self, host: bytes, path: bytes) -> str | None:
+        """``routes.match`` for raw header bytes, memoised per route table (swaps reset it)."""
+        table = self.routing.routes
+        cache = self._route_cache
+        if table is not self._route_table:
+            self._route_table = table
+            cache.clear()
+        key = (host, path)
+        try:
+            return cache[key]
+        except KeyError:
+            pass
+        name = table.match(host.decode("latin-1"), path.decode("latin-1"))
+        if len(cache) >= ROUTE_CACHE_MAX:
+            cache.clear()
+        cache[key] = name
+        return name
 
     def _sweep(self) -> None:
         now = self.loop.time()
         due = [ex for ex in self.active if ex.deadline_next <= now]
         for ex in due:
             ex.check(now)
+        self._sweeps += 1
+        if self._sweeps % IDLE_SWEEP_EVERY == 0:
+            for service in self.routing.services.values():
+                for ep in service.endpoints.endpoints:
+                    if isinstance(ep.pool, EndpointConnections):
+                        ep.pool.expire(now)
         self._sweeper = self.loop.call_later(SWEEP_S, self._sweep)
 
     def is_trusted(self, ip: str) -> bool:

@@ -131,6 +131,12 @@ class UpstreamConnection(asyncio.Protocol):
             self.read_paused = False
             self.transport.resume_reading()
 
+    def close(self) -> None:
+        """Close an idle connection politely (FIN); ``connection_lost`` follows."""
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
     def abort(self) -> None:
         """Drop the connection at once (never reused); ``connection_lost`` follows."""
         self.closed = True
@@ -177,6 +183,17 @@ class EndpointConnections:
         conn.idle_since = now
         self.idle.append(conn)
 
+    def expire(self, now: float) -> None:
+        """Close connections idle longer than ``IDLE_TIMEOUT_S`` (oldest are first in the list)."""
+        idle = self.idle
+        cutoff = now - IDLE_TIMEOUT_S
+        n = 0
+        while n < len(idle) and idle[n].idle_since < cutoff:
+            idle[n].close()
+            n += 1
+        if n:
+            del idle[:n]
+
     def discard(self, conn: UpstreamConnection) -> None:
         with contextlib.suppress(ValueError):
             self.idle.remove(conn)
@@ -186,7 +203,7 @@ class EndpointConnections:
         self.closed = True
         idle, self.idle = self.idle, []
         for conn in idle:
-            conn.abort()
+            conn.close()
 
     def __repr__(self) -> str:
         return f"EndpointConnections({self.address}, {len(self.idle)} idle)"
