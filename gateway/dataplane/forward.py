@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, cast
 import httptools
 
 from gateway.dataplane.errors import Cause, error_response
-from gateway.dataplane.headers import request_head
+from gateway.dataplane.headers import reason_phrase, request_head
 from gateway.dataplane.upstream import EndpointConnections, UpstreamConnection
 from gateway.endpoints import Endpoint
 
@@ -93,7 +93,6 @@ class Exchange:
     resp_state = 0
     """0: waiting for the head; 1: head sent (or queued) to the client."""
     resp_status = 0
-    resp_reason = b""
     resp_chunked = False
     resp_close_delimited = False
     interim = False
@@ -321,9 +320,6 @@ class Exchange:
 
     # -- 6: the response from the upstream --------------------------------------------------
 
-    def on_upstream_status(self, reason: bytes) -> None:
-        self.resp_reason += reason
-
     def on_upstream_headers(self, status: int) -> None:
         if self.done:
             return
@@ -333,7 +329,6 @@ class Exchange:
                 return
             self.interim = True  # 1xx (e.g. 103): not forwarded
             self.resp_headers = []
-            self.resp_reason = b""
             return
         self.resp_status = status
         head_only = self.method == b"HEAD" or status in {204, 304}
@@ -343,7 +338,7 @@ class Exchange:
         dp = self.client.dp
         head = dp.heads.response(
             status,
-            self.resp_reason,
+            reason_phrase(status),
             self.resp_headers,
             dp.date.get(),
             self.http11,
@@ -409,7 +404,6 @@ class Exchange:
                 and not self.has_body
                 and not self.interim
                 and not self.resp_headers
-                and not self.resp_reason
                 and self.method in IDEMPOTENT
             ):
                 # A pooled connection the upstream had closed: nothing was processed, try a

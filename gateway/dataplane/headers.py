@@ -17,6 +17,7 @@ Each function makes one pass over the headers with one dict lookup per field; on
 from __future__ import annotations
 
 from dataclasses import dataclass
+from http import HTTPStatus
 
 HOP_BY_HOP = frozenset(
     {
@@ -66,6 +67,14 @@ _RESPONSE_ACTIONS = {
     b"via": _VIA,
     b"date": _DATE,
 }
+
+
+_REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
+
+
+def reason_phrase(status: int) -> bytes:
+    """The standard reason phrase for ``status`` (empty for unregistered codes)."""
+    return _REASONS.get(status, b"")
 
 
 def _tokens(value: bytes) -> set[bytes]:

@@ -95,13 +95,8 @@ class UpstreamConnection(asyncio.Protocol):
 
     # -- httptools callbacks (forwarded to the bound exchange) -----------------------------
 
-    def on_message_begin(self) -> None:
-        if self.exchange is None:  # bytes nobody asked for: this connection is unusable
-            self.abort()
-
-    def on_status(self, reason: bytes) -> None:
-        if self.exchange is not None:
-            self.exchange.on_upstream_status(reason)
+    # No on_message_begin/on_status: each callback costs a Python call per response, and
+    # the reason phrase is rebuilt from the status code (RFC 9112 §4: clients ignore it).
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if self.exchange is not None:
@@ -110,6 +105,8 @@ class UpstreamConnection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         if self.exchange is not None:
             self.exchange.on_upstream_headers(self.parser.get_status_code())
+        else:  # a response nobody asked for: this connection is unusable
+            self.abort()
 
     def on_body(self, body: bytes) -> None:
         if self.exchange is not None:
