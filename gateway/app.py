@@ -138,7 +138,13 @@ async def serve(
     runtime.apply_routes(routes_from_settings(settings))
     for update in endpoints_from_settings(settings):
         runtime.apply_endpoints(update)
-    if settings.platform != "static":
+    local = None
+    if settings.platform == "local":
+        from gateway.local_platform import LocalRunner
+
+        local = LocalRunner(runtime, settings)
+        await local.start()
+    elif settings.platform != "static":
         log.warning(
             "platform %r has no endpoint source yet: serving the config file's endpoints",
             settings.platform,
@@ -155,6 +161,8 @@ async def serve(
     except OSError as e:
         print(f"sluice: cannot listen: {e}", file=sys.stderr, flush=True)
         await dataplane.stop(0)
+        if local is not None:
+            await local.stop()
         return 1
     runtime.ready = True
     # One parseable line (tests and scripts read the bound ports from it; port 0 works).
@@ -176,6 +184,8 @@ async def serve(
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.remove_signal_handler(sig)
     await dataplane.stop(SHUTDOWN_GRACE_S)
+    if local is not None:
+        await local.stop()
     await admin.stop()
     return 0
 
