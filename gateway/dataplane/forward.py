@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, cast
 import httptools
 
 from gateway.dataplane.errors import Cause, error_response
-from gateway.dataplane.headers import reason_phrase, request_head
+from gateway.dataplane.headers import request_head
 from gateway.dataplane.upstream import EndpointConnections, UpstreamConnection
 from gateway.endpoints import Endpoint
 
@@ -198,7 +198,7 @@ class Exchange:
         conn = pool.take(self.started_at)
         if conn is not None:
             self.reused = True
-            self.bind(conn)
+            self.bind(conn, self.started_at)
         else:
             self.connect()
 
@@ -231,10 +231,10 @@ class Exchange:
         if exc is not None:
             self.fail(Cause.CONNECT_FAILED)
             return
-        self.bind(task.result()[1])
+        self.bind(task.result()[1], self.client.dp.loop.time())
 
-    def bind(self, conn: UpstreamConnection) -> None:
-        """Send the request head (and any buffered body) on ``conn``."""
+    def bind(self, conn: UpstreamConnection, now: float) -> None:
+        """Send the request head (and any buffered body) on ``conn`` (``now``: loop time)."""
         conn.exchange = self
         self.upstream = conn
         client = self.client
@@ -253,17 +253,18 @@ class Exchange:
         if conn.write_paused:
             client.pause(PAUSE_BACKPRESSURE)
         if self.req_done:
-            self._request_sent()
+            self._request_sent(now)
         else:
             self._arm(self.deadline_total)
 
-    def _request_sent(self) -> None:
+    def _request_sent(self, now: float) -> None:
         self.req_sent = True
         if self.resp_state == 0:
             service = self.service
             assert service is not None
-            self.deadline_header = self.client.dp.loop.time() + service.response_header_s
-            self._arm(min(self.deadline_header, self.deadline_total))
+            deadline = self.deadline_header = now + service.response_header_s
+            total = self.deadline_total
+            self._arm(deadline if deadline < total else total)
 
     # -- request body from the client ----------------------------------------------------------
 
@@ -304,7 +305,7 @@ class Exchange:
                 transport = up.transport
                 assert transport is not None
                 transport.write(LAST_CHUNK)
-            self._request_sent()
+            self._request_sent(self.client.dp.loop.time())
         elif self.req_chunked:
             if self.body_buf is None:
                 self.body_buf = []
@@ -337,13 +338,7 @@ class Exchange:
         )
         dp = self.client.dp
         head = dp.heads.response(
-            status,
-            reason_phrase(status),
-            self.resp_headers,
-            dp.date.get(),
-            self.http11,
-            head_only,
-            keep_alive,
+            status, self.resp_headers, dp.date_value, self.http11, head_only, keep_alive
         )
         self.keep_alive = head.keep_alive
         self.resp_state = 1
@@ -461,7 +456,7 @@ class Exchange:
             client.transport.write(
                 error_response(
                     cause,
-                    client.dp.date.get(),
+                    client.dp.date_value,
                     not self.keep_alive,
                     head_only=self.method == b"HEAD",
                 )
@@ -518,7 +513,9 @@ class Exchange:
             service.stats.complete(status, latency_s, now, failed)
             ep = self.endpoint
             if ep is not None:
-                service.balancer.observe(ep, latency_s, now)
+                balancer = service.balancer
+                if balancer.uses_latency:
+                    balancer.observe(ep, latency_s, now)
                 ep.release()
         self.client.exchange_done(self)
 

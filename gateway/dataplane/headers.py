@@ -330,20 +330,19 @@ class HeadCache:
     def response(  # noqa: PLR0917  (positional on purpose: called once per response)
         self,
         status: int,
-        reason: bytes,
         headers: list[tuple[bytes, bytes]],
         date: bytes,
         http11: bool,
         head_only: bool,
         keep_alive: bool,
     ) -> ResponseHead:
-        key = (status, reason, tuple(headers), date, http11, head_only, keep_alive)
+        key = (status, tuple(headers), date, http11, head_only, keep_alive)
         cache = self._responses
         head = cache.get(key)
         if head is None:
             head = rewrite_response(
                 status,
-                reason,
+                reason_phrase(status),
                 headers,
                 date,
                 http11=http11,

@@ -224,7 +224,7 @@ class ClientConnection(asyncio.Protocol):
         self.broken = True
         current = self.current
         if current is None:
-            self.transport.write(error_response(Cause.BAD_REQUEST, self.dp.date.get(), close=True))
+            self.transport.write(error_response(Cause.BAD_REQUEST, self.dp.date_value, close=True))
             self.close()
         elif self.parsing is current:
             current.keep_alive = False
@@ -247,6 +247,8 @@ class DataPlane:
         self.routing = routing
         self.loop = loop or asyncio.get_running_loop()
         self.date = HttpDate()
+        self.date_value = self.date.get()
+        """The ``Date`` header value, refreshed by the sweep (every ``SWEEP_S``)."""
         self.heads = HeadCache()
         self.networks = [ipaddress.ip_network(n, strict=False) for n in trusted_proxies]
         self.connections: set[ClientConnection] = set()
@@ -279,6 +281,7 @@ class DataPlane:
         return name
 
     def _sweep(self) -> None:
+        self.date_value = self.date.get()
         now = self.loop.time()
         due = [ex for ex in self.active if ex.deadline_next <= now]
         for ex in due:
