@@ -11,7 +11,6 @@
 
 Each function makes one pass over the headers with one dict lookup per field; only when a
 ``Connection`` header names extra fields does it take a second pass to drop them.
-:class:`HeadCache` memoises both directions per distinct header set.
 """
 
 from __future__ import annotations
@@ -46,6 +45,8 @@ _XFF = 7
 _XFP = 8
 _XFH = 9
 _DATE = 10
+_TRACEPARENT = 11
+_TRACESTATE = 12
 
 _REQUEST_ACTIONS = {
     **dict.fromkeys(HOP_BY_HOP, _DROP),
@@ -58,6 +59,8 @@ _REQUEST_ACTIONS = {
     b"x-forwarded-for": _XFF,
     b"x-forwarded-proto": _XFP,
     b"x-forwarded-host": _XFH,
+    b"traceparent": _TRACEPARENT,
+    b"tracestate": _TRACESTATE,
 }
 _RESPONSE_ACTIONS = {
     **dict.fromkeys(HOP_BY_HOP, _DROP),
@@ -94,6 +97,23 @@ def _is_chunked(value: bytes) -> bool:
     return value.rsplit(b",", 1)[-1].strip().lower() == b"chunked"
 
 
+@dataclass(slots=True)
+class RequestHead:
+    """The rewritten request head plus what the data plane needs to know about the request."""
+
+    head: bytes
+    host: bytes
+    expect_continue: bool
+    chunked: bool
+    """The client sent a chunked body (it is forwarded chunked)."""
+    has_body: bool
+    """The request has a body (chunked, or a Content-Length above 0)."""
+    traceparent: bytes | None = None
+    """The client's W3C ``traceparent`` (forwarded as is; b"" when it sent several: invalid)."""
+    tracestate: bytes | None = None
+    """The client's ``tracestate`` fields joined with ',' (forwarded as is)."""
+
+
 @dataclass(frozen=True, slots=True)
 class RequestFields:
     """The part of a rewritten request head that depends only on its header fields.
@@ -108,9 +128,9 @@ class RequestFields:
     host: bytes
     expect_continue: bool
     chunked: bool
-    """The client sent a chunked body (it is forwarded chunked)."""
     has_body: bool
-    """The request has a body (chunked, or a Content-Length above 0)."""
+    traceparent: bytes | None
+    tracestate: bytes | None
 
 
 def request_fields(
@@ -124,6 +144,8 @@ def request_fields(
     out: list[bytes] = []
     host = via = xff = xfp = xfh = b""
     expect_continue = chunked = has_body = False
+    traceparent: bytes | None = None
+    tracestate: bytes | None = None
     named: set[bytes] | None = None
     actions = _REQUEST_ACTIONS
     for name, value in headers:
@@ -154,6 +176,14 @@ def request_fields(
             if value.strip().lower() == b"100-continue":
                 expect_continue = True  # answered by the gateway; not forwarded
                 continue
+        elif action == _TRACEPARENT:
+            traceparent = value if traceparent is None else b""
+            if drop and lname in drop:
+                continue  # sampled: replaced by the gateway's own (see forward.py)
+        elif action == _TRACESTATE:
+            tracestate = value if tracestate is None else tracestate + b"," + value
+            if drop and lname in drop:
+                continue
         elif not trusted:
             continue  # X-Forwarded-* from an untrusted peer: replaced below
         elif action == _XFF:
@@ -175,13 +205,22 @@ def request_fields(
     if xfh or host:
         out += (b"X-Forwarded-Host: ", xfh or host, CRLF)
     return RequestFields(
-        b"".join(out), xff + b", " if xff else b"", host, expect_continue, chunked, has_body
+        b"".join(out),
+        xff + b", " if xff else b"",
+        host,
+        expect_continue,
+        chunked,
+        has_body,
+        traceparent,
+        tracestate,
     )
 
 
-def request_head(method: bytes, target: bytes, fields: RequestFields, peer_ip: bytes) -> bytes:
-    """The whole head to send upstream (``target`` in origin-form)."""
-    return b"".join(
+def request_head(
+    method: bytes, target: bytes, fields: RequestFields, peer_ip: bytes
+) -> RequestHead:
+    """The whole head to send upstream (``target`` in origin-form) and what it says."""
+    head = b"".join(
         (
             method,
             b" ",
@@ -194,6 +233,15 @@ def request_head(method: bytes, target: bytes, fields: RequestFields, peer_ip: b
             b"\r\n\r\n",
         )
     )
+    return RequestHead(
+        head,
+        fields.host,
+        fields.expect_continue,
+        fields.chunked,
+        fields.has_body,
+        fields.traceparent,
+        fields.tracestate,
+    )
 
 
 def rewrite_request(
@@ -204,10 +252,11 @@ def rewrite_request(
     *,
     trusted: bool,
     proto: bytes = b"http",
-) -> tuple[bytes, RequestFields]:
-    """(head to send upstream, what was learned about the request) without caching."""
-    fields = request_fields(headers, trusted=trusted, proto=proto)
-    return request_head(method, target, fields, peer_ip), fields
+    drop: frozenset[bytes] | set[bytes] = frozenset(),
+) -> RequestHead:
+    """The head to send upstream for a client request (``target`` in origin-form)."""
+    fields = request_fields(headers, trusted=trusted, proto=proto, drop=drop)
+    return request_head(method, target, fields, peer_ip)
 
 
 @dataclass(frozen=True, slots=True)
@@ -303,8 +352,9 @@ class HeadCache:
 
     Clients and upstreams repeat the same header sets (a keep-alive session, one upstream's
     responses within a second), so most heads cost a tuple hash and a dict lookup instead
-    of a pass over every field.  Keys hold the whole input, so a hit is exactly what the
-    pure functions would return.
+    of a pass over every field.  Keys hold the whole input (the request line and the
+    peer's address are added per request), so a hit is exactly what the pure functions
+    would return.
     """
 
     __slots__ = ("_requests", "_responses", "max_entries")
@@ -314,18 +364,24 @@ class HeadCache:
         self._requests: dict[tuple[object, ...], RequestFields] = {}
         self._responses: dict[tuple[object, ...], ResponseHead] = {}
 
-    def request(
-        self, headers: list[tuple[bytes, bytes]], trusted: bool, proto: bytes = b"http"
-    ) -> RequestFields:
-        key = (tuple(headers), trusted, proto)
+    def request(  # noqa: PLR0917  (positional on purpose: called once per request)
+        self,
+        method: bytes,
+        target: bytes,
+        headers: list[tuple[bytes, bytes]],
+        peer_ip: bytes,
+        trusted: bool,
+        drop: frozenset[bytes] | set[bytes] = frozenset(),
+    ) -> RequestHead:
+        key = (tuple(headers), trusted, frozenset(drop) if drop else None)
         cache = self._requests
         fields = cache.get(key)
         if fields is None:
-            fields = request_fields(headers, trusted=trusted, proto=proto)
+            fields = request_fields(headers, trusted=trusted, drop=drop)
             if len(cache) >= self.max_entries:
                 cache.clear()
             cache[key] = fields
-        return fields
+        return request_head(method, target, fields, peer_ip)
 
     def response(  # noqa: PLR0917  (positional on purpose: called once per response)
         self,

@@ -31,8 +31,8 @@ def names(fields: list[tuple[str, str]]) -> list[str]:
 def request(
     headers: H, trusted: bool = False, peer: bytes = b"192.0.2.9"
 ) -> tuple[bytes, list[tuple[str, str]]]:
-    head, _ = rewrite_request(b"GET", b"/p?q=1", headers, peer, trusted=trusted)
-    return parse(head)
+    head = rewrite_request(b"GET", b"/p?q=1", headers, peer, trusted=trusted)
+    return parse(head.head)
 
 
 HOP = [
@@ -75,15 +75,15 @@ def test_a_field_named_by_connection_before_it_appears_is_dropped_too() -> None:
 
 
 def test_request_reports_body_and_framing() -> None:
-    _, f = rewrite_request(b"POST", b"/", [(b"Content-Length", b"5")], b"1.2.3.4", trusted=False)
+    f = rewrite_request(b"POST", b"/", [(b"Content-Length", b"5")], b"1.2.3.4", trusted=False)
     assert (f.has_body, f.chunked, f.expect_continue) == (True, False, False)
-    _, f = rewrite_request(b"POST", b"/", [(b"Content-Length", b"0")], b"1.2.3.4", trusted=False)
+    f = rewrite_request(b"POST", b"/", [(b"Content-Length", b"0")], b"1.2.3.4", trusted=False)
     assert f.has_body is False
-    _, f = rewrite_request(
+    f = rewrite_request(
         b"POST", b"/", [(b"Transfer-Encoding", b"gzip, chunked")], b"1.2.3.4", trusted=False
     )
     assert (f.has_body, f.chunked) == (True, True)
-    head, f = rewrite_request(
+    f = rewrite_request(
         b"POST",
         b"/",
         [(b"Expect", b"100-Continue"), (b"Content-Length", b"3")],
@@ -91,7 +91,7 @@ def test_request_reports_body_and_framing() -> None:
         trusted=False,
     )
     assert f.expect_continue is True
-    assert b"expect" not in head.lower()
+    assert b"expect" not in f.head.lower()
 
 
 def test_via_is_appended() -> None:
@@ -243,22 +243,26 @@ def test_head_cache_returns_what_the_pure_functions_return() -> None:
         (b"X-Forwarded-For", b"1.1.1.1"),
         (b"Connection", b"x-a"),
         (b"X-A", b"1"),
+        (b"traceparent", b"00-" + b"1" * 32 + b"-" + b"2" * 16 + b"-01"),
     ]
-    for trusted in (False, True, False):
-        fields = cache.request(list(headers), trusted)
-        assert fields == request_fields(headers, trusted=trusted)
-        assert cache.request(list(headers), trusted) is fields  # a hit
     peer = b"10.0.0.1"
-    assert (
-        request_head(b"GET", b"/", cache.request(headers, True), peer)
-        == rewrite_request(b"GET", b"/", headers, peer, trusted=True)[0]
-    )
+    for trusted in (False, True, False):
+        for drop in (frozenset(), frozenset({b"traceparent"})):
+            got = cache.request(b"GET", b"/x", list(headers), peer, trusted, drop)
+            want = rewrite_request(b"GET", b"/x", headers, peer, trusted=trusted, drop=drop)
+            assert got == want
+    key_count = len(cache._requests)
+    cache.request(b"POST", b"/y", list(headers), b"10.9.9.9", True)  # same fields: a hit
+    assert len(cache._requests) == key_count
+    assert request_head(
+        b"GET", b"/", request_fields(headers, trusted=True), peer
+    ) == rewrite_request(b"GET", b"/", headers, peer, trusted=True)
     resp = [(b"Content-Length", b"2"), (b"Date", b"D")]
-    got = cache.response(200, list(resp), b"NOW", True, False, True)
-    assert got == rewrite_response(
+    got_resp = cache.response(200, list(resp), b"NOW", True, False, True)
+    assert got_resp == rewrite_response(
         200, b"OK", resp, b"NOW", http11=True, head_only=False, keep_alive=True
     )
-    assert cache.response(200, list(resp), b"NOW", False, False, True).head != got.head
+    assert cache.response(200, list(resp), b"NOW", False, False, True).head != got_resp.head
     for i in range(10):  # bounded: it starts over instead of growing
-        cache.request([(b"X-N", str(i).encode())], False)
+        cache.request(b"GET", b"/", [(b"X-N", str(i).encode())], peer, False)
     assert len(cache._requests) <= 4
