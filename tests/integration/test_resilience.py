@@ -138,7 +138,7 @@ def test_refused_connection_is_502(tmp_path: Path) -> None:
 
 
 def test_reset_before_response_is_502(ups: list[Upstream], tmp_path: Path) -> None:
-    with FaultyProxy(target(ups[0]), Fault.REFUSE) as proxy:
+    with FaultyProxy(target(ups[0]), Fault.RESET_AFTER_REQUEST) as proxy:
         cfg = service([proxy.address])
         with gateway(cfg, tmp_path / "s.yaml") as g, httpx.Client(base_url=g.url, timeout=30) as c:
             r = c.get("/echo")

@@ -11,8 +11,7 @@ connection, applies the fault that is set at accept time:
 * ``DELAY`` — hold the upstream's response for ``delay_s`` before forwarding it;
 * ``BLACKHOLE`` — accept and read the request, never answer, never close;
 * ``REFUSE`` — reset the connection at once (RST), nothing read;
-* ``RESET_AFTER_REQUEST`` — read what the client sends first (its request), then RST
-  without answering: the request certainly left the client;
+* ``RESET_AFTER_REQUEST`` — read the request head (it reached the upstream), then RST;
 * ``RESET_MID_BODY`` — forward the response's first ``after_bytes`` bytes, then RST;
 * ``TRUNCATE`` — forward the first ``after_bytes`` response bytes, then a clean close (FIN);
 * ``BAD_FRAMING`` — answer the request itself with ``bad_response`` (malformed framing).
@@ -124,7 +123,12 @@ class FaultyProxy:
             _rst(writer)
             return
         if fault is Fault.RESET_AFTER_REQUEST:
-            data = await reader.read(65536)
+            data = b""
+            while b"\r\n\r\n" not in data:
+                chunk = await reader.read(65536)
+                if not chunk:
+                    return
+                data += chunk
             self.received.append(data)
             _rst(writer)
             return
