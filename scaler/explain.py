@@ -91,9 +91,6 @@ class TickView:
     _flows: dict[str, str] | None = None
     _kpa_pos: dict[int, int] | None = None
 
-    def source(self, i: int) -> _Explained:
-        return _Explained(self, i)
-
     def flows(self) -> dict[str, str]:
         """Who lends to / borrows from / reclaims from / gives back to whom (computed once)."""
         if self._flows is None:
@@ -210,19 +207,3 @@ class TickView:
         if not np.isnan(self.throttled[i]):
             out["cpu_throttled_s_per_s"] = float(self.throttled[i])
         return out
-
-
-class _Explained:
-    """A decision's pointer into its tick's view (see ``Decision.explained``)."""
-
-    __slots__ = ("i", "view")
-
-    def __init__(self, view: TickView, i: int) -> None:
-        self.view = view
-        self.i = i
-
-    def render(self) -> tuple[str, ...]:
-        return self.view.render(self.i)
-
-    def inputs(self) -> dict[str, float]:
-        return self.view.inputs(self.i)
