@@ -25,6 +25,9 @@ class ServiceState:
     """CPU limit currently in force per replica."""
     resize_blocked: bool = False
     """True when an in-place CPU change cannot be applied now (e.g. PodResizePending Infeasible)."""
+    cpu_limits_applied: bool = True
+    """False when the platform cannot enforce CPU limits at all (e.g. no writable cgroup): CPU per
+    replica is then what was decided, not what is enforced."""
 
 
 class Explanation:

@@ -1,0 +1,98 @@
+"""The data plane's error causes and the short responses the gateway sends for them.
+
+Each cause maps to one status and a ``Sluice-Error`` header value that names it, so a
+client (or an operator reading logs) can tell a gateway error from an upstream's own::
+
+    404 no-route                  no route matches the host and path (and no default backend)
+    503 unknown-service           the route names a service the gateway does not know
+    503 no-endpoints              the service has no ready endpoint
+    502 upstream-connect-failed   connecting to the endpoint failed (refused, unreachable)
+    504 upstream-connect-timeout  connecting took longer than timeouts.connect_s
+    502 upstream-reset            the upstream closed or reset the connection before a response
+    502 upstream-bad-response     the upstream's response could not be parsed
+    504 upstream-header-timeout   no response head within timeouts.response_header_s
+    504 upstream-timeout          the exchange took longer than timeouts.total_s
+    400 bad-request               the client's request could not be parsed
+
+Once a response head has been sent, an error can no longer change the status: the client
+connection is closed without completing the body (never a silently truncated response).
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from email.utils import formatdate
+
+
+class Cause(enum.Enum):
+    NO_ROUTE = (404, "no-route", "no route for this host and path")
+    UNKNOWN_SERVICE = (503, "unknown-service", "the route's service is not known")
+    NO_ENDPOINTS = (503, "no-endpoints", "no ready endpoint for this service")
+    CONNECT_FAILED = (502, "upstream-connect-failed", "could not connect to the upstream")
+    CONNECT_TIMEOUT = (504, "upstream-connect-timeout", "connecting to the upstream timed out")
+    RESET = (502, "upstream-reset", "the upstream closed the connection before responding")
+    BAD_RESPONSE = (502, "upstream-bad-response", "the upstream sent a malformed response")
+    HEADER_TIMEOUT = (504, "upstream-header-timeout", "the upstream did not respond in time")
+    TOTAL_TIMEOUT = (504, "upstream-timeout", "the upstream exchange took too long")
+    BAD_REQUEST = (400, "bad-request", "malformed request")
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+class ProxyError(Exception):
+    """An exchange failed for ``cause`` (raised where a failure is detected, mapped at the edge)."""
+
+    def __init__(self, cause: Cause, detail: str = "") -> None:
+        super().__init__(f"{cause.code}: {detail}" if detail else cause.code)
+        self.cause = cause
+
+
+_REASONS = {
+    400: b"Bad Request",
+    404: b"Not Found",
+    502: b"Bad Gateway",
+    503: b"Service Unavailable",
+    504: b"Gateway Timeout",
+}
+
+
+def _prebuild(cause: Cause) -> tuple[bytes, bytes]:
+    body = cause.message.encode() + b"\n"
+    before_date = (
+        b"HTTP/1.1 %d %s\r\nServer: sluice\r\nContent-Type: text/plain; charset=utf-8\r\n"
+        b"Content-Length: %d\r\nSluice-Error: %s\r\nDate: "
+        % (cause.status, _REASONS[cause.status], len(body), cause.code.encode())
+    )
+    return before_date, body
+
+
+_PREBUILT = {cause: _prebuild(cause) for cause in Cause}
+
+
+class HttpDate:
+    """The ``Date`` header value, formatted at most once per second (wall clock, for HTTP only)."""
+
+    __slots__ = ("_sec", "_value")
+
+    def __init__(self) -> None:
+        self._sec = -1
+        self._value = b""
+
+    def get(self) -> bytes:
+        now = time.time()
+        sec = int(now)
+        if sec != self._sec:
+            self._sec = sec
+            self._value = formatdate(now, usegmt=True).encode()
+        return self._value
+
+
+def error_response(cause: Cause, date: bytes, close: bool, head_only: bool = False) -> bytes:
+    """The whole response for ``cause`` (``Connection: close`` when the connection ends)."""
+    before_date, body = _PREBUILT[cause]
+    tail = b"\r\nConnection: close\r\n\r\n" if close else b"\r\n\r\n"
+    return before_date + date + tail + (b"" if head_only else body)

@@ -1,0 +1,556 @@
+"""One request end to end: route, pick, forward, stream back, record (DESIGN seam 5).
+
+An :class:`Exchange` is a small callback-driven state machine — no coroutine per request.
+The client connection feeds it the request (head, body chunks, end); the bound upstream
+connection feeds it the response.  Bodies stream both ways with flow control: a full
+upstream write buffer pauses reading from the client, a full client write buffer pauses
+reading from the upstream, so memory stays flat whatever the body size.
+
+Per-request flow (the numbered steps are where later features plug in, see
+docs/dataplane.md)::
+
+    start()      1 route lookup (RouteTable.match)  -> 404 no-route / 503 unknown-service
+                 2 stats.arrive                     [tracing: SERVER span starts]
+                 3 admission (issue 4)              -> may defer dispatch() or reject
+    dispatch()   4 balancer pick                    -> 503 no-endpoints
+                 5 upstream connection (pool / connect) [tracing: CLIENT span per attempt]
+    on_upstream_*   6 stream the response back
+    _finish()    7 stats.complete, balancer.observe, endpoint release, pool return
+                                                    [tracing: spans end]
+
+Timeouts (connect_s, response_header_s, total_s of the service) cost no timer per
+request: an exchange records its nearest deadline and the data plane's sweep (every
+``SWEEP_S``) calls :meth:`Exchange.check` on those due, so a timeout fires at most one
+sweep interval late.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, cast
+
+import httptools
+
+from gateway.dataplane.errors import Cause, error_response
+from gateway.dataplane.headers import rewrite_request, rewrite_response
+from gateway.dataplane.upstream import EndpointConnections, UpstreamConnection
+from gateway.endpoints import Endpoint
+
+if TYPE_CHECKING:
+    import asyncio
+
+    from gateway.dataplane.server import ClientConnection
+    from gateway.service import Service
+
+CRLF = b"\r\n"
+LAST_CHUNK = b"0\r\n\r\n"
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+BUFFER_LIMIT = 64 * 1024
+"""Request body buffered while no upstream connection is bound, before client reads pause."""
+INF = float("inf")
+IDEMPOTENT = frozenset({b"GET", b"HEAD", b"OPTIONS", b"TRACE", b"PUT", b"DELETE"})
+
+# Client-reading pause reasons (bits), see ClientConnection.pause.
+PAUSE_BUFFER = 1
+PAUSE_BACKPRESSURE = 2
+
+
+def _pool_of(ep: Endpoint) -> EndpointConnections:
+    pool = ep.pool
+    if pool is None:
+        pool = ep.pool = EndpointConnections(ep.host, ep.port, ep.address)
+    return cast(EndpointConnections, pool)
+
+
+class Exchange:
+    __slots__ = (
+        "arrived",
+        "attempts",
+        "body_buf",
+        "body_buf_bytes",
+        "client",
+        "connect_task",
+        "continue_sent",
+        "deadline_connect",
+        "deadline_header",
+        "deadline_next",
+        "deadline_total",
+        "done",
+        "endpoint",
+        "expect_continue",
+        "has_body",
+        "headers",
+        "http11",
+        "interim",
+        "keep_alive",
+        "method",
+        "pool",
+        "req_chunked",
+        "req_done",
+        "req_sent",
+        "request_head",
+        "resp_chunked",
+        "resp_close_delimited",
+        "resp_headers",
+        "resp_reason",
+        "resp_state",
+        "resp_status",
+        "reused",
+        "service",
+        "started_at",
+        "target",
+        "upstream",
+        "wbuf",
+    )
+
+    def __init__(
+        self,
+        client: ClientConnection,
+        method: bytes,
+        target: bytes,
+        headers: list[tuple[bytes, bytes]],
+        *,
+        keep_alive: bool,
+        http11: bool,
+    ) -> None:
+        self.client = client
+        self.method = method
+        self.target = target
+        self.headers = headers
+        self.keep_alive = keep_alive
+        self.http11 = http11
+        self.done = False
+        self.arrived = False
+        self.req_done = False
+        self.req_sent = False
+        self.req_chunked = False
+        self.has_body = False
+        self.expect_continue = False
+        self.continue_sent = False
+        self.body_buf: list[bytes] | None = None
+        self.body_buf_bytes = 0
+        self.request_head = b""
+        self.service: Service | None = None
+        self.endpoint: Endpoint | None = None
+        self.pool: EndpointConnections | None = None
+        self.upstream: UpstreamConnection | None = None
+        self.connect_task: asyncio.Task[tuple[asyncio.BaseTransport, UpstreamConnection]] | None = (
+            None
+        )
+        self.reused = False
+        self.attempts = 0
+        self.resp_state = 0  # 0 waiting for the head, 1 head sent to the client
+        self.resp_status = 0
+        self.resp_reason = b""
+        self.resp_headers: list[tuple[bytes, bytes]] = []
+        self.resp_chunked = False
+        self.resp_close_delimited = False
+        self.interim = False
+        self.started_at = 0.0
+        self.deadline_total = 0.0
+        self.deadline_connect = 0.0
+        self.deadline_header = 0.0
+        self.deadline_next = INF
+        """The earliest deadline to check (the data plane sweeps active exchanges)."""
+        self.wbuf: list[bytes] | None = None
+
+    # -- 1..3: route, count, admit --------------------------------------------------------
+
+    def start(self) -> None:
+        client = self.client
+        target = self.target
+        if target[:1] == b"/":
+            q = target.find(b"?")
+            path = target if q == -1 else target[:q]
+        else:
+            path = self._absolute_form()
+        head = rewrite_request(
+            self.method, self.target, self.headers, client.peer_ip, trusted=client.trusted
+        )
+        self.request_head = head.head
+        self.req_chunked = head.chunked
+        self.has_body = head.has_body
+        self.expect_continue = head.expect_continue
+        routing = client.dp.routing
+        name = routing.routes.match(head.host.decode("latin-1"), path.decode("latin-1"))
+        if name is None:
+            self.reply_error(Cause.NO_ROUTE)
+            return
+        service = routing.services.get(name)
+        if service is None:
+            self.reply_error(Cause.UNKNOWN_SERVICE)
+            return
+        self.service = service
+        now = client.dp.loop.time()
+        self.started_at = now
+        self.deadline_total = now + service.total_s
+        service.stats.arrive(now)
+        self.arrived = True
+        client.dp.active.add(self)
+        # Admission (issue 4) goes here: admit now -> dispatch(); queue -> dispatch() later
+        # from the slot/queue callback; reject -> reply_error(...).
+        self.dispatch()
+
+    def _absolute_form(self) -> bytes:
+        """Absolute-form target (``http://host/path``): route by its authority, forward origin-form."""
+        if self.target == b"*":
+            return b"*"
+        try:
+            url = httptools.parse_url(self.target)
+        except httptools.HttpParserInvalidURLError:
+            return self.target
+        path = url.path or b"/"
+        self.target = path + (b"?" + url.query if url.query else b"")
+        if url.host:
+            authority = url.host + (b":%d" % url.port if url.port else b"")
+            self.headers = [(n, v) for n, v in self.headers if n.lower() != b"host"]
+            self.headers.append((b"Host", authority))
+        return path
+
+    # -- 4..5: pick and connect -------------------------------------------------------------
+
+    def dispatch(self) -> None:
+        service = self.service
+        assert service is not None
+        endpoints = service.endpoints.routable
+        if not endpoints:
+            self.reply_error(Cause.NO_ENDPOINTS)
+            return
+        ep = service.balancer.pick(endpoints)
+        ep.acquire()
+        self.endpoint = ep
+        pool = self.pool = _pool_of(ep)
+        if self.expect_continue and self.has_body and not self.req_done and not self.client.closed:
+            self.client.transport.write(CONTINUE)
+            self.continue_sent = True
+        conn = pool.take(self.started_at)
+        if conn is not None:
+            self.reused = True
+            self.bind(conn)
+        else:
+            self.connect()
+
+    def connect(self) -> None:
+        pool = self.pool
+        service = self.service
+        assert pool is not None and service is not None
+        loop = self.client.dp.loop
+        self.reused = False
+        self.attempts += 1
+        task = loop.create_task(
+            loop.create_connection(lambda: UpstreamConnection(pool), pool.host, pool.port)
+        )
+        self.connect_task = task
+        task.add_done_callback(self._connected)
+        self.deadline_connect = loop.time() + service.connect_s
+        self._arm(min(self.deadline_connect, self.deadline_total))
+
+    def _connected(
+        self, task: asyncio.Task[tuple[asyncio.BaseTransport, UpstreamConnection]]
+    ) -> None:
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if self.connect_task is not task:  # timed out or the client left meanwhile
+            if exc is None:
+                task.result()[1].abort()
+            return
+        self.connect_task = None
+        if exc is not None:
+            self.fail(Cause.CONNECT_FAILED)
+            return
+        self.bind(task.result()[1])
+
+    def bind(self, conn: UpstreamConnection) -> None:
+        """Send the request head (and any buffered body) on ``conn``."""
+        conn.exchange = self
+        self.upstream = conn
+        client = self.client
+        if client.write_paused:
+            conn.pause_reading()
+        transport = conn.transport
+        assert transport is not None
+        buf = self.body_buf
+        if buf:
+            transport.writelines([self.request_head, *buf])
+            self.body_buf = None
+            self.body_buf_bytes = 0
+            client.unpause(PAUSE_BUFFER)
+        else:
+            transport.write(self.request_head)
+        if conn.write_paused:
+            client.pause(PAUSE_BACKPRESSURE)
+        if self.req_done:
+            self._request_sent()
+        else:
+            self._arm(self.deadline_total)
+
+    def _request_sent(self) -> None:
+        self.req_sent = True
+        if self.resp_state == 0:
+            service = self.service
+            assert service is not None
+            self.deadline_header = self.client.dp.loop.time() + service.response_header_s
+            self._arm(min(self.deadline_header, self.deadline_total))
+
+    # -- request body from the client ----------------------------------------------------------
+
+    def on_request_body(self, body: bytes) -> None:
+        if self.done:
+            return  # the exchange ended early: the rest of the body is read and dropped
+        up = self.upstream
+        if up is not None:
+            if up.closed:
+                return  # connection_lost is on its way and ends the exchange
+            transport = up.transport
+            assert transport is not None
+            if self.req_chunked:
+                transport.writelines((b"%x\r\n" % len(body), body, CRLF))
+            else:
+                transport.write(body)
+            return
+        buf = self.body_buf
+        if buf is None:
+            buf = self.body_buf = []
+        if self.req_chunked:
+            buf += (b"%x\r\n" % len(body), body, CRLF)
+        else:
+            buf.append(body)
+        self.body_buf_bytes += len(body)
+        if self.body_buf_bytes > BUFFER_LIMIT:
+            self.client.pause(PAUSE_BUFFER)
+
+    def on_request_end(self) -> None:
+        self.req_done = True
+        if self.done:
+            return
+        up = self.upstream
+        if up is not None and not up.closed:
+            if self.req_chunked:
+                transport = up.transport
+                assert transport is not None
+                transport.write(LAST_CHUNK)
+            self._request_sent()
+        elif self.req_chunked:
+            if self.body_buf is None:
+                self.body_buf = []
+            self.body_buf.append(LAST_CHUNK)
+
+    # -- flow control ---------------------------------------------------------------------
+
+    def upstream_write_paused(self) -> None:
+        self.client.pause(PAUSE_BACKPRESSURE)
+
+    def upstream_write_resumed(self) -> None:
+        self.client.unpause(PAUSE_BACKPRESSURE)
+
+    # -- 6: the response from the upstream --------------------------------------------------
+
+    def on_upstream_status(self, reason: bytes) -> None:
+        self.resp_reason += reason
+
+    def on_upstream_headers(self, status: int) -> None:
+        if self.done:
+            return
+        if status < 200:
+            if status == 101:  # we never forward Upgrade, so a switch is a broken upstream
+                self.upstream_bad_response()
+                return
+            self.interim = True  # 1xx (e.g. 103): not forwarded
+            self.resp_headers = []
+            self.resp_reason = b""
+            return
+        self.resp_status = status
+        head_only = self.method == b"HEAD" or status in {204, 304}
+        keep_alive = self.keep_alive and not (
+            self.expect_continue and self.has_body and not self.continue_sent
+        )
+        head = rewrite_response(
+            status,
+            self.resp_reason,
+            self.resp_headers,
+            self.client.dp.date.get(),
+            http11=self.http11,
+            head_only=head_only,
+            keep_alive=keep_alive,
+        )
+        self.keep_alive = head.keep_alive
+        self.resp_state = 1
+        self.resp_chunked = head.chunked
+        self.resp_close_delimited = head.close_delimited
+        # Held until the end of this read so head and body leave in one write.
+        self.wbuf = [head.head]
+        if self.method == b"HEAD":
+            # httptools cannot be told a HEAD response has no body: finish here and do not
+            # reuse the connection (its parser would wait for the announced body).
+            self._finish(status)
+
+    def on_upstream_body(self, body: bytes) -> None:
+        if self.done or self.interim:
+            return
+        wbuf = self.wbuf
+        if wbuf is None:
+            wbuf = self.wbuf = []
+        if self.resp_chunked:
+            wbuf += (b"%x\r\n" % len(body), body, CRLF)
+        else:
+            wbuf.append(body)
+
+    def flush(self) -> None:
+        """Write what this read produced for the client (called after each upstream read)."""
+        wbuf = self.wbuf
+        if wbuf:
+            self.wbuf = None
+            if not self.client.closed:
+                self.client.transport.writelines(wbuf)
+
+    def on_upstream_complete(self) -> None:
+        if self.interim:
+            self.interim = False
+            return
+        if self.done:
+            return
+        if self.resp_chunked:
+            self.on_upstream_body_end()
+        up = self.upstream
+        reusable = up is not None and self.req_sent and up.parser.should_keep_alive()
+        self._finish(self.resp_status, reusable=reusable)
+
+    def on_upstream_body_end(self) -> None:
+        if self.wbuf is None:
+            self.wbuf = []
+        self.wbuf.append(LAST_CHUNK)
+
+    def upstream_lost(self) -> None:
+        """The bound upstream connection closed or was reset."""
+        if self.done:
+            return
+        self.upstream = None
+        if self.resp_state == 0:
+            if (
+                self.reused
+                and self.attempts == 0
+                and not self.has_body
+                and not self.interim
+                and not self.resp_headers
+                and not self.resp_reason
+                and self.method in IDEMPOTENT
+            ):
+                # A pooled connection the upstream had closed: nothing was processed, try a
+                # fresh connection to the same endpoint once.
+                self.req_sent = False
+                self.connect()
+                return
+            self.fail(Cause.RESET)
+        elif self.resp_close_delimited:
+            if self.resp_chunked:
+                self.on_upstream_body_end()
+            self._finish(self.resp_status)
+        else:
+            self.fail(Cause.RESET)  # truncated: the client connection is aborted
+
+    def upstream_bad_response(self) -> None:
+        if not self.done:
+            self.fail(Cause.BAD_RESPONSE)
+
+    # -- timers ---------------------------------------------------------------------------
+
+    def _arm(self, deadline: float) -> None:
+        """Be checked at ``deadline`` at the latest (the data plane's sweep calls ``check``)."""
+        self.deadline_next = min(self.deadline_next, deadline)
+
+    def check(self, now: float) -> None:
+        """A deadline passed: fail with the timeout that expired, or wait for the next one."""
+        self.deadline_next = INF
+        if self.done:
+            return
+        if now >= self.deadline_total:
+            self.fail(Cause.TOTAL_TIMEOUT)
+            return
+        deadline = self.deadline_total
+        if self.connect_task is not None:
+            if now >= self.deadline_connect:
+                self.fail(Cause.CONNECT_TIMEOUT)
+                return
+            deadline = min(deadline, self.deadline_connect)
+        elif self.resp_state == 0 and self.req_sent:
+            if now >= self.deadline_header:
+                self.fail(Cause.HEADER_TIMEOUT)
+                return
+            deadline = min(deadline, self.deadline_header)
+        self._arm(deadline)
+
+    # -- 7: endings -----------------------------------------------------------------------
+
+    def reply_error(self, cause: Cause) -> None:
+        """Answer with the gateway's own error response (nothing was sent to the client yet)."""
+        if self.expect_continue and self.has_body and not self.continue_sent and not self.req_done:
+            self.keep_alive = False  # the client may or may not send the body now
+        client = self.client
+        if not client.closed:
+            client.transport.write(
+                error_response(
+                    cause,
+                    client.dp.date.get(),
+                    not self.keep_alive,
+                    head_only=self.method == b"HEAD",
+                )
+            )
+        self.resp_state = 1
+        self._finish(cause.status, failed=cause.status >= 500)
+
+    def fail(self, cause: Cause) -> None:
+        if self.done:
+            return
+        if self.resp_state == 0:
+            self.reply_error(cause)
+            return
+        # The head is out: the status cannot change.  End the client connection without
+        # completing the body, so the truncation is visible.
+        self.keep_alive = False
+        self._finish(self.resp_status, failed=True)
+        self.client.abort()
+
+    def client_gone(self) -> None:
+        """The client disconnected: cancel the upstream request (its connection is not reused)."""
+        if self.done:
+            return
+        self.keep_alive = False
+        self._finish(499)
+
+    def _finish(self, status: int, failed: bool = False, reusable: bool = False) -> None:
+        self.done = True
+        if self.wbuf:
+            self.flush()
+        dp = self.client.dp
+        active = dp.active
+        active.discard(self)
+        if not active and dp.drained is not None:
+            dp.drained.set()
+        task = self.connect_task
+        if task is not None:
+            self.connect_task = None
+            task.cancel()
+        loop = self.client.dp.loop
+        now = loop.time()
+        up = self.upstream
+        if up is not None:
+            self.upstream = None
+            pool = self.pool
+            if reusable and pool is not None and not up.closed:
+                pool.put(up, now)
+            else:
+                up.exchange = None
+                up.abort()
+        service = self.service
+        if service is not None and self.arrived:
+            latency_s = now - self.started_at
+            service.stats.complete(status, latency_s, now, failed)
+            ep = self.endpoint
+            if ep is not None:
+                service.balancer.observe(ep, latency_s, now)
+                ep.release()
+        self.client.exchange_done(self)
+
+    def __repr__(self) -> str:
+        state = "done" if self.done else ("responding" if self.resp_state else "waiting")
+        return f"Exchange({self.method.decode()} {self.target.decode('latin-1')}, {state})"

@@ -1,0 +1,256 @@
+"""Header rewriting for the proxy, both directions (pure, bytes in, bytes out).
+
+* RFC 9110 §7.6.1 hop-by-hop fields are removed: ``Connection`` and every field it names,
+  ``Keep-Alive``, ``Proxy-Connection``, ``TE``, ``Transfer-Encoding``, ``Upgrade``,
+  ``Proxy-Authorization`` (and ``Trailer``, which only describes this hop's framing).
+* ``Via: 1.1 sluice`` is appended (RFC 9110 §7.6.3) in both directions.
+* ``X-Forwarded-For`` / ``-Proto`` / ``-Host``: a client in ``trusted_proxies`` has its
+  values kept (its address appended to ``X-Forwarded-For``); anyone else's are replaced.
+* Responses: no second ``Date`` or ``Server`` is added when the upstream sent one; a
+  ``Date`` is added only when missing (RFC 9110 §6.6.1).
+
+Each function makes one pass over the headers with one dict lookup per field; only when a
+``Connection`` header names extra fields does it take a second pass to drop them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-connection",
+        b"te",
+        b"transfer-encoding",
+        b"upgrade",
+        b"proxy-authorization",
+        b"trailer",
+    }
+)
+VIA_TOKEN = b"1.1 sluice"
+CRLF = b"\r\n"
+
+# Actions per lowercased field name (anything absent is forwarded as is).
+_DROP = 0
+_CONNECTION = 1
+_TRANSFER_ENCODING = 2
+_HOST = 3
+_CONTENT_LENGTH = 4
+_VIA = 5
+_EXPECT = 6
+_XFF = 7
+_XFP = 8
+_XFH = 9
+_DATE = 10
+
+_REQUEST_ACTIONS = {
+    **dict.fromkeys(HOP_BY_HOP, _DROP),
+    b"connection": _CONNECTION,
+    b"transfer-encoding": _TRANSFER_ENCODING,
+    b"host": _HOST,
+    b"content-length": _CONTENT_LENGTH,
+    b"via": _VIA,
+    b"expect": _EXPECT,
+    b"x-forwarded-for": _XFF,
+    b"x-forwarded-proto": _XFP,
+    b"x-forwarded-host": _XFH,
+}
+_RESPONSE_ACTIONS = {
+    **dict.fromkeys(HOP_BY_HOP, _DROP),
+    b"connection": _CONNECTION,
+    b"transfer-encoding": _TRANSFER_ENCODING,
+    b"content-length": _CONTENT_LENGTH,
+    b"via": _VIA,
+    b"date": _DATE,
+}
+
+
+def _tokens(value: bytes) -> set[bytes]:
+    return {t for t in (part.strip().lower() for part in value.split(b",")) if t}
+
+
+def connection_tokens(headers: list[tuple[bytes, bytes]]) -> frozenset[bytes]:
+    """Lowercased field names listed in every ``Connection`` header (e.g. ``close``, ``x-foo``)."""
+    tokens: set[bytes] = set()
+    for name, value in headers:
+        if name.lower() == b"connection":
+            tokens |= _tokens(value)
+    return frozenset(tokens)
+
+
+def _is_chunked(value: bytes) -> bool:
+    return value.rsplit(b",", 1)[-1].strip().lower() == b"chunked"
+
+
+@dataclass(slots=True)
+class RequestHead:
+    """The rewritten request head plus what the data plane needs to know about the request."""
+
+    head: bytes
+    host: bytes
+    expect_continue: bool
+    chunked: bool
+    """The client sent a chunked body (it is forwarded chunked)."""
+    has_body: bool
+    """The request has a body (chunked, or a Content-Length above 0)."""
+
+
+def rewrite_request(
+    method: bytes,
+    target: bytes,
+    headers: list[tuple[bytes, bytes]],
+    peer_ip: bytes,
+    *,
+    trusted: bool,
+    proto: bytes = b"http",
+    drop: frozenset[bytes] | set[bytes] = frozenset(),
+) -> RequestHead:
+    """The head to send upstream for a client request (``target`` in origin-form)."""
+    out = [method, b" ", target, b" HTTP/1.1\r\n"]
+    host = via = xff = xfp = xfh = b""
+    expect_continue = chunked = has_body = False
+    named: set[bytes] | None = None
+    actions = _REQUEST_ACTIONS
+    for name, value in headers:
+        lname = name.lower()
+        action = actions.get(lname)
+        if action is None:
+            if drop and lname in drop:
+                continue
+        elif action == _DROP:
+            continue
+        elif action == _CONNECTION:
+            extra = _tokens(value) - HOP_BY_HOP
+            if extra:
+                named = extra if named is None else named | extra
+            continue
+        elif action == _TRANSFER_ENCODING:
+            chunked = _is_chunked(value)
+            has_body = True
+            continue
+        elif action == _HOST:
+            host = value
+        elif action == _CONTENT_LENGTH:
+            has_body = has_body or value.strip() not in (b"0", b"")
+        elif action == _VIA:
+            via = via + b", " + value if via else value
+            continue
+        elif action == _EXPECT:
+            if value.strip().lower() == b"100-continue":
+                expect_continue = True  # answered by the gateway; not forwarded
+                continue
+        elif not trusted:
+            continue  # X-Forwarded-* from an untrusted peer: replaced below
+        elif action == _XFF:
+            xff = xff + b", " + value if xff else value
+            continue
+        elif action == _XFP:
+            xfp = value
+            continue
+        else:
+            xfh = value
+            continue
+        out += (name, b": ", value, CRLF)
+    if named is not None and not drop:
+        return rewrite_request(
+            method, target, headers, peer_ip, trusted=trusted, proto=proto, drop=named
+        )
+    if chunked:
+        out.append(b"Transfer-Encoding: chunked\r\n")
+    out += (b"Via: ", via + b", " + VIA_TOKEN if via else VIA_TOKEN, CRLF)
+    out += (b"X-Forwarded-For: ", xff + b", " + peer_ip if xff else peer_ip, CRLF)
+    out += (b"X-Forwarded-Proto: ", xfp or proto, CRLF)
+    if xfh or host:
+        out += (b"X-Forwarded-Host: ", xfh or host, CRLF)
+    out.append(CRLF)
+    return RequestHead(b"".join(out), host, expect_continue, chunked, has_body)
+
+
+@dataclass(slots=True)
+class ResponseHead:
+    """The rewritten response head and how its body is framed toward the client."""
+
+    head: bytes
+    chunked: bool
+    """The gateway re-frames the body as chunked (the upstream gave no Content-Length)."""
+    close_delimited: bool
+    """The upstream's body ends when it closes the connection."""
+    keep_alive: bool
+    """The client connection can stay open after this response."""
+
+
+def rewrite_response(
+    status: int,
+    reason: bytes,
+    headers: list[tuple[bytes, bytes]],
+    date: bytes,
+    *,
+    http11: bool,
+    head_only: bool,
+    keep_alive: bool,
+    drop: frozenset[bytes] | set[bytes] = frozenset(),
+) -> ResponseHead:
+    """The head to send the client for an upstream response.
+
+    ``http11``: the client speaks HTTP/1.1 (else 1.0: no chunked, keep-alive only when
+    asked); ``head_only``: the response has no body (HEAD, 204, 304); ``keep_alive``: the
+    client connection may stay open as far as the request is concerned; ``date``: the
+    Date to add if the upstream sent none.
+    """
+    out = [b"HTTP/1.1 %d " % status, reason, CRLF]
+    via = b""
+    has_date = has_length = up_chunked = False
+    named: set[bytes] | None = None
+    actions = _RESPONSE_ACTIONS
+    for name, value in headers:
+        lname = name.lower()
+        action = actions.get(lname)
+        if action is None:
+            if drop and lname in drop:
+                continue
+        elif action == _DROP:
+            continue
+        elif action == _CONNECTION:
+            extra = _tokens(value) - HOP_BY_HOP
+            if extra:
+                named = extra if named is None else named | extra
+            continue
+        elif action == _TRANSFER_ENCODING:
+            up_chunked = _is_chunked(value)
+            continue
+        elif action == _CONTENT_LENGTH:
+            has_length = True
+        elif action == _VIA:
+            via = via + b", " + value if via else value
+            continue
+        else:  # date
+            has_date = True
+        out += (name, b": ", value, CRLF)
+    if named is not None and not drop:
+        return rewrite_response(
+            status,
+            reason,
+            headers,
+            date,
+            http11=http11,
+            head_only=head_only,
+            keep_alive=keep_alive,
+            drop=named,
+        )
+    close_delimited = not head_only and not has_length and not up_chunked
+    chunked = not head_only and not has_length and http11
+    if not head_only and not has_length and not http11:
+        keep_alive = False  # an HTTP/1.0 client's body ends when the connection closes
+    if not has_date:
+        out += (b"Date: ", date, CRLF)
+    out += (b"Via: ", via + b", " + VIA_TOKEN if via else VIA_TOKEN, CRLF)
+    if chunked:
+        out.append(b"Transfer-Encoding: chunked\r\n")
+    if not keep_alive:
+        out.append(b"Connection: close\r\n")
+    elif not http11:
+        out.append(b"Connection: keep-alive\r\n")
+    out.append(CRLF)
+    return ResponseHead(b"".join(out), chunked, close_delimited, keep_alive)

@@ -1,0 +1,105 @@
+"""Prometheus metrics, read from the live stats at scrape time (nothing per request).
+
+A custom collector walks every service's :class:`~gateway.stats.ServiceStats` and
+endpoint set when ``/metrics`` is scraped, so the hot path pays only for the plain
+counters it already keeps.
+
+* ``sluice_requests_total{service,code}`` — completed requests by HTTP status (499: the
+  client left first; gateway errors use their own status, see docs/dataplane.md)
+* ``sluice_arrivals_total{service}`` — requests that reached the service
+* ``sluice_in_flight{service}`` — requests being forwarded now
+* ``sluice_request_duration_seconds{service}`` — histogram, arrival to completion
+* ``sluice_request_rate_rps{service}`` — arrivals per second over the sliding window
+* ``sluice_endpoints{service,state}`` — endpoints by state (ready, terminating,
+  not_ready, draining, ejected)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from gateway.endpoints import EndpointState
+from gateway.service import Service
+from gateway.stats import LATENCY_BUCKETS_S
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class ServiceCollector(Collector):
+    def __init__(
+        self, services: Callable[[], Mapping[str, Service]], clock: Callable[[], float]
+    ) -> None:
+        self._services = services
+        self._clock = clock
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        now = self._clock()
+        requests = CounterMetricFamily(
+            "sluice_requests",
+            "Completed requests by service and HTTP status.",
+            labels=["service", "code"],
+        )
+        arrivals = CounterMetricFamily(
+            "sluice_arrivals", "Requests that reached the service.", labels=["service"]
+        )
+        in_flight = GaugeMetricFamily(
+            "sluice_in_flight", "Requests being forwarded to the service now.", labels=["service"]
+        )
+        rate = GaugeMetricFamily(
+            "sluice_request_rate_rps",
+            "Arrivals per second over the gateway's sliding window.",
+            labels=["service"],
+        )
+        duration = HistogramMetricFamily(
+            "sluice_request_duration_seconds",
+            "Time from arrival to the end of the response.",
+            labels=["service"],
+        )
+        endpoints = GaugeMetricFamily(
+            "sluice_endpoints", "Endpoints by state.", labels=["service", "state"]
+        )
+        for name, service in sorted(self._services().items()):
+            stats = service.stats
+            for code, n in sorted(stats.codes.items()):
+                requests.add_metric([name, str(code)], n)
+            arrivals.add_metric([name], stats.arrivals_total)
+            in_flight.add_metric([name], stats.in_flight)
+            rate.add_metric([name], stats.rps(now))
+            buckets: list[tuple[str, float]] = []
+            cumulative = 0
+            for bound, n in zip(LATENCY_BUCKETS_S, stats.latency_counts, strict=False):
+                cumulative += n
+                buckets.append((repr(bound), cumulative))
+            buckets.append(("+Inf", sum(stats.latency_counts)))
+            duration.add_metric([name], buckets, stats.latency_sum_s)
+            counts = dict.fromkeys([*(s.value for s in EndpointState), "ejected"], 0)
+            for ep in service.endpoints.endpoints:
+                counts["ejected" if ep.ejected else ep.state.value] += 1
+            for state, n in counts.items():
+                endpoints.add_metric([name, state], n)
+        return [requests, arrivals, in_flight, rate, duration, endpoints]
+
+
+def build_registry(
+    services: Callable[[], Mapping[str, Service]], clock: Callable[[], float]
+) -> CollectorRegistry:
+    """A registry of its own (not the global one) holding the service collector."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ServiceCollector(services, clock))
+    return registry
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    return generate_latest(registry)
