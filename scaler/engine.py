@@ -169,6 +169,7 @@ class Engine:
 
         wanted = cur_r.copy()
         load = cur_r.copy()
+        panic_hold = np.zeros(n, dtype=np.int64)
         valid = np.zeros(n, dtype=bool)
         kpa_tick = None
         ki = self.kpa_index
@@ -177,6 +178,7 @@ class Engine:
             kpa_tick = self.kpa.recommend(now, capacity[ki], cur_r[ki], active[ki])
             wanted[ki] = kpa_tick.replicas
             load[ki] = kpa_tick.load
+            panic_hold[ki] = kpa_tick.panic_hold
             valid[ki] = kpa_tick.active
         hpa_notes: dict[int, tuple[str, Explanation, dict[str, float]]] = {}
         for i, track in self.hpa.items():
@@ -197,6 +199,11 @@ class Engine:
         )
         frozen = frozen_code != _NOT_FROZEN
         demand, hold = self._demand(wanted, load, cur_r, cur_cpu, frozen)
+        # Panic keeps its replicas (never scales down), but the CPU of those the load does
+        # not need now is only served from what is left: lent until the load returns.
+        soft = np.where(
+            frozen, demand, np.minimum(np.maximum(demand, panic_hold * self.cpu_ref), self.cap)
+        )
         previous = np.where(np.isnan(self._allocation), cur_r * cur_cpu, self._allocation)
 
         pending: dict[int, Explanation]
@@ -217,6 +224,7 @@ class Engine:
                 hold=hold,
                 hysteresis_cores=self.hysteresis_cores,
                 hysteresis_ratio=self.hysteresis_ratio,
+                soft=soft,
             )
             replicas, cpu, split_note = split_arrays(
                 cores,
@@ -227,7 +235,7 @@ class Engine:
                 max_r=self.max_r,
                 horizontal=self.horizontal,
                 current=cur_r,
-                squeezed=frozen | (cores < demand - 1e-6),
+                squeezed=frozen | (cores < soft - 1e-6),
                 # A blocked resize: scale replicas instead -- unless frozen (keep replicas).
                 fixed_cpu=np.where(blocked & (cur_r > 0) & ~frozen, cur_cpu, np.nan),
             )
@@ -254,6 +262,7 @@ class Engine:
             current_cpu=cur_cpu,
             wanted=wanted,
             demand=demand,
+            soft=soft,
             previous=previous,
             cores=cores,
             ideal=ideal,

@@ -78,6 +78,7 @@ class TickView:
     current_cpu: FloatArray
     wanted: IntArray
     demand: FloatArray
+    soft: FloatArray
     previous: FloatArray
     cores: FloatArray
     ideal: FloatArray
@@ -178,6 +179,12 @@ class TickView:
         note = int(self.split_note[i])
         if note:
             lines.append(_SPLIT_NOTES[note].format(r=r, cpu=cpu, cpu_min=policy.cpu.min))
+        held = float(self.soft[i])
+        if held > demand + _MOVE:
+            lines.append(
+                f"panic holds {held:.2f} cores of replicas; the {held - demand:.2f} the load does "
+                "not need now is served only from spare CPU"
+            )
         lines.append(
             f"budget: demand {demand:.2f} cores (floor {e.floor[i]:.2f}, fair share {fair:.2f}) "
             f"-> {r}×{cpu:.2f} = {r * cpu:.2f} cores"
@@ -199,6 +206,7 @@ class TickView:
             out.update(self.hpa[i][2])
         out["horizontal_replicas"] = float(self.wanted[i])
         out["demand_cores"] = float(self.demand[i])
+        out["held_demand_cores"] = float(self.soft[i])
         out["allocation_cores"] = float(self.cores[i])
         out["fair_share_cores"] = float(e.fair[i])
         out["floor_cores"] = float(e.floor[i])

@@ -247,3 +247,23 @@ def test_guaranteed_cpu_below_the_minimum_replicas_is_a_config_error() -> None:
         ValueError, match=re.escape("guaranteed_cpu: must be >= min_replicas × cpu.min")
     ):
         policy(min_replicas=2, cpu={"min": 0.5, "max": 1}, guaranteed_cpu=0.5)
+
+
+def test_panic_keeps_replicas_but_lends_the_cpu_the_load_no_longer_needs() -> None:
+    pols = {"long": policy(max_replicas=8), "short": policy(min_replicas=0, max_replicas=8)}
+    engine = Engine(pols, BudgetConfig(cpu=2))
+    states: dict[str, ServiceState] = {}
+    peak = None
+    for t in range(36):
+        load = {"long": 500, "short": 40 if 10 <= t < 20 else 0}
+        d = tick_loop(engine, range(t, t + 1), load, states)
+        if t == 19:
+            peak = d["short"]
+    assert peak is not None and peak.allocated_cores == pytest.approx(1.0), "its fair share"
+    short, long = d["short"], d["long"]
+    assert short.rule == "panic", "a stable window after the burst it is still panicking"
+    assert short.replicas >= peak.replicas, "panic never scales replicas down"
+    assert short.inputs["held_demand_cores"] > short.inputs["demand_cores"]
+    assert short.allocated_cores == pytest.approx(short.inputs["demand_cores"])
+    assert long.allocated_cores == pytest.approx(2.0 - short.allocated_cores)
+    assert any("panic holds" in r for r in short.reasons)
