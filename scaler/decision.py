@@ -175,6 +175,15 @@ class Decision:
         )
         return decision
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle/deepcopy the rendered reasons and inputs, not the tick they came from."""
+        state = dict(self.__dict__)
+        state["_reasons"] = self.reasons
+        state["_inputs"] = self.inputs
+        state.pop("_source", None)
+        state.pop("_index", None)
+        return state
+
     def summary(self) -> str:
         return (
             f"{self.service}: {self.replicas}×{self.cpu_per_replica_cores:.2f} cores ({self.rule})"

@@ -227,6 +227,18 @@ def test_decisions_are_dataclasses_with_lazy_but_stable_reasons() -> None:
     )
 
 
+def test_decisions_pickle_with_their_reasons_not_their_tick() -> None:
+    import copy
+    import pickle
+
+    engine = Engine({"api": policy()}, BudgetConfig(cpu=2))
+    d = engine.tick(0.0, {"api": ServiceSignals("api", 0.0, in_flight=3)}, {})["api"]
+    for clone in (pickle.loads(pickle.dumps(d)), copy.deepcopy(d)):
+        assert clone == d
+        assert "_source" not in vars(clone)
+        assert clone.reasons == d.reasons and clone.inputs == d.inputs
+
+
 class _NoSource:
     def render(self, index: int) -> tuple[str, ...]:
         return ()
