@@ -282,7 +282,9 @@ class Engine:
         new = object.__new__
         put = object.__setattr__
         out: dict[str, Decision] = {}
-        for i, name in enumerate(names):
+        for i, (name, r, c, a, rule, fz) in enumerate(
+            zip(names, rep_list, cpu_list, alloc_list, rules, frozen_list, strict=True)
+        ):
             # Decision.explained, inlined: this loop is the tick's largest Python cost.
             decision = new(Decision)
             put(
@@ -291,11 +293,11 @@ class Engine:
                 {
                     "service": name,
                     "at": now,
-                    "replicas": rep_list[i],
-                    "cpu_per_replica_cores": cpu_list[i],
-                    "allocated_cores": alloc_list[i],
-                    "rule": rules[i],
-                    "frozen": frozen_list[i],
+                    "replicas": r,
+                    "cpu_per_replica_cores": c,
+                    "allocated_cores": a,
+                    "rule": rule,
+                    "frozen": fz,
                     "_source": view,
                     "_index": i,
                 },
@@ -317,19 +319,14 @@ class Engine:
         self._rps = np.where(fresh, rate, self._rps)
         self._arrivals = np.where(fresh, arrivals, self._arrivals)
         self._arrivals_at = np.where(fresh, at, self._arrivals_at)
-        for attr, prefix in (
-            ("cpu_seconds_total", "_cpu"),
-            ("cpu_throttled_seconds_total", "_thr"),
-        ):
-            total = np.array(
-                [
-                    v
-                    if (v := getattr(s, attr) if s is not None else None) is not None
-                    else math.nan
-                    for s in sigs
-                ],
-                dtype=np.float64,
-            )
+        cpu_totals = np.array(
+            [s.cpu_seconds_total if s is not None else None for s in sigs], dtype=np.float64
+        )
+        thr_totals = np.array(
+            [s.cpu_throttled_seconds_total if s is not None else None for s in sigs],
+            dtype=np.float64,
+        )  # (None becomes NaN: not measured)
+        for prefix, total in (("_cpu", cpu_totals), ("_thr", thr_totals)):
             has = fresh & ~np.isnan(total)
             if not has.any():
                 continue

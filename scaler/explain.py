@@ -48,8 +48,11 @@ def rule_names(
     rules = [""] * n
     if kpa is not None:
         codes = kpa.rule.tolist()
-        for j, i in enumerate(kpa_index.tolist()):
-            rules[i] = RULES[codes[j]]
+        if len(codes) == n:  # every service is KPA: positions line up
+            rules = [RULES[c] for c in codes]
+        else:
+            for j, i in enumerate(kpa_index.tolist()):
+                rules[i] = RULES[codes[j]]
     for i, (rule, _, _) in hpa.items():
         rules[i] = rule
     for i in np.nonzero(frozen_code)[0].tolist():
