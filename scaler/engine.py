@@ -42,7 +42,7 @@ from scaler.budget import (
 from scaler.decision import Decision, Explanation, ServiceState
 from scaler.explain import FROZEN_REASONS, TickView, rule_names
 from scaler.hpa import HpaBehaviorState, NoMetricsError, PodSample, calculate_replicas
-from scaler.kpa_batch import RULES, KpaBatch
+from scaler.kpa_batch import RULES, KpaBatch, reference_max
 from scaler.policy import BudgetConfig, ScalingPolicy, check_floors
 from scaler.signals import BucketedWindow, ServiceSignals
 
@@ -391,7 +391,7 @@ class Engine:
             current=current,
             desired=desired,
             min_replicas=policy.min_replicas,
-            max_replicas=policy.max_replicas,
+            max_replicas=reference_max(policy),
             reasons=notes,
         )
         return desired, rule, notes, {"average": average, "capacity_replicas": float(current)}

@@ -31,6 +31,17 @@ BoolArray = npt.NDArray[np.bool_]
 _EPS = 1e-9
 
 RULES = ("stable", "panic", "scale-to-zero", "idle-grace", "no-data")
+
+
+def reference_max(policy: ScalingPolicy) -> int:
+    """The most reference replicas (of ``cpu.request``) a service can run: ``max_replicas``
+    replicas at ``cpu.max`` — the bound on the horizontal recommendation."""
+    return max(
+        policy.max_replicas,
+        math.floor(policy.max_replicas * policy.cpu.max / policy.cpu.initial_cores + 1e-9),
+    )
+
+
 STABLE, PANIC, TO_ZERO, IDLE_GRACE, NO_DATA = range(5)
 
 
@@ -86,7 +97,8 @@ class KpaBatch:
         self.up_rate = arr([p.max_scale_up_rate for p in ps])
         self.down_rate = arr([p.max_scale_down_rate for p in ps])
         self.min_r = np.array([p.min_replicas for p in ps], dtype=np.int64).reshape(n)
-        self.max_r = np.array([p.max_replicas for p in ps], dtype=np.int64).reshape(n)
+        self.max_r = np.array([reference_max(p) for p in ps], dtype=np.int64).reshape(n)
+        """The most *reference* replicas: max_replicas replicas at cpu.max."""
         self.zero_after_s = arr([p.stable_window_s + p.scale_to_zero_grace_s for p in ps])
         self.stable_b = np.array(
             [max(1, math.ceil(p.stable_window_s / granularity_s - _EPS)) for p in ps],
@@ -328,7 +340,14 @@ class KpaBatch:
                 "(stable window + scale_to_zero_grace_s)"
             )
         unclamped = int(tick.unclamped[i])
-        if unclamped > p.max_replicas:
-            lines.append(f"clamped replicas {unclamped} -> {p.max_replicas} by max_replicas")
+        top = int(self.max_r[i])
+        if unclamped > top:
+            if top == p.max_replicas:
+                lines.append(f"clamped replicas {unclamped} -> {top} by max_replicas")
+            else:
+                lines.append(
+                    f"clamped replicas {unclamped} -> {top} by max_replicas × cpu.max / cpu.request "
+                    f"({p.max_replicas} × {p.cpu.max:g} / {p.cpu.initial_cores:g})"
+                )
         elif unclamped < p.min_replicas:
             lines.append(f"clamped replicas {unclamped} -> {p.min_replicas} by min_replicas")

@@ -204,13 +204,22 @@ def test_scale_to_zero_and_back_through_the_engine() -> None:
 
 
 def test_reasons_name_clamps_and_the_budget_line() -> None:
-    engine = Engine({"api": policy(max_replicas=2)}, BudgetConfig(cpu=4))
+    fixed = policy(max_replicas=2, cpu={"min": 0.25, "max": 0.25})
+    engine = Engine({"api": fixed}, BudgetConfig(cpu=4))
     d = engine.tick(0.0, {"api": ServiceSignals("api", 0.0, in_flight=100)}, {})["api"]
     text = "\n".join(d.reasons)
     assert "clamped replicas 15 -> 2 by max_replicas" in text
-    assert text.splitlines()[-1].startswith(
-        "budget: demand 0.50 cores (floor 0.10, fair share 2.00)"
+    assert text.splitlines()[-1] == (
+        "budget: demand 0.50 cores (floor 0.25, fair share 0.50) -> 2×0.25 = 0.50 cores"
     )
+    # with room to grow vertically the bound is max_replicas replicas at cpu.max
+    engine = Engine({"api": policy(max_replicas=2)}, BudgetConfig(cpu=4))
+    d = engine.tick(0.0, {"api": ServiceSignals("api", 0.0, in_flight=100)}, {})["api"]
+    assert (
+        "clamped replicas 15 -> 8 by max_replicas × cpu.max / cpu.request (2 × 1 / 0.25)"
+        in d.reasons
+    )
+    assert (d.replicas, d.cpu_per_replica_cores) == (2, 1.0)
 
 
 def test_decisions_are_dataclasses_with_lazy_but_stable_reasons() -> None:
