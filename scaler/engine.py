@@ -169,7 +169,7 @@ class Engine:
 
         wanted = cur_r.copy()
         load = cur_r.copy()
-        panic_hold = np.zeros(n, dtype=np.int64)
+        hold = np.zeros(n, dtype=np.int64)
         valid = np.zeros(n, dtype=bool)
         kpa_tick = None
         ki = self.kpa_index
@@ -178,7 +178,7 @@ class Engine:
             kpa_tick = self.kpa.recommend(now, capacity[ki], cur_r[ki], active[ki])
             wanted[ki] = kpa_tick.replicas
             load[ki] = kpa_tick.load
-            panic_hold[ki] = kpa_tick.panic_hold
+            hold[ki] = kpa_tick.hold
             valid[ki] = kpa_tick.active
         hpa_notes: dict[int, tuple[str, Explanation, dict[str, float]]] = {}
         for i, track in self.hpa.items():
@@ -198,11 +198,12 @@ class Engine:
             ~present, _MISSING, np.where(~active, _STALE, np.where(~valid, _NO_DATA, _NOT_FROZEN))
         )
         frozen = frozen_code != _NOT_FROZEN
-        demand, hold = self._demand(wanted, load, cur_r, cur_cpu, frozen)
-        # Panic keeps its replicas (never scales down), but the CPU of those the load does
-        # not need now is only served from what is left: lent until the load returns.
+        demand, frozen_hold = self._demand(wanted, load, cur_r, cur_cpu, frozen)
+        # Replicas move slowly (KPA windows, panic never scales down) but CPU moves in place:
+        # the CPU of replicas kept beyond what the load needs now is a soft demand, served
+        # only from CPU nobody else needs, and hard again the tick the load returns.
         soft = np.where(
-            frozen, demand, np.minimum(np.maximum(demand, panic_hold * self.cpu_ref), self.cap)
+            frozen, demand, np.minimum(np.maximum(demand, hold * self.cpu_ref), self.cap)
         )
         previous = np.where(np.isnan(self._allocation), cur_r * cur_cpu, self._allocation)
 
@@ -221,7 +222,7 @@ class Engine:
                 weight=self.weight,
                 fair=self.fair,
                 previous=previous,
-                hold=hold,
+                hold=frozen_hold,
                 hysteresis_cores=self.hysteresis_cores,
                 hysteresis_ratio=self.hysteresis_ratio,
                 soft=soft,
@@ -404,11 +405,13 @@ class Engine:
         cur_cpu: FloatArray,
         frozen: BoolArray,
     ) -> tuple[FloatArray, FloatArray]:
-        """Cores each service needs: the load's replicas at ``cpu.request`` (replicas kept
-        only for min_replicas or the idle hold need just ``cpu.min``), or measured use with
-        headroom and a throttling boost.  Frozen services: what they hold."""
+        """Cores each service needs now: the load's reference replicas at ``cpu.request``
+        (at least ``cpu.min`` for one kept replica; ``min_replicas × cpu.min`` is the
+        arbiter's minimum anyway), or measured use with headroom and a throttling boost.
+        Frozen services: what they hold.  Replicas kept beyond the load are the caller's
+        soft demand."""
         load = np.minimum(load, wanted)
-        least = wanted * self.cpu_min
+        least = np.minimum(wanted, 1) * self.cpu_min  # a kept replica needs at least cpu.min
         demand = np.maximum(load * self.cpu_ref, least)
         used = self._cpu_used
         measured_ok = ~np.isnan(used) & (load > 0) & (cur_r > 0)

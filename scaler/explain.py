@@ -185,8 +185,8 @@ class TickView:
         held = float(self.soft[i])
         if held > demand + _MOVE:
             lines.append(
-                f"panic holds {held:.2f} cores of replicas; the {held - demand:.2f} the load does "
-                "not need now is served only from spare CPU"
+                f"keeps replicas worth {held:.2f} cores (stable window / panic); the "
+                f"{held - demand:.2f} the load does not need now is served only from spare CPU"
             )
         lines.append(
             f"budget: demand {demand:.2f} cores (floor {e.floor[i]:.2f}, fair share {fair:.2f}) "

@@ -54,9 +54,9 @@ class KpaTick:
 
     replicas: IntArray
     load: IntArray
-    """Replicas the load needs now (before min_replicas, the idle hold and the panic hold)."""
-    panic_hold: IntArray
-    """Replicas kept because panic never scales down (0 when not panicking)."""
+    """Reference replicas the load needs now: the panic-window want (CPU follows this)."""
+    hold: IntArray
+    """Reference replicas the KPA keeps (stable window, rate limits, panic's no-scale-down)."""
     rule: IntArray
     """Index into :data:`RULES`."""
     stable: FloatArray
@@ -244,14 +244,15 @@ class KpaBatch:
         in_panic = valid & ~np.isnan(panic_since)
 
         desired = np.where(in_panic, np.maximum(des_s, des_p), des_s)
-        need = np.minimum(desired, self.max_r)
         held = in_panic & (desired < max_panic)
         max_panic = np.where(in_panic, np.maximum(max_panic, desired), max_panic)
         desired = np.where(in_panic, max_panic, desired)
         rate_limited = ~in_panic & (desired != want_s)
 
-        load = need
-        panic_hold = np.where(in_panic, np.minimum(max_panic, self.max_r), 0)
+        # CPU follows the load now (the panic window); the replicas the windows, rate limits
+        # and panic keep beyond that are held, and their CPU is only lent spare CPU.
+        load = np.minimum(want_p, self.max_r)
+        kept = np.minimum(desired, self.max_r)
         zero = desired == 0
         idle_for = now - self.last_active
         covered = now - self.first_at
@@ -277,7 +278,7 @@ class KpaBatch:
         return KpaTick(
             replicas=desired,
             load=np.where(valid, load, current),
-            panic_hold=np.where(valid, panic_hold, 0),
+            hold=np.where(valid, kept, 0),
             rule=rule,
             stable=stable,
             panic=panic,
