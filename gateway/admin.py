@@ -8,6 +8,13 @@
   in-flight count, completions by status class and the live signals
 * ``GET /api/signals`` — every service's ``ServiceSignals`` (what the scaler reads; the
   Kubernetes platform merges these across gateway replicas)
+* routes passed in ``extra_routes`` (``GET /api/traces`` from ``gateway.telemetry.api``)
+* ``POST /api/reload`` — reload the config file now: 200 ``{"ok": true, "generation": N}``,
+  or 422 ``{"ok": false, "errors": ["file: key.path: problem", ...]}`` (the running config
+  keeps serving)
+
+With ``admin.token`` set every path but ``/healthz`` and ``/readyz`` needs
+``Authorization: Bearer <token>`` (``gateway.admin_auth``).
 
 Starlette on uvicorn, started on the gateway's event loop: not on the hot path.
 """
@@ -18,15 +25,16 @@ import asyncio
 import contextlib
 import dataclasses
 import socket
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
+from gateway.admin_auth import AdminTokenMiddleware
 from gateway.metrics import CONTENT_TYPE, build_registry, render
 
 if TYPE_CHECKING:
@@ -54,11 +62,19 @@ def service_view(runtime: Runtime, name: str, now: float) -> dict[str, Any]:
             for ep in service.endpoints.endpoints
         ],
         "completions": service.stats.completions_by_class(),
+        "admission": {
+            "slots_in_use": service.admission.in_use,
+            "slots": None
+            if service.admission.per_replica is None
+            else int(service.admission.capacity),
+            "queued": service.admission.queued,
+            "rejected": dict(service.admission.rejected),
+        },
         "signals": dataclasses.asdict(runtime.signals_of(name, now)),
     }
 
 
-def build_app(runtime: Runtime) -> Starlette:
+def build_app(runtime: Runtime, extra_routes: Sequence[BaseRoute] = ()) -> Starlette:
     registry = build_registry(lambda: runtime.services, runtime.now)
 
     async def healthz(request: Request) -> Response:
@@ -94,6 +110,16 @@ def build_app(runtime: Runtime) -> Starlette:
             }
         )
 
+    async def reload(request: Request) -> Response:
+        reloader = runtime.reloader
+        if reloader is None:
+            return JSONResponse(
+                {"ok": False, "errors": ["the gateway was not started from a config file"]},
+                status_code=409,
+            )
+        result = reloader.reload("POST /api/reload")
+        return JSONResponse(result.as_json(), status_code=200 if result.ok else 422)
+
     return Starlette(
         routes=[
             Route("/healthz", healthz),
@@ -101,6 +127,8 @@ def build_app(runtime: Runtime) -> Starlette:
             Route("/metrics", metrics),
             Route("/api/services", services),
             Route("/api/signals", signals),
+            *extra_routes,
+            Route("/api/reload", reload, methods=["POST"]),
         ]
     )
 
@@ -114,8 +142,9 @@ class _Server(uvicorn.Server):
 class AdminServer:
     """uvicorn serving :func:`build_app` on a socket bound up front (so port 0 works)."""
 
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Runtime, extra_routes: Sequence[BaseRoute] = ()) -> None:
         self.runtime = runtime
+        self.extra_routes = tuple(extra_routes)
         self._server: _Server | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -126,8 +155,12 @@ class AdminServer:
         sock.bind((host, port))
         sock.listen(128)
         sock.setblocking(False)
+        app: Any = build_app(self.runtime, self.extra_routes)
+        token = self.runtime.settings.admin.token
+        if token is not None:
+            app = AdminTokenMiddleware(app, token.get_secret_value())
         config = uvicorn.Config(
-            build_app(self.runtime),
+            app,
             log_level="warning",
             access_log=False,
             lifespan="off",
