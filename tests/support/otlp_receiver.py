@@ -59,6 +59,8 @@ class OtlpReceiver:
     received: list[ReceivedSpan] = field(default_factory=list)
     headers_seen: list[dict[str, str]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    fail_next: int = 0
+    """Answer this many of the next exports with 503 (a collector under pressure)."""
 
     @property
     def endpoint(self) -> str:
@@ -133,6 +135,14 @@ def _handler(receiver_ref: list[OtlpReceiver]) -> type[BaseHTTPRequestHandler]:
                 return
             with receiver.lock:
                 receiver.headers_seen.append({k.lower(): v for k, v in self.headers.items()})
+                refuse = receiver.fail_next > 0
+                if refuse:
+                    receiver.fail_next -= 1
+            if refuse:
+                self.send_response(503)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
             receiver.decode(body)
             reply = ExportTraceServiceResponse().SerializeToString()
             self.send_response(200)
