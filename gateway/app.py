@@ -136,21 +136,27 @@ async def serve(
 ) -> int:
     """Run the data and admin planes until ``stop`` is set (or SIGINT/SIGTERM); return 0."""
     loop = asyncio.get_running_loop()
-    runtime = Runtime(settings)
-    runtime.apply_routes(routes_from_settings(settings))
-    for update in endpoints_from_settings(settings):
-        runtime.apply_endpoints(update)
-    if settings.platform != "static":
-        log.warning(
-            "platform %r has no endpoint source yet: serving the config file's endpoints",
-            settings.platform,
-        )
-
     try:
         telemetry = Telemetry.start(settings.telemetry.traces)
     except TelemetryError as e:
         print(f"sluice: telemetry: {e}", file=sys.stderr, flush=True)
         return 2
+    runtime = Runtime(settings)
+    runtime.apply_routes(routes_from_settings(settings))
+    for update in endpoints_from_settings(settings):
+        runtime.apply_endpoints(update)
+    local = None
+    if settings.platform == "local":
+        from gateway.local_platform import LocalRunner
+
+        local = LocalRunner(runtime, settings, tracer=telemetry.tracer)
+        await local.start()
+    elif settings.platform != "static":
+        log.warning(
+            "platform %r has no endpoint source yet: serving the config file's endpoints",
+            settings.platform,
+        )
+
     stop = stop or asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
@@ -164,6 +170,8 @@ async def serve(
     except OSError as e:
         print(f"sluice: cannot listen: {e}", file=sys.stderr, flush=True)
         await dataplane.stop(0)
+        if local is not None:
+            await local.stop()
         await asyncio.to_thread(telemetry.shutdown)
         return 1
     runtime.ready = True
@@ -186,10 +194,11 @@ async def serve(
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.remove_signal_handler(sig)
     await dataplane.stop(SHUTDOWN_GRACE_S)
+    if local is not None:
+        await local.stop()
     await admin.stop()
-    await asyncio.to_thread(
-        telemetry.shutdown
-    )  # flushes pending spans (bounded by the export timeout)
+    # Flushes pending spans (bounded by the export timeout).
+    await asyncio.to_thread(telemetry.shutdown)
     return 0
 
 

@@ -26,6 +26,7 @@ from pydantic import (
     model_validator,
 )
 
+from scaler.localpool.config import ReplicasConfig
 from scaler.policy import BudgetConfig, KeyedValueError, ScalingPolicy, check_floors
 
 PathType = Literal["Exact", "Prefix", "ImplementationSpecific"]
@@ -132,6 +133,10 @@ class ServiceConfig(_Model):
     )
     endpoints: list[Address] = Field(
         default_factory=list, description="Static platform: the replicas' 'host:port' addresses."
+    )
+    replicas: ReplicasConfig | None = Field(
+        default=None,
+        description="Local platform (required there): how Sluice starts this service's replicas.",
     )
     balancer: BalancerName = Field(
         default="least_request",
@@ -250,6 +255,133 @@ class TelemetryConfig(_Model):
     )
 
 
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+
+
+def _check_dns_label(value: str) -> str:
+    if len(value) > 63 or not _DNS_LABEL.match(value):
+        raise ValueError(
+            f"must be a Kubernetes name (lowercase DNS label, <= 63 chars), got {value!r}"
+        )
+    return value
+
+
+def _check_dns_subdomain(value: str) -> str:
+    if len(value) > 253 or not _DNS_SUBDOMAIN.match(value):
+        raise ValueError(f"must be a Kubernetes name (lowercase DNS subdomain), got {value!r}")
+    return value
+
+
+KubeName = Annotated[str, AfterValidator(_check_dns_subdomain)]
+KubeNamespace = Annotated[str, AfterValidator(_check_dns_label)]
+
+
+class GatewayServiceConfig(_Model):
+    """The Kubernetes Service in front of the gateway replicas themselves."""
+
+    namespace: KubeNamespace = Field(
+        default="sluice", description="Namespace of the gateway's Service."
+    )
+    name: KubeName = Field(
+        default="sluice",
+        description="Name of the gateway's Service: its EndpointSlices list the peer gateway "
+        "replicas (signal merging), its load-balancer address goes into Ingress status.",
+    )
+    admin_port_name: str = Field(
+        default="admin",
+        min_length=1,
+        description="Name of the Service port that reaches each replica's admin server (GET /api/signals).",
+    )
+
+
+class LeaseConfig(_Model):
+    """Leader election with a coordination.k8s.io/v1 Lease: only the holder actuates."""
+
+    namespace: KubeNamespace = Field(default="sluice", description="Namespace of the Lease.")
+    name: KubeName = Field(default="sluice-scaler", description="Name of the Lease.")
+    duration_s: int = Field(
+        default=15,
+        ge=1,
+        le=3600,
+        description="leaseDurationSeconds: how long others wait after the last observed renewal "
+        "before taking over.",
+    )
+    renew_deadline_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="The leader stops actuating when it could not renew for this long (< duration_s).",
+    )
+    retry_period_s: float = Field(
+        default=2.0, gt=0, description="How often to try to acquire or renew (< renew_deadline_s)."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if self.renew_deadline_s >= self.duration_s:
+            raise KeyedValueError(
+                "renew_deadline_s",
+                f"must be < duration_s ({self.duration_s}), got {self.renew_deadline_s:g}",
+            )
+        if self.retry_period_s >= self.renew_deadline_s:
+            raise KeyedValueError(
+                "retry_period_s",
+                f"must be < renew_deadline_s ({self.renew_deadline_s:g}), got {self.retry_period_s:g}",
+            )
+        return self
+
+
+class KubernetesConfig(_Model):
+    """platform: kubernetes — Ingress routes, EndpointSlice endpoints, /scale and /resize, a Lease."""
+
+    ingress_class: KubeName = Field(
+        default="sluice",
+        description="Ingresses whose spec.ingressClassName (or legacy kubernetes.io/ingress.class "
+        "annotation) equals this are served.",
+    )
+    namespaces: list[KubeNamespace] = Field(
+        default_factory=list,
+        description="Namespaces to watch for Ingresses and EndpointSlices; empty = all namespaces "
+        "(needs a ClusterRole).",
+    )
+    gateway_service: GatewayServiceConfig = Field(
+        default_factory=GatewayServiceConfig, description="The gateway's own Service."
+    )
+    status_addresses: list[str] = Field(
+        default_factory=list,
+        description="IPs/hostnames written to Ingress status.loadBalancer; empty = the gateway "
+        "Service's load-balancer ingress, else its cluster IP.",
+    )
+    lease: LeaseConfig = Field(default_factory=LeaseConfig, description="Leader election.")
+    identity: str | None = Field(
+        default=None,
+        min_length=1,
+        description="This replica's Lease holder identity; default: $POD_NAME, else the hostname.",
+    )
+    kubeconfig: str | None = Field(
+        default=None,
+        description="Path to a kubeconfig; default: in-cluster config, else ~/.kube/config.",
+    )
+    api_max_concurrency: int = Field(
+        default=4,
+        ge=1,
+        le=64,
+        description="Worker threads for Kubernetes API calls (watches have their own).",
+    )
+    peer_timeout_s: float = Field(
+        default=1.0, gt=0, le=30, description="Timeout for GET /api/signals on each peer gateway."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        seen: set[str] = set()
+        for i, ns in enumerate(self.namespaces):
+            if ns in seen:
+                raise KeyedValueError("namespaces", f"{ns!r} is listed twice (entry [{i}])")
+            seen.add(ns)
+        return self
+
+
 def _check_network(value: str) -> str:
     try:
         ipaddress.ip_network(value, strict=False)
@@ -283,6 +415,10 @@ class Settings(_Model):
     services: dict[str, ServiceConfig] = Field(
         default_factory=dict, description="Services by name."
     )
+    kubernetes: KubernetesConfig = Field(
+        default_factory=KubernetesConfig,
+        description="Settings for platform: kubernetes (ignored by the other platforms).",
+    )
     telemetry: TelemetryConfig = Field(
         default_factory=TelemetryConfig, description="OpenTelemetry traces."
     )
@@ -301,11 +437,44 @@ class Settings(_Model):
                 "default_backend",
                 f"names no service (have: {', '.join(sorted(self.services)) or 'none'}), got {self.default_backend!r}",
             )
+        if self.platform == "local":
+            _check_local_services(self.services)
         try:
             check_floors(self.budget, {n: s.scaling for n, s in self.services.items()})
         except KeyedValueError as e:
             raise KeyedValueError(f"budget.{e.key}", e.message) from None
         return self
+
+
+def _check_local_services(services: dict[str, ServiceConfig]) -> None:
+    """platform: local — every service says how to start its replicas, on ports of its own."""
+    seen: list[tuple[str, ReplicasConfig]] = []
+    for name, service in services.items():
+        spec = service.replicas
+        if spec is None:
+            raise KeyedValueError(
+                f"services.{name}.replicas",
+                "is required when platform is local (command and port_range of the replicas)",
+            )
+        if service.endpoints:
+            raise KeyedValueError(
+                f"services.{name}.endpoints",
+                "must be empty when platform is local (Sluice starts the replicas itself)",
+            )
+        if spec.port_count < service.scaling.max_replicas:
+            raise KeyedValueError(
+                f"services.{name}.replicas.port_range",
+                f"holds {spec.port_count} port(s), fewer than scaling.max_replicas "
+                f"({service.scaling.max_replicas})",
+            )
+        for other_name, other in seen:
+            if spec.overlaps(other):
+                raise KeyedValueError(
+                    f"services.{name}.replicas.port_range",
+                    f"{list(spec.port_range)} overlaps services.{other_name}.replicas.port_range "
+                    f"{list(other.port_range)}",
+                )
+        seen.append((name, spec))
 
 
 def _format_loc(loc: Iterable[int | str]) -> str:
@@ -358,11 +527,16 @@ def parse_settings(data: Any, source: str = "<config>") -> Settings:
     try:
         return Settings.model_validate(data)
     except ValidationError as e:
-        problems = []
-        for err in e.errors(include_url=False):
-            path, problem = _format_error(dict(err))
-            problems.append(f"{source}: {path}: {problem}" if path else f"{source}: {problem}")
+        problems = [
+            f"{source}: {path}: {problem}" if path else f"{source}: {problem}"
+            for path, problem in validation_problems(e)
+        ]
         raise ConfigError(problems) from None
+
+
+def validation_problems(e: ValidationError) -> list[tuple[str, str]]:
+    """A pydantic error as (key path, problem) pairs in Sluice's words (also used for annotations)."""
+    return [_format_error(dict(err)) for err in e.errors(include_url=False)]
 
 
 def load_settings(path: str | Path) -> Settings:

@@ -307,6 +307,11 @@ class DataPlane:
             await asyncio.wait_for(self.drained.wait(), grace_s)
         for conn in list(self.connections):
             conn.abort()
+        for service in self.routing.services.values():
+            for ep in service.endpoints.endpoints:
+                if ep.pool is not None:
+                    ep.pool.close()
+                    ep.pool = None
         self._stop_sweeping()
         if self.server is not None:
             await self.server.wait_closed()
