@@ -21,7 +21,13 @@ from scaler.decision import ServiceState
 from scaler.engine import Engine
 from scaler.policy import BudgetConfig, ScalingPolicy
 from scaler.signals import ServiceSignals
-from tests.support.otlp_receiver import OtlpReceiver, ReceivedSpan, echo_upstream, otlp_receiver
+from tests.support.otlp_receiver import (
+    OtlpReceiver,
+    ReceivedSpan,
+    echo_upstream,
+    otlp_grpc_receiver,
+    otlp_receiver,
+)
 
 CALLER_TRACE = 0x4BF92F3577B34DA6A3CE929D0E0E4736
 CALLER_SPAN = 0x00F067AA0BA902B7
@@ -325,3 +331,27 @@ def test_the_environment_points_the_exporter_at_the_collector(
     finally:
         telemetry.shutdown()
     assert receiver.headers_seen[0]["authorization"] == "Bearer t0ken"
+
+
+def test_otlp_grpc_export_reaches_a_grpc_collector(upstream: tuple[str, int]) -> None:
+    with otlp_grpc_receiver() as (endpoint, grpc_receiver):
+        config = TracesConfig.model_validate(
+            {
+                "enabled": True,
+                "exporter": "otlp_grpc",
+                "endpoint": endpoint,
+                "headers": {"x-tenant": "t2"},
+            }
+        )
+        telemetry = Telemetry.start(config, env={})
+        try:
+            assert telemetry.requests is not None
+            seen = proxy_once(telemetry.requests, upstream)
+            telemetry.force_flush()
+            spans = grpc_receiver.wait_for(lambda s: len(s) >= 3)
+        finally:
+            telemetry.shutdown()
+    assert seen is not None
+    assert {s.trace_id for s in spans} == {str(seen["traceparent"]).split("-")[1]}
+    assert sorted(s.kind for s in spans) == ["CLIENT", "INTERNAL", "SERVER"]
+    assert grpc_receiver.headers_seen[0]["x-tenant"] == "t2"

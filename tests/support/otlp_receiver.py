@@ -55,7 +55,8 @@ class ReceivedSpan:
 class OtlpReceiver:
     """Collects every span posted to ``/v1/traces``; ``requests`` counts the POSTs."""
 
-    server: ThreadingHTTPServer
+    server: ThreadingHTTPServer | None = None
+    """The OTLP/HTTP server (None for the gRPC receiver)."""
     received: list[ReceivedSpan] = field(default_factory=list)
     headers_seen: list[dict[str, str]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -64,6 +65,7 @@ class OtlpReceiver:
 
     @property
     def endpoint(self) -> str:
+        assert self.server is not None
         host, port = self.server.server_address[:2]
         return f"http://{host}:{port}/v1/traces"
 
@@ -282,3 +284,30 @@ def flaky_keep_alive_upstream() -> Iterator[tuple[str, list[dict[str, str]]]]:
         stop.set()
         thread.join(timeout=5)
         listener.close()
+
+
+@contextmanager
+def otlp_grpc_receiver() -> Iterator[tuple[str, OtlpReceiver]]:
+    """A real OTLP/gRPC trace receiver on 127.0.0.1:0: ``(endpoint, receiver)``."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import grpc
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+
+    receiver = OtlpReceiver()
+
+    class Service(trace_service_pb2_grpc.TraceServiceServicer):
+        def Export(self, request: Any, context: Any) -> ExportTraceServiceResponse:
+            with receiver.lock:
+                receiver.headers_seen.append(dict(context.invocation_metadata()))
+            receiver.decode(request.SerializeToString())
+            return ExportTraceServiceResponse()
+
+    server = grpc.server(ThreadPoolExecutor(max_workers=2))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Service(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{port}", receiver
+    finally:
+        server.stop(grace=None).wait(5)
