@@ -34,7 +34,7 @@ from gateway.outlier import HealthChecker
 from gateway.reload import Reloader
 from gateway.routing import RouteTable
 from gateway.service import Service
-from gateway.settings import ServiceConfig, Settings
+from gateway.settings import ServiceConfig, Settings, load_runtime_settings
 from gateway.telemetry.api import traces_route
 from gateway.telemetry.provider import Telemetry, TelemetryError
 from scaler.signals import ServiceSignals
@@ -200,27 +200,27 @@ async def serve(
 ) -> int:
     """Run the data and admin planes until ``stop`` is set (or SIGINT/SIGTERM); return 0."""
     loop = asyncio.get_running_loop()
+    runtime = Runtime(settings)
+    runtime.apply_routes(routes_from_settings(settings))
+    for update in endpoints_from_settings(settings):
+        runtime.apply_endpoints(update)
+    if settings.platform not in ("static", "local"):
+        log.warning(
+            "platform %r has no endpoint source yet: serving the config file's endpoints",
+            settings.platform,
+        )
+
     try:
         telemetry = Telemetry.start(settings.telemetry.traces)
     except TelemetryError as e:
         print(f"sluice: telemetry: {e}", file=sys.stderr, flush=True)
         return 2
-    runtime = Runtime(settings)
-    runtime.apply_routes(routes_from_settings(settings))
-    for update in endpoints_from_settings(settings):
-        runtime.apply_endpoints(update)
     local = None
     if settings.platform == "local":
         from gateway.local_platform import LocalRunner
 
         local = LocalRunner(runtime, settings, tracer=telemetry.tracer)
         await local.start()
-    elif settings.platform != "static":
-        log.warning(
-            "platform %r has no endpoint source yet: serving the config file's endpoints",
-            settings.platform,
-        )
-
     stop = stop or asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
@@ -240,7 +240,7 @@ async def serve(
             runtime.apply_settings(new)
             dataplane.configure(new.trusted_proxies, HeadLimits.from_settings(new.limits))
 
-        runtime.reloader = Reloader(config_path, settings, apply)
+        runtime.reloader = Reloader(config_path, settings, apply, load=load_runtime_settings)
     try:
         data_host, data_port = await dataplane.start(settings.listen.host, settings.listen.port)
         admin_host, admin_port = await admin.start(settings.admin.host, settings.admin.port)
@@ -282,8 +282,9 @@ async def serve(
         await local.stop()
     await runtime.stop_checkers()
     await admin.stop()
-    # Flushes pending spans (bounded by the export timeout).
-    await asyncio.to_thread(telemetry.shutdown)
+    await asyncio.to_thread(
+        telemetry.shutdown
+    )  # flushes pending spans (bounded by the export timeout)
     log.info("stopped")
     return 0
 

@@ -6,7 +6,8 @@
   its own CPU cgroup; the parent cgroup capped at ``budget.cpu``);
 * ready replicas flow into the runtime's endpoint sets (``Runtime.apply_endpoints``), and a
   replica being retired is drained through ``Runtime.wait_drained`` before its SIGTERM;
-* a :class:`~scaler.loop.ScalerLoop` ticks every ``interval_s``: the runtime's signals, with
+* a :class:`~scaler.loop.ScalerLoop` (its engine wrapped in ``TracedEngine`` when tracing
+  is on) ticks every ``interval_s``: the runtime's signals, with
   the replicas' measured cgroup CPU added, go to the engine; its decisions go to the
   :class:`~scaler.actuators.local.LocalActuator` (replicas and CPU per replica, in place).
 

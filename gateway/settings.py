@@ -11,8 +11,9 @@ from __future__ import annotations
 import ipaddress
 import json
 import math
+import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
@@ -110,7 +111,14 @@ class AdminConfig(_Model):
     token: SecretStr | None = Field(
         default=None,
         description="Bearer token required on every admin request (>= 32 characters; "
-        "`Authorization: Bearer <token>`, compared in constant time). Required when host is not loopback.",
+        "`Authorization: Bearer <token>`, compared in constant time). Required (or token_env) "
+        "when host is not loopback.",
+    )
+    token_env: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="Name of an environment variable holding the token (e.g. filled from a "
+        "Kubernetes Secret), read when the gateway starts or reloads; instead of token.",
     )
 
     @model_validator(mode="after")
@@ -121,7 +129,9 @@ class AdminConfig(_Model):
                 f"must be at least {ADMIN_TOKEN_MIN_CHARS} characters, "
                 f"got {len(self.token.get_secret_value())}",
             )
-        if self.token is None and not is_loopback_host(self.host):
+        if self.token is not None and self.token_env is not None:
+            raise KeyedValueError("token_env", "set token or token_env, not both")
+        if self.token is None and self.token_env is None and not is_loopback_host(self.host):
             raise KeyedValueError(
                 "token",
                 f"is required when admin.host is not a loopback address (got host {self.host!r})",
@@ -803,6 +813,33 @@ def load_settings(path: str | Path) -> Settings:
     except yaml.YAMLError as e:
         raise ConfigError([f"{source}: invalid YAML: {e}"]) from None
     return parse_settings(data, source)
+
+
+def resolve_admin_token(
+    settings: Settings, environ: Mapping[str, str], source: str = "<config>"
+) -> Settings:
+    """Fill ``admin.token`` from ``admin.token_env`` (done when the gateway starts or reloads,
+    not by ``sluice check``); ConfigError when the variable is unset or too short."""
+    name = settings.admin.token_env
+    if name is None:
+        return settings
+    value = environ.get(name)
+    if not value:
+        raise ConfigError([f"{source}: admin.token_env: environment variable {name} is not set"])
+    if len(value) < ADMIN_TOKEN_MIN_CHARS:
+        raise ConfigError(
+            [
+                f"{source}: admin.token_env: {name} must hold at least {ADMIN_TOKEN_MIN_CHARS} "
+                f"characters, got {len(value)}"
+            ]
+        )
+    admin = settings.admin.model_copy(update={"token": SecretStr(value), "token_env": None})
+    return settings.model_copy(update={"admin": admin})
+
+
+def load_runtime_settings(path: str | Path) -> Settings:
+    """:func:`load_settings` plus what only a running gateway resolves (the admin token)."""
+    return resolve_admin_token(load_settings(path), os.environ, str(path))
 
 
 def json_schema() -> str:
