@@ -349,11 +349,15 @@ class KubernetesPlatform:
     def __repr__(self) -> str:
         return f"KubernetesPlatform({self.discovery!r}, {self.elector!r})"
 
-    async def signals(self, now: float) -> dict[str, ServiceSignals]:
-        """Signals merged from every gateway replica when leading; {} otherwise (frozen)."""
+    async def signals(self, now: float | None = None) -> dict[str, ServiceSignals]:
+        """Signals merged from every gateway replica when leading; {} otherwise (frozen).
+
+        ``now`` defaults to the event loop's clock, so this is a ``ScalerLoop`` signals
+        provider as it stands."""
         if not self.elector.is_leader():
             return {}
-        merged, _ = await self.peer_signals.collect(now)
+        at = asyncio.get_running_loop().time() if now is None else now
+        merged, _ = await self.peer_signals.collect(at)
         return merged
 
     async def __aenter__(self) -> KubernetesPlatform:
