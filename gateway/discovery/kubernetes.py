@@ -39,6 +39,8 @@ from scaler.signals import ServiceSignals
 
 log = logging.getLogger(__name__)
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+RETRY_S = 2.0
+"""Retry period for a backend port that could not be resolved."""
 
 
 def default_identity() -> str:
@@ -186,23 +188,33 @@ class KubernetesDiscovery:
 
     async def updates(self) -> AsyncIterator[EndpointUpdate]:
         """Every backend's endpoints after the first sync, then each service whose set changed;
-        a service no Ingress references any more gets one empty set (its endpoints drain)."""
+        a service no Ingress references any more gets one empty set (its endpoints drain).
+
+        A backend whose port cannot be resolved now (its Service could not be read) keeps its
+        last endpoints and is retried every ``RETRY_S``: an API hiccup never drains a service."""
         seen = 0
         emitted: dict[str, tuple[EndpointInfo, ...]] = {}
+        unresolved: set[str] = set()
         while True:
             seen = await self._wait(
-                seen, lambda: all(self._synced_ingresses) and all(self._synced_slices)
+                seen,
+                lambda: all(self._synced_ingresses) and all(self._synced_slices),
+                RETRY_S if unresolved else None,
             )
             slices = {k: v for part in self._slices for k, v in part.items()}
             current: dict[str, tuple[EndpointInfo, ...]] = {}
+            unresolved = set()
             for service, backend in self.table.backends.items():
                 ports = self._service_ports.get((backend.namespace, backend.name))
                 eps = endpoints_for(backend, slices, ports)
                 if eps is None:
                     ports = await self._lookup_service_ports(backend)
-                    eps = endpoints_for(backend, slices, ports) or ()
+                    eps = endpoints_for(backend, slices, ports) if ports is not None else None
+                if eps is None:
+                    unresolved.add(service)
+                    continue
                 current[service] = eps
-            for service in sorted(set(emitted) - set(current)):
+            for service in sorted(set(emitted) - set(current) - unresolved):
                 del emitted[service]
                 yield EndpointUpdate(service, ())
             for service, eps in sorted(current.items()):
@@ -212,9 +224,17 @@ class KubernetesDiscovery:
 
     # ---- internals ----
 
-    async def _wait(self, seen: int, ready: object) -> int:
+    async def _wait(
+        self, seen: int, ready: Callable[[], bool], timeout_s: float | None = None
+    ) -> int:
+        """The next version after ``seen`` once ``ready()``; on ``timeout_s``, ``seen`` again."""
         async with self._changed:
-            await self._changed.wait_for(lambda: self._version > seen and ready())  # type: ignore[operator]
+            try:
+                await asyncio.wait_for(
+                    self._changed.wait_for(lambda: self._version > seen and ready()), timeout_s
+                )
+            except TimeoutError:
+                return seen
             return self._version
 
     async def _bump(self) -> None:
