@@ -27,6 +27,8 @@ from gateway.endpoints import Endpoint
 from gateway.routing import RouteTable
 from gateway.service import Service
 from gateway.settings import ServiceConfig, Settings
+from gateway.telemetry.api import traces_route
+from gateway.telemetry.provider import Telemetry, TelemetryError
 from scaler.signals import ServiceSignals
 
 log = logging.getLogger(__name__)
@@ -138,23 +140,39 @@ async def serve(
     runtime.apply_routes(routes_from_settings(settings))
     for update in endpoints_from_settings(settings):
         runtime.apply_endpoints(update)
-    if settings.platform != "static":
+    local = None
+    if settings.platform == "local":
+        from gateway.local_platform import LocalRunner
+
+        local = LocalRunner(runtime, settings)
+        await local.start()
+    elif settings.platform != "static":
         log.warning(
             "platform %r has no endpoint source yet: serving the config file's endpoints",
             settings.platform,
         )
 
+    try:
+        telemetry = Telemetry.start(settings.telemetry.traces)
+    except TelemetryError as e:
+        print(f"sluice: telemetry: {e}", file=sys.stderr, flush=True)
+        return 2
     stop = stop or asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    dataplane = DataPlane(runtime, settings.trusted_proxies, loop)
-    admin = AdminServer(runtime)
+    dataplane = DataPlane(runtime, settings.trusted_proxies, loop, tracing=telemetry.requests)
+    admin = AdminServer(
+        runtime, extra_routes=[traces_route(telemetry.buffer, telemetry.tracer is not None)]
+    )
     try:
         data_host, data_port = await dataplane.start(settings.listen.host, settings.listen.port)
         admin_host, admin_port = await admin.start(settings.admin.host, settings.admin.port)
     except OSError as e:
         print(f"sluice: cannot listen: {e}", file=sys.stderr, flush=True)
         await dataplane.stop(0)
+        if local is not None:
+            await local.stop()
+        await asyncio.to_thread(telemetry.shutdown)
         return 1
     runtime.ready = True
     # One parseable line (tests and scripts read the bound ports from it; port 0 works).
@@ -176,7 +194,12 @@ async def serve(
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.remove_signal_handler(sig)
     await dataplane.stop(SHUTDOWN_GRACE_S)
+    if local is not None:
+        await local.stop()
     await admin.stop()
+    await asyncio.to_thread(
+        telemetry.shutdown
+    )  # flushes pending spans (bounded by the export timeout)
     return 0
 
 

@@ -28,8 +28,15 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+import numpy.typing as npt
+
 from scaler.decision import Explanation
 from scaler.policy import ScalingPolicy
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
 
 _EPS = 1e-9
 
@@ -39,7 +46,8 @@ def water_fill(
 ) -> list[float]:
     """Weighted max-min fair allocation: ``clamp(λ·w, low, high)`` summing to at most ``budget``.
 
-    ``lows`` must fit the budget and each ``low <= high``.  O(n log n).
+    ``lows`` must fit the budget and each ``low <= high``.  O(n log n).  The plain-Python
+    reference for :func:`water_fill_array` (the engine's version); tests hold them equal.
     """
     total_high = math.fsum(highs)
     if total_high <= budget:
@@ -80,143 +88,6 @@ def water_fill(
             if excess <= 0:
                 break
     return out
-
-
-@dataclass(slots=True)
-class Claim:
-    """One service's position in this tick's arbitration (cores)."""
-
-    name: str
-    weight: float
-    minimum: float
-    """min_replicas × cpu.min: never less."""
-    floor: float
-    """guaranteed_cpu (>= minimum)."""
-    cap: float
-    """max_replicas × cpu.max: never more."""
-    demand: float = 0.0
-    previous: float = 0.0
-    """Allocation in force before this tick."""
-    fair_share: float = 0.0
-    hold: float = 0.0
-    """Cores a frozen service keeps at least (its replicas × cpu.min), floors permitting."""
-
-
-def fair_shares(budget: float, policies: Sequence[ScalingPolicy]) -> list[float]:
-    """Each service's share under full contention (everyone demands all it could use)."""
-    lows = [max(p.min_replicas * p.cpu.min, p.floor_cores) for p in policies]
-    highs = [max(lo, p.max_replicas * p.cpu.max) for lo, p in zip(lows, policies, strict=True)]
-    return water_fill(budget, lows, highs, [p.weight for p in policies])
-
-
-class _Names:
-    """'a 0.40, b 0.10 and 3 more', formatted only if a reason is ever read."""
-
-    __slots__ = ("_items", "_text")
-
-    def __init__(self, items: list[tuple[float, str]]) -> None:
-        self._items = items
-        self._text: str | None = None
-
-    def __str__(self) -> str:
-        if self._text is None:
-            items = sorted(self._items, reverse=True)
-            shown = ", ".join(f"{n} {c:.2f}" for c, n in items[:3])
-            more = len(items) - 3
-            self._text = f"{shown} and {more} more" if more > 0 else shown
-        return self._text
-
-
-def arbitrate_shared(
-    budget: float,
-    claims: Sequence[Claim],
-    hysteresis_cores: float = 0.05,
-    hysteresis_ratio: float = 0.05,
-    explain: Sequence[Explanation] | None = None,
-) -> list[float]:
-    """Allocate ``budget`` among ``claims`` (see the module docstring); notes go to ``explain``."""
-    lows: list[float] = []
-    highs: list[float] = []
-    holding = False
-    for c in claims:
-        low = max(c.minimum, min(c.demand, c.floor))
-        if c.hold > low:
-            low = min(c.hold, max(c.demand, low))
-            holding = True
-        lows.append(low)
-        highs.append(min(max(c.demand, low), max(c.cap, low)))
-    if holding:
-        # Frozen services keep their replicas at cpu.min, but never at the cost of a floor.
-        excess = math.fsum(lows) - budget
-        for i, c in enumerate(claims):
-            if excess <= 0:
-                break
-            guarantee = max(c.minimum, min(c.demand, c.floor))
-            if lows[i] > guarantee:
-                cut = min(lows[i] - guarantee, excess)
-                lows[i] -= cut
-                excess -= cut
-                if explain is not None:
-                    explain[i].add("frozen, but %.2f cores taken back for others' floors", cut)
-    ideal = water_fill(budget, lows, highs, [c.weight for c in claims])
-    cores = list(ideal)
-    kept = False
-    for i, c in enumerate(claims):
-        p = c.previous
-        a = ideal[i]
-        if p == a:
-            continue
-        band = max(hysteresis_cores, hysteresis_ratio * p)
-        if abs(a - p) <= band and lows[i] <= p <= highs[i]:
-            if p < a and p < min(c.demand, c.fair_share) - _EPS:
-                continue
-            cores[i] = p
-            kept = True
-    if kept and math.fsum(cores) > budget:
-        cores = [min(a, b) for a, b in zip(cores, ideal, strict=True)]
-    if explain is None:
-        return cores
-    lenders: list[tuple[float, str]] = []
-    borrowers: list[tuple[float, str]] = []
-    gainers: list[tuple[float, str]] = []
-    givers: list[tuple[float, str]] = []
-    for i, c in enumerate(claims):
-        a = cores[i]
-        if c.fair_share - a > 0.005:
-            lenders.append((c.fair_share - a, c.name))
-        elif a - c.fair_share > 0.005:
-            borrowers.append((a - c.fair_share, c.name))
-        if a - c.previous > 0.005 and c.previous < c.fair_share - 0.005:
-            gainers.append((a - c.previous, c.name))
-        elif c.previous - a > 0.005 and c.previous > c.fair_share + 0.005:
-            givers.append((c.previous - a, c.name))
-    lending = bool(lenders and borrowers)
-    reclaiming = bool(gainers and givers)
-    lend_to, borrow_from = _Names(borrowers), _Names(lenders)
-    give_to, reclaim_from = _Names(gainers), _Names(givers)
-    for i, c in enumerate(claims):
-        a = cores[i]
-        note = explain[i]
-        if a != ideal[i]:
-            note.add("hysteresis: keeping %.2f cores (ideal %.2f is within the band)", a, ideal[i])
-        if lending:
-            if c.fair_share - a > 0.005:
-                note.add("lends %.2f cores of its fair share to: %s", c.fair_share - a, lend_to)
-            elif a - c.fair_share > 0.005:
-                note.add(
-                    "borrows %.2f cores beyond its fair share %.2f from: %s",
-                    a - c.fair_share,
-                    c.fair_share,
-                    borrow_from,
-                )
-        if reclaiming:
-            if a - c.previous > 0.005 and c.previous < c.fair_share - 0.005:
-                note.add("reclaimed %.2f cores from: %s", a - c.previous, reclaim_from)
-            elif c.previous - a > 0.005 and c.previous > c.fair_share + 0.005:
-                note.add("gave back %.2f borrowed cores to: %s", c.previous - a, give_to)
-        if a < c.demand - 0.005:
-            note.add("wants %.2f cores, budget gives %.2f", c.demand, a)
-    return cores
 
 
 @dataclass(slots=True)
@@ -289,7 +160,7 @@ def arbitrate_independent(
     return out
 
 
-def split_allocation(
+def split_allocation(  # the plain reference for split_arrays
     cores: float,
     policy: ScalingPolicy,
     *,
@@ -315,7 +186,9 @@ def split_allocation(
     if fixed_cpu is not None:
         cpu = min(max(fixed_cpu, cpu_min), cpu_max)
         replicas = min(max(math.floor(cores / cpu + _EPS), lo), hi)
-        if replicas and replicas * cpu > cores + _EPS:
+        if replicas == 0:
+            return 0, policy.cpu.initial_cores
+        if replicas * cpu > cores + _EPS:
             cpu = cores / replicas
             if explain is not None:
                 explain.add(
@@ -347,3 +220,140 @@ def split_allocation(
     elif cpu < cpu_min:
         cpu = cpu_min if replicas * cpu_min <= cores + _EPS else cpu
     return replicas, cpu
+
+
+def water_fill_array(
+    budget: float, lows: FloatArray, highs: FloatArray, weights: FloatArray
+) -> FloatArray:
+    """:func:`water_fill` on arrays: one sort, one cumulative sum."""
+    total_high = float(highs.sum())
+    if total_high <= budget:
+        return highs.copy()
+    total_low = float(lows.sum())
+    if total_low >= budget:
+        return lows.copy()
+    moving = highs > lows
+    w = weights[moving]
+    points = np.concatenate((lows[moving] / w, highs[moving] / w))
+    slopes = np.concatenate((w, -w))
+    order = np.argsort(points, kind="stable")
+    points = points[order]
+    slope_after = np.cumsum(slopes[order])
+    gains = slope_after[:-1] * np.diff(points)
+    totals = total_low + np.concatenate(([0.0], np.cumsum(gains)))
+    k = int(np.searchsorted(totals, budget, side="right")) - 1
+    k = min(max(k, 0), len(points) - 1)
+    slope = slope_after[k]
+    lam = points[k] + ((budget - totals[k]) / slope if slope > 0 else 0.0)
+    out: FloatArray = np.minimum(np.maximum(lam * weights, lows), highs)
+    excess = float(out.sum()) - budget
+    if excess > 0:  # floating point: never more than the budget
+        room = out - lows
+        order_desc = np.argsort(-room, kind="stable")
+        take = np.minimum(
+            room[order_desc],
+            np.maximum(0.0, excess - np.concatenate(([0.0], np.cumsum(room[order_desc])[:-1]))),
+        )
+        out[order_desc] -= take
+    return out
+
+
+def fair_shares(budget: float, policies: Sequence[ScalingPolicy]) -> FloatArray:
+    """Each service's share under full contention (everyone demands all it could use)."""
+    lows = np.array([max(p.min_replicas * p.cpu.min, p.floor_cores) for p in policies])
+    highs = np.maximum(lows, np.array([p.max_replicas * p.cpu.max for p in policies]))
+    return water_fill_array(budget, lows, highs, np.array([p.weight for p in policies]))
+
+
+def arbitrate_arrays(
+    budget: float,
+    *,
+    demand: FloatArray,
+    minimum: FloatArray,
+    floor: FloatArray,
+    cap: FloatArray,
+    weight: FloatArray,
+    fair: FloatArray,
+    previous: FloatArray,
+    hold: FloatArray,
+    hysteresis_cores: float,
+    hysteresis_ratio: float,
+) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """Shared arbitration (see the module docstring) on arrays.
+
+    ``hold``: cores a frozen service keeps (its replicas × cpu.min), floors permitting.
+    Returns ``(cores, ideal, taken_for_floors)``: the allocation, the water-filled ideal
+    before hysteresis, and cores taken from frozen services' holds for others' floors.
+    """
+    guarantee = np.maximum(minimum, np.minimum(demand, floor))
+    low = np.where(hold > guarantee, np.minimum(hold, np.maximum(demand, guarantee)), guarantee)
+    taken = np.zeros_like(low)
+    excess = float(low.sum()) - budget
+    if excess > 0:
+        # Frozen holds give way to floors, in order.
+        extra = low - guarantee
+        before = np.concatenate(([0.0], np.cumsum(extra)[:-1]))
+        taken = np.clip(excess - before, 0.0, extra)
+        low = low - taken
+    high = np.minimum(np.maximum(demand, low), np.maximum(cap, low))
+    ideal = water_fill_array(budget, low, high, weight)
+    band = np.maximum(hysteresis_cores, hysteresis_ratio * previous)
+    keep = (
+        (previous != ideal)
+        & (np.abs(ideal - previous) <= band)
+        & (low <= previous)
+        & (previous <= high)
+        & ~((previous < ideal) & (previous < np.minimum(demand, fair) - _EPS))
+    )
+    if not keep.any():
+        return ideal, ideal, taken
+    cores = np.where(keep, previous, ideal)
+    if float(cores.sum()) > budget:
+        cores = np.minimum(cores, ideal)
+    return cores, ideal, taken
+
+
+def split_arrays(
+    cores: FloatArray,
+    *,
+    cpu_min: FloatArray,
+    cpu_max: FloatArray,
+    cpu_ref: FloatArray,
+    min_r: IntArray,
+    max_r: IntArray,
+    horizontal: BoolArray,
+    current: IntArray,
+    squeezed: BoolArray,
+    fixed_cpu: FloatArray,
+) -> tuple[IntArray, FloatArray, IntArray]:
+    """:func:`split_allocation` on arrays; ``fixed_cpu`` is NaN where a resize is possible.
+
+    Returns ``(replicas, cpu per replica, note)`` with note codes 0 none, 1 squeezed,
+    2 fewer replicas fit at cpu.min, 3 resize blocked, 4 resize blocked and CPU cut.
+    """
+    eps = _EPS
+    r_vertical = np.ceil(cores / cpu_max - eps).astype(np.int64)
+    r_horizontal = np.ceil(cores / cpu_ref - eps).astype(np.int64)
+    r = np.where(horizontal, r_horizontal, r_vertical)
+    sq = squeezed & (current > 0)
+    r = np.where(sq, np.maximum(current, r_vertical), r)
+    r = np.minimum(np.maximum(r, min_r), max_r)
+    note = np.where(sq & (r > 0), 1, 0)
+    thin = (r > 0) & (cores / np.maximum(r, 1) < cpu_min - eps)
+    fewer = np.maximum(min_r, np.floor(cores / cpu_min + eps).astype(np.int64))
+    r = np.where(thin, fewer, r)
+    note = np.where(thin, 2, note)
+    per = cores / np.maximum(r, 1)
+    cpu = np.minimum(per, cpu_max)
+    cpu = np.where((cpu < cpu_min) & (r * cpu_min <= cores + eps), cpu_min, cpu)
+    cpu = np.where(r > 0, cpu, cpu_ref)
+    fixed = ~np.isnan(fixed_cpu)
+    if fixed.any():
+        fc = np.minimum(np.maximum(np.where(fixed, fixed_cpu, 1.0), cpu_min), cpu_max)
+        rf = np.minimum(np.maximum(np.floor(cores / fc + eps).astype(np.int64), min_r), max_r)
+        cut = (rf > 0) & (rf * fc > cores + eps)
+        cf = np.where(cut, cores / np.maximum(rf, 1), fc)
+        r = np.where(fixed, rf, r)
+        cpu = np.where(fixed, np.where(rf > 0, cf, cpu_ref), cpu)
+        note = np.where(fixed, np.where(cut, 4, 3), note)
+    return r, cpu, note

@@ -16,6 +16,10 @@ Per tick and service: the metric (concurrency or rps) is fed to the horizontal r
 the platform measures CPU, the measured use with headroom, raised by throttling).  The
 arbiter (``scaler.budget``) turns all demands into allocations under the budget, and each
 allocation is split into replicas × CPU per replica.
+
+Every per-service quantity lives in a numpy array indexed like the policies, so one tick is
+a few dozen array operations whatever the number of services; each decision renders its
+reasons from the tick's arrays only when someone reads them (``scaler.explain``).
 """
 
 from __future__ import annotations
@@ -23,70 +27,37 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+import numpy as np
+
 from scaler.budget import (
-    Claim,
+    BoolArray,
+    FloatArray,
     IndependentClaim,
+    IntArray,
+    arbitrate_arrays,
     arbitrate_independent,
-    arbitrate_shared,
     fair_shares,
-    split_allocation,
+    split_arrays,
 )
 from scaler.decision import Decision, Explanation, ServiceState
-from scaler.horizontal import HorizontalRecommendation, KpaRecommender
+from scaler.explain import FROZEN_REASONS, TickView, rule_names
 from scaler.hpa import HpaBehaviorState, NoMetricsError, PodSample, calculate_replicas
+from scaler.kpa_batch import RULES, KpaBatch
 from scaler.policy import BudgetConfig, ScalingPolicy, check_floors
-from scaler.signals import BucketedWindow, CounterRate, ServiceSignals
+from scaler.signals import BucketedWindow, ServiceSignals
 
 _EPS = 1e-9
+_NOT_FROZEN, _MISSING, _STALE, _NO_DATA = 0, 1, 2, 3
 
 
-class _Track:
-    """What the engine remembers about one service between ticks."""
+class _HpaTrack:
+    """One HPA-mode service's memory (the HPA calculation is per service, not batched)."""
 
-    __slots__ = (
-        "arrivals",
-        "claim",
-        "cpu_rate",
-        "cpu_ref",
-        "fair_share",
-        "hpa",
-        "hpa_window",
-        "kpa",
-        "last_allocation",
-        "last_at",
-        "last_rps",
-        "last_throttled",
-        "last_used",
-        "name",
-        "policy",
-        "throttle_rate",
-    )
+    __slots__ = ("behavior", "window")
 
-    def __init__(self, name: str, policy: ScalingPolicy, fair_share: float) -> None:
-        self.name = name
-        self.policy = policy
-        self.cpu_ref = policy.cpu.initial_cores
-        self.fair_share = fair_share
-        self.kpa = KpaRecommender(policy) if policy.mode == "kpa" else None
-        self.hpa = HpaBehaviorState(policy.behavior) if policy.mode == "hpa" else None
-        self.hpa_window = BucketedWindow(policy.panic_window_s) if policy.mode == "hpa" else None
-        self.arrivals = CounterRate()
-        self.cpu_rate = CounterRate()
-        self.throttle_rate = CounterRate()
-        self.last_at: float | None = None
-        self.last_rps: float | None = None
-        self.last_used: float | None = None
-        self.last_throttled: float | None = None
-        self.last_allocation: float | None = None
-        minimum = policy.min_replicas * policy.cpu.min
-        self.claim = Claim(
-            name=name,
-            weight=policy.weight,
-            minimum=minimum,
-            floor=max(policy.floor_cores, minimum),
-            cap=policy.max_replicas * policy.cpu.max,
-            fair_share=fair_share,
-        )
+    def __init__(self, policy: ScalingPolicy) -> None:
+        self.behavior = HpaBehaviorState(policy.behavior)
+        self.window = BucketedWindow(policy.panic_window_s)
 
 
 class Engine:
@@ -109,22 +80,61 @@ class Engine:
         self.staleness_s = staleness_s
         self.hysteresis_cores = hysteresis_cores
         self.hysteresis_ratio = hysteresis_ratio
-        shares = fair_shares(budget.cpu, list(self.policies.values()))
-        self._tracks = [
-            _Track(name, policy, share)
-            for (name, policy), share in zip(self.policies.items(), shares, strict=True)
-        ]
-        self._by_name = {t.name: t for t in self._tracks}
+        self.names = list(self.policies)
+        pols = list(self.policies.values())
+        self._pols = pols
+        n = len(pols)
+        self.n = n
+
+        def arr(values: list[float]) -> FloatArray:
+            return np.array(values, dtype=np.float64).reshape(n)
+
+        def iarr(values: list[int]) -> IntArray:
+            return np.array(values, dtype=np.int64).reshape(n)
+
+        self.cpu_ref = arr([p.cpu.initial_cores for p in pols])
+        self.cpu_min = arr([p.cpu.min for p in pols])
+        self.cpu_max = arr([p.cpu.max for p in pols])
+        self.min_r = iarr([p.min_replicas for p in pols])
+        self.max_r = iarr([p.max_replicas for p in pols])
+        self.weight = arr([p.weight for p in pols])
+        self.minimum = self.min_r * self.cpu_min
+        self.floor = np.maximum(arr([p.floor_cores for p in pols]), self.minimum)
+        self.cap = self.max_r * self.cpu_max
+        self.target_utilization = arr([p.target_utilization for p in pols])
+        self.fair = fair_shares(budget.cpu, pols) if n else arr([])
+        self.is_rps: BoolArray = np.array([p.metric == "rps" for p in pols], dtype=bool)
+        self.horizontal: BoolArray = np.array([p.prefer == "horizontal" for p in pols], dtype=bool)
+        self.kpa_index = np.array(
+            [i for i, p in enumerate(pols) if p.mode == "kpa"], dtype=np.int64
+        )
+        self.kpa = KpaBatch([pols[i] for i in self.kpa_index])
+        self.hpa = {i: _HpaTrack(p) for i, p in enumerate(pols) if p.mode == "hpa"}
+        self._by_name = {name: i for i, name in enumerate(self.names)}
+        nan = np.full(n, np.nan)
+        self._last_at = nan.copy()
+        self._arrivals_at = nan.copy()
+        self._arrivals = np.zeros(n)
+        self._rps = np.zeros(n)
+        self._cpu_at = nan.copy()
+        self._cpu_total = nan.copy()
+        self._cpu_used = nan.copy()
+        self._thr_at = nan.copy()
+        self._thr_total = nan.copy()
+        self._thr_rate = nan.copy()
+        self._allocation = nan.copy()
 
     def __repr__(self) -> str:
         return (
-            f"Engine(services={len(self._tracks)}, budget={self.budget.cpu:g} cores, "
+            f"Engine(services={self.n}, budget={self.budget.cpu:g} cores, "
             f"arbitration={self.budget.arbitration})"
         )
 
     def fair_share(self, service: str) -> float:
         """Cores ``service`` is entitled to when every service wants all it can use."""
-        return self._by_name[service].fair_share
+        return float(self.fair[self._by_name[service]])
+
+    # -- the tick --------------------------------------------------------------------
 
     def tick(
         self,
@@ -133,117 +143,211 @@ class Engine:
         states: Mapping[str, ServiceState],
     ) -> dict[str, Decision]:
         """Decide every configured service's replicas and CPU for this tick."""
-        n = len(self._tracks)
-        recs: list[HorizontalRecommendation | None] = [None] * n
-        frozen: list[str | None] = [None] * n
-        currents: list[tuple[int, int, float, bool]] = []
-        explains = [Explanation() for _ in range(n)]
-        oldest = now - self.staleness_s
-        for i, track in enumerate(self._tracks):
-            policy = track.policy
-            state = states.get(track.name)
-            if state is None:
-                cur = (0, 0, track.cpu_ref, False)
-            else:
-                cur = (
-                    state.replicas,
-                    state.ready_replicas,
-                    state.cpu_per_replica_cores,
-                    state.resize_blocked,
+        names = self.names
+        n = self.n
+        sigs = [signals.get(name) for name in names]
+        sts = [states.get(name) for name in names]
+        cur_r = np.array([s.replicas if s is not None else 0 for s in sts], dtype=np.int64)
+        ready = np.array([s.ready_replicas if s is not None else 0 for s in sts], dtype=np.float64)
+        cur_cpu = np.array(
+            [s.cpu_per_replica_cores if s is not None else math.nan for s in sts], dtype=np.float64
+        )
+        cur_cpu = np.where(np.isnan(cur_cpu), self.cpu_ref, cur_cpu)
+        blocked = np.array([s is not None and s.resize_blocked for s in sts], dtype=bool)
+        at = np.array([s.at if s is not None else -math.inf for s in sigs], dtype=np.float64)
+        present = at > -math.inf
+        active = present & (at >= now - self.staleness_s)
+        fresh = active & (at != self._last_at)
+        self._last_at = np.where(fresh, at, self._last_at)
+        if fresh.any():
+            self._rates(sigs, at, fresh)
+        concurrency = np.array(
+            [s.in_flight + s.queued if s is not None else 0 for s in sigs], dtype=np.float64
+        )
+        value = np.where(self.is_rps, self._rps, concurrency)
+        capacity = ready * cur_cpu / self.cpu_ref
+
+        wanted = cur_r.copy()
+        load = cur_r.copy()
+        valid = np.zeros(n, dtype=bool)
+        kpa_tick = None
+        ki = self.kpa_index
+        if len(ki):
+            self.kpa.observe(now, value[ki], fresh[ki])
+            kpa_tick = self.kpa.recommend(now, capacity[ki], cur_r[ki], active[ki])
+            wanted[ki] = kpa_tick.replicas
+            load[ki] = kpa_tick.load
+            valid[ki] = kpa_tick.active
+        hpa_notes: dict[int, tuple[str, Explanation, dict[str, float]]] = {}
+        for i, track in self.hpa.items():
+            if active[i]:
+                r, rule, notes, inputs = self._recommend_hpa(
+                    i,
+                    track,
+                    now,
+                    (float(value[i]), bool(fresh[i])),
+                    (cur_r[i], ready[i], cur_cpu[i]),
                 )
-            currents.append(cur)
-            claim = track.claim
-            previous = track.last_allocation
-            claim.previous = cur[0] * cur[2] if previous is None else previous
-            sig = signals.get(track.name)
-            reason = None
-            if sig is None:
-                reason = "frozen: missing signals"
-            elif sig.at < oldest:
-                reason = "frozen: stale signals"
-            else:
-                rec = self._recommend(track, now, sig, cur)
-                recs[i] = rec
-                explains[i] = rec.reasons
-                if rec.valid:
-                    claim.demand = self._demand(track, rec, cur)
-                    claim.hold = 0.0
-                    continue
-                reason = "frozen: no data"
-            frozen[i] = reason
-            held = min(max(cur[0], policy.min_replicas), policy.max_replicas)
-            cpu = min(max(cur[2], policy.cpu.min), policy.cpu.max)
-            claim.demand = held * cpu
-            claim.hold = held * policy.cpu.min
-            explains[i].add(
-                "%s: keeping %d×%.2f cores, never scaling down on missing data",
-                reason,
-                cur[0],
-                cur[2],
-            )
+                wanted[i] = load[i] = r
+                valid[i] = rule != "no-data"
+                hpa_notes[i] = (rule, notes, inputs)
+
+        frozen_code = np.where(
+            ~present, _MISSING, np.where(~active, _STALE, np.where(~valid, _NO_DATA, _NOT_FROZEN))
+        )
+        frozen = frozen_code != _NOT_FROZEN
+        demand, hold = self._demand(wanted, load, cur_r, cur_cpu, frozen)
+        previous = np.where(np.isnan(self._allocation), cur_r * cur_cpu, self._allocation)
+
+        pending: dict[int, Explanation]
         if self.budget.arbitration == "independent":
-            return self._decide_independent(now, recs, frozen, currents, explains)
-        return self._decide_shared(now, recs, frozen, currents, explains)
-
-    # -- horizontal ------------------------------------------------------------------
-
-    def _recommend(
-        self,
-        track: _Track,
-        now: float,
-        sig: ServiceSignals,
-        cur: tuple[int, int, float, bool],
-    ) -> HorizontalRecommendation:
-        policy = track.policy
-        fresh = sig.at != track.last_at
-        if fresh:
-            track.last_at = sig.at
-            rate = track.arrivals.update(sig.at, sig.arrivals_total)
-            track.last_rps = rate if rate is not None else sig.rps
-            if sig.cpu_seconds_total is not None:
-                track.last_used = track.cpu_rate.update(sig.at, sig.cpu_seconds_total)
-            if sig.cpu_throttled_seconds_total is not None:
-                track.last_throttled = track.throttle_rate.update(
-                    sig.at, sig.cpu_throttled_seconds_total
+            replicas, cpu, pending = self._independent(wanted, cur_r, frozen)
+            cores = ideal = taken = replicas * cpu
+            split_note = np.zeros(n, dtype=np.int64)
+        else:
+            cores, ideal, taken = arbitrate_arrays(
+                self.budget.cpu,
+                demand=demand,
+                minimum=self.minimum,
+                floor=self.floor,
+                cap=self.cap,
+                weight=self.weight,
+                fair=self.fair,
+                previous=previous,
+                hold=hold,
+                hysteresis_cores=self.hysteresis_cores,
+                hysteresis_ratio=self.hysteresis_ratio,
+            )
+            replicas, cpu, split_note = split_arrays(
+                cores,
+                cpu_min=self.cpu_min,
+                cpu_max=self.cpu_max,
+                cpu_ref=self.cpu_ref,
+                min_r=self.min_r,
+                max_r=self.max_r,
+                horizontal=self.horizontal,
+                current=cur_r,
+                squeezed=frozen | (cores < demand - 1e-6),
+                # A blocked resize: scale replicas instead -- unless frozen (keep replicas).
+                fixed_cpu=np.where(blocked & (cur_r > 0) & ~frozen, cur_cpu, np.nan),
+            )
+            pending = {}
+        allocated = replicas * cpu
+        self._allocation = allocated
+        for i, track in self.hpa.items():
+            if not frozen[i]:
+                ref = self.cpu_ref[i]
+                track.behavior.record_scale(
+                    now,
+                    math.ceil(cur_r[i] * cur_cpu[i] / ref - 1e-6),
+                    math.ceil(allocated[i] / ref - 1e-6),
                 )
-        if policy.metric == "concurrency":
-            value = float(sig.in_flight + sig.queued)
-        else:
-            value = track.last_rps or 0.0
-        kpa = track.kpa
-        if kpa is not None:
-            if fresh:
-                kpa.observe(now, value)
-            rec = kpa.recommend(now, cur[1] * cur[2] / track.cpu_ref, cur[0])
-        else:
-            rec = self._recommend_hpa(track, now, value, fresh, cur)
-        rec.inputs[policy.metric] = value
-        return rec
+
+        view = TickView(
+            engine=self,
+            now=now,
+            kpa=kpa_tick,
+            hpa=hpa_notes,
+            value=value,
+            frozen_code=frozen_code,
+            current=cur_r,
+            current_cpu=cur_cpu,
+            wanted=wanted,
+            demand=demand,
+            previous=previous,
+            cores=cores,
+            ideal=ideal,
+            taken=taken,
+            replicas=replicas,
+            cpu=cpu,
+            split_note=split_note,
+            pending=pending,
+            used=self._cpu_used.copy(),
+            throttled=self._thr_rate.copy(),
+        )
+        rules = rule_names(kpa_tick, self.kpa_index, hpa_notes, frozen_code, n)
+        rep_list = replicas.tolist()
+        cpu_list = cpu.tolist()
+        alloc_list = allocated.tolist()
+        frozen_list = frozen.tolist()
+        explained = Decision.explained
+        source = view.source
+        return {
+            name: explained(
+                name,
+                now,
+                rep_list[i],
+                cpu_list[i],
+                alloc_list[i],
+                rules[i],
+                frozen_list[i],
+                source(i),
+            )
+            for i, name in enumerate(names)
+        }
+
+    # -- pieces ----------------------------------------------------------------------
+
+    def _rates(self, sigs: list[ServiceSignals | None], at: FloatArray, fresh: BoolArray) -> None:
+        """Arrival rate and CPU use from successive counters (counters going back restart)."""
+        arrivals = np.array(
+            [s.arrivals_total if s is not None else 0 for s in sigs], dtype=np.float64
+        )
+        given = np.array([s.rps if s is not None else 0.0 for s in sigs], dtype=np.float64)
+        dt = at - self._arrivals_at
+        ok = fresh & (dt > 0) & (arrivals >= self._arrivals)
+        rate = np.where(ok, (arrivals - self._arrivals) / np.where(ok, dt, 1.0), given)
+        self._rps = np.where(fresh, rate, self._rps)
+        self._arrivals = np.where(fresh, arrivals, self._arrivals)
+        self._arrivals_at = np.where(fresh, at, self._arrivals_at)
+        for attr, prefix in (
+            ("cpu_seconds_total", "_cpu"),
+            ("cpu_throttled_seconds_total", "_thr"),
+        ):
+            total = np.array(
+                [
+                    v
+                    if (v := getattr(s, attr) if s is not None else None) is not None
+                    else math.nan
+                    for s in sigs
+                ],
+                dtype=np.float64,
+            )
+            has = fresh & ~np.isnan(total)
+            if not has.any():
+                continue
+            prev_at = getattr(self, prefix + "_at")
+            prev_total = getattr(self, prefix + "_total")
+            dt = at - prev_at
+            good = has & (dt > 0) & (total >= prev_total)
+            per_s = np.where(good, (total - prev_total) / np.where(good, dt, 1.0), math.nan)
+            rate_attr = "_cpu_used" if prefix == "_cpu" else "_thr_rate"
+            setattr(self, rate_attr, np.where(has, per_s, getattr(self, rate_attr)))
+            setattr(self, prefix + "_total", np.where(has, total, prev_total))
+            setattr(self, prefix + "_at", np.where(has, at, prev_at))
 
     def _recommend_hpa(
         self,
-        track: _Track,
+        i: int,
+        track: _HpaTrack,
         now: float,
-        value: float,
-        fresh: bool,
-        cur: tuple[int, int, float, bool],
-    ) -> HorizontalRecommendation:
-        policy = track.policy
-        window = track.hpa_window
-        hpa = track.hpa
-        assert window is not None and hpa is not None
+        observed: tuple[float, bool],
+        current_state: tuple[int, float, float],
+    ) -> tuple[int, str, Explanation, dict[str, float]]:
+        policy = self._pols[i]
+        value, fresh = observed
+        replicas, ready, cpu = current_state
         if fresh:
-            window.record(now, value)
-        average = window.average(now)
-        reasons = Explanation()
+            track.window.record(now, value)
+        average = track.window.average(now)
+        notes = Explanation()
         if average is None:
-            reasons.add("no metric data")
-            return HorizontalRecommendation(cur[0], "no-data", reasons, valid=False)
-        replicas, ready, cpu, _ = cur
-        scale = cpu / track.cpu_ref
+            notes.add("no metric data")
+            return int(replicas), "no-data", notes, {}
+        scale = cpu / float(self.cpu_ref[i])
         current = math.ceil(replicas * scale - 1e-6)
         ready_ref = min(current, round(ready * scale))
-        reasons.add(
+        notes.add(
             "hpa: %s %.2f over %gs, target %g per replica, %d replicas (%d ready)",
             policy.metric,
             average,
@@ -263,169 +367,74 @@ class Engine:
         try:
             result = calculate_replicas(samples, current, policy.target, policy.tolerance)
             desired = result.replicas
-            reasons.add("hpa: %s", result.reason)
+            notes.add("hpa: %s", result.reason)
         except NoMetricsError as e:
             desired = current
             rule = "hpa-no-ready-pods"
-            reasons.add("hpa: %s, holding", e)
-        desired = hpa.normalize(
+            notes.add("hpa: %s, holding", e)
+        desired = track.behavior.normalize(
             now,
             current=current,
             desired=desired,
             min_replicas=policy.min_replicas,
             max_replicas=policy.max_replicas,
-            reasons=reasons,
+            reasons=notes,
         )
-        return HorizontalRecommendation(
-            desired, rule, reasons, {"average": average, "capacity_replicas": float(current)}
-        )
+        return desired, rule, notes, {"average": average, "capacity_replicas": float(current)}
 
     def _demand(
-        self, track: _Track, rec: HorizontalRecommendation, cur: tuple[int, int, float, bool]
-    ) -> float:
-        """Cores this service needs: its wanted replicas at ``cpu.request`` (replicas kept only
-        for min_replicas or the idle hold need just ``cpu.min``), or measured use with headroom."""
-        policy = track.policy
-        wanted = rec.replicas
-        load = wanted if rec.load_replicas is None else min(rec.load_replicas, wanted)
-        demand = load * track.cpu_ref
-        least = wanted * policy.cpu.min
-        demand = max(demand, least)
-        used = track.last_used
-        replicas = cur[0]
-        if used is not None and load > 0 and replicas > 0:
-            capacity_ref = replicas * cur[2] / track.cpu_ref
-            growth = max(1.0, load / capacity_ref) if capacity_ref > 0 else 1.0
-            throttled = track.last_throttled or 0.0
-            boost = 1.0 + min(1.0, throttled / replicas)
-            measured = used / policy.target_utilization * growth * boost
-            demand = max(measured, least)
-            rec.inputs["cpu_used_cores"] = used
-            rec.inputs["cpu_throttled_per_replica"] = throttled / replicas
-        cap = track.claim.cap
-        return demand if demand < cap else cap
-
-    # -- arbitration -----------------------------------------------------------------
-
-    def _decide_shared(
         self,
-        now: float,
-        recs: list[HorizontalRecommendation | None],
-        frozen: list[str | None],
-        currents: list[tuple[int, int, float, bool]],
-        explains: list[Explanation],
-    ) -> dict[str, Decision]:
-        tracks = self._tracks
-        claims = [t.claim for t in tracks]
-        cores_list = arbitrate_shared(
-            self.budget.cpu, claims, self.hysteresis_cores, self.hysteresis_ratio, explains
-        )
-        out: dict[str, Decision] = {}
-        for i, track in enumerate(tracks):
-            policy = track.policy
-            cores = cores_list[i]
-            cur = currents[i]
-            claim = claims[i]
-            explain = explains[i]
-            is_frozen = frozen[i] is not None
-            replicas, cpu = split_allocation(
-                cores,
-                policy,
-                cpu_ref=track.cpu_ref,
-                current_replicas=cur[0],
-                squeezed=is_frozen or cores < claim.demand - 1e-6,
-                # A blocked resize: scale replicas instead -- unless frozen (keep replicas).
-                fixed_cpu=cur[2] if cur[3] and cur[0] > 0 and not is_frozen else None,
-                explain=explain,
+        wanted: IntArray,
+        load: IntArray,
+        cur_r: IntArray,
+        cur_cpu: FloatArray,
+        frozen: BoolArray,
+    ) -> tuple[FloatArray, FloatArray]:
+        """Cores each service needs: the load's replicas at ``cpu.request`` (replicas kept
+        only for min_replicas or the idle hold need just ``cpu.min``), or measured use with
+        headroom and a throttling boost.  Frozen services: what they hold."""
+        load = np.minimum(load, wanted)
+        least = wanted * self.cpu_min
+        demand = np.maximum(load * self.cpu_ref, least)
+        used = self._cpu_used
+        measured_ok = ~np.isnan(used) & (load > 0) & (cur_r > 0)
+        if measured_ok.any():
+            capacity_ref = cur_r * cur_cpu / self.cpu_ref
+            positive = capacity_ref > 0
+            growth = np.where(
+                positive, np.maximum(1.0, load / np.where(positive, capacity_ref, 1.0)), 1.0
             )
-            allocated = replicas * cpu
-            track.last_allocation = allocated
-            explain.add(
-                "budget: demand %.2f cores (floor %.2f, fair share %.2f) -> %d×%.2f = %.2f cores",
-                claim.demand,
-                claim.floor,
-                claim.fair_share,
-                replicas,
-                cpu,
-                allocated,
-            )
-            rec = recs[i]
-            if rec is not None:
-                inputs = rec.inputs
-                inputs["horizontal_replicas"] = rec.replicas
-                rule = frozen[i] or rec.rule
-            else:
-                inputs = {}
-                rule = frozen[i] or "frozen"
-            inputs["demand_cores"] = claim.demand
-            inputs["allocation_cores"] = cores
-            inputs["fair_share_cores"] = claim.fair_share
-            inputs["floor_cores"] = claim.floor
-            out[track.name] = Decision(
-                track.name, now, replicas, cpu, allocated, rule, explain, inputs, is_frozen
-            )
-            if track.hpa is not None and not is_frozen:
-                ref = track.cpu_ref
-                track.hpa.record_scale(
-                    now, math.ceil(cur[0] * cur[2] / ref - 1e-6), math.ceil(allocated / ref - 1e-6)
-                )
-        return out
+            thr = self._thr_rate
+            throttled = np.where(np.isnan(thr), 0.0, thr) / np.maximum(cur_r, 1)
+            boost = 1.0 + np.minimum(1.0, throttled)
+            measured = np.where(measured_ok, used, 0.0) / self.target_utilization * growth * boost
+            demand = np.where(measured_ok, np.maximum(measured, least), demand)
+        held_r = np.minimum(np.maximum(cur_r, self.min_r), self.max_r)
+        held_cpu = np.minimum(np.maximum(cur_cpu, self.cpu_min), self.cpu_max)
+        demand = np.where(frozen, held_r * held_cpu, demand)
+        demand = np.minimum(demand, self.cap)
+        hold = np.where(frozen, held_r * self.cpu_min, 0.0)
+        return demand, hold
 
-    def _decide_independent(
-        self,
-        now: float,
-        recs: list[HorizontalRecommendation | None],
-        frozen: list[str | None],
-        currents: list[tuple[int, int, float, bool]],
-        explains: list[Explanation],
-    ) -> dict[str, Decision]:
-        claims: list[IndependentClaim] = []
-        for i, track in enumerate(self._tracks):
-            cur = currents[i]
-            rec = recs[i]
-            fixed = frozen[i] is not None
-            claims.append(
-                IndependentClaim(
-                    name=track.name,
-                    policy=track.policy,
-                    cpu_ref=track.cpu_ref,
-                    want_replicas=cur[0] if fixed or rec is None else rec.replicas,
-                    held_replicas=cur[0],
-                    fixed=fixed,
-                )
+    def _independent(
+        self, wanted: IntArray, cur_r: IntArray, frozen: BoolArray
+    ) -> tuple[IntArray, FloatArray, dict[int, Explanation]]:
+        claims = [
+            IndependentClaim(
+                name=name,
+                policy=self._pols[i],
+                cpu_ref=float(self.cpu_ref[i]),
+                want_replicas=int(cur_r[i] if frozen[i] else wanted[i]),
+                held_replicas=int(cur_r[i]),
+                fixed=bool(frozen[i]),
             )
+            for i, name in enumerate(self.names)
+        ]
+        explains = [Explanation() for _ in claims]
         granted = arbitrate_independent(self.budget.cpu, claims, explains)
-        out: dict[str, Decision] = {}
-        for i, track in enumerate(self._tracks):
-            replicas, cpu = granted[i]
-            allocated = replicas * cpu
-            track.last_allocation = allocated
-            rec = recs[i]
-            cur = currents[i]
-            explain = explains[i]
-            explain.add(
-                "independent: wants %d replicas of %g cores -> %d×%.2f = %.2f cores",
-                claims[i].want_replicas,
-                track.cpu_ref,
-                replicas,
-                cpu,
-                allocated,
-            )
-            inputs: dict[str, float] = rec.inputs if rec is not None else {}
-            inputs["demand_cores"] = track.claim.demand
-            inputs["allocation_cores"] = allocated
-            rule = frozen[i] or (rec.rule if rec is not None else "frozen")
-            out[track.name] = Decision(
-                track.name,
-                now,
-                replicas,
-                cpu,
-                allocated,
-                rule,
-                explain,
-                inputs,
-                frozen[i] is not None,
-            )
-            if track.hpa is not None and frozen[i] is None:
-                track.hpa.record_scale(now, cur[0], replicas)
-        return out
+        replicas = np.array([g[0] for g in granted], dtype=np.int64).reshape(self.n)
+        cpu = np.array([g[1] for g in granted], dtype=np.float64).reshape(self.n)
+        return replicas, cpu, {i: e for i, e in enumerate(explains) if len(e)}
+
+
+__all__ = ["FROZEN_REASONS", "RULES", "Engine"]
