@@ -14,12 +14,12 @@ import httpx
 import pytest
 
 from gateway.app import Runtime, serve
-from gateway.discovery.kubernetes import KubernetesDiscovery
+from gateway.kubernetes_platform import KubernetesRunner
 from gateway.settings import parse_settings
 from scaler.kubeapi import KubeApi
 from scaler.peer_signals import PeerSignals
 from tests.support.fake_kube import FakeKube
-from tests.support.kube_objects import endpoint_slice, ingress
+from tests.support.kube_objects import deployment, endpoint_slice, ingress
 from tests.support.processes import Upstream, upstreams
 
 TIMEOUT_S = 20
@@ -54,7 +54,8 @@ async def until(pred: Callable[[], Any]) -> None:
 @contextlib.asynccontextmanager
 async def live_gateway(
     fake: FakeKube, capsys: pytest.CaptureFixture[str]
-) -> AsyncIterator[tuple[str, str, KubernetesDiscovery]]:
+) -> AsyncIterator[tuple[str, str, KubernetesRunner]]:
+    """The real gateway (serve) with the Kubernetes platform runner against the fake API."""
     settings = parse_settings(
         {
             "listen": {"host": "127.0.0.1", "port": 0},
@@ -63,7 +64,6 @@ async def live_gateway(
             "kubernetes": {"status_addresses": ["127.0.0.1"]},
         }
     )
-    api = KubeApi.connect(host=fake.url)
     stop = asyncio.Event()
     started: asyncio.Future[Runtime] = asyncio.get_running_loop().create_future()
 
@@ -71,31 +71,22 @@ async def live_gateway(
         started.set_result(runtime)
 
     server = asyncio.create_task(serve(settings, stop, on_ready))
-    pumps: list[asyncio.Task[None]] = []
+    runner = None
     try:
         async with asyncio.timeout(TIMEOUT_S):
             runtime = await started
         line = re.search(r"sluice listening data=(\S+) admin=(\S+)", capsys.readouterr().out)
         assert line is not None
-        async with KubernetesDiscovery(api, settings) as disco:
-
-            async def pump_routes() -> None:
-                async for update in disco.routes():
-                    runtime.apply_routes(update)
-
-            async def pump_endpoints() -> None:
-                async for update in disco.updates():
-                    runtime.apply_endpoints(update)
-
-            pumps = [asyncio.create_task(pump_routes()), asyncio.create_task(pump_endpoints())]
-            yield line.group(1), line.group(2), disco
+        runner = KubernetesRunner(
+            runtime, settings, api=KubeApi.connect(host=fake.url), interval_s=0.2
+        )
+        await runner.start()
+        yield line.group(1), line.group(2), runner
     finally:
-        for t in pumps:
-            t.cancel()
-        await asyncio.gather(*pumps, return_exceptions=True)
+        if runner is not None:
+            await runner.stop()
         stop.set()
         await asyncio.wait_for(server, TIMEOUT_S)
-        await api.close()
 
 
 async def test_ingress_changes_route_live_traffic(
@@ -226,3 +217,75 @@ async def test_endpoint_churn_drains_and_uses_terminating_only_as_last_resort(
             for s in web_slice((w1, READY)):
                 fake.put(s)
             await until(lambda: only("w1"))
+
+
+async def test_live_load_scales_the_deployment_through_the_runner(
+    fake: FakeKube, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Real requests -> this gateway's /api/signals -> merged by the leader -> engine ->
+    /scale on the Deployment, all through KubernetesRunner."""
+    with upstreams("w1") as (w1,):
+        fake.put(
+            ingress(
+                "shop",
+                [(None, "/", "Prefix", "web", "http")],
+                annotations={
+                    "sluice.io/target": "2",
+                    "sluice.io/max-replicas": "5",
+                    "sluice.io/cpu-min": "0.1",
+                    "sluice.io/cpu-max": "0.1",
+                    "sluice.io/prefer": "horizontal",
+                },
+            )
+        )
+        for s in web_slice((w1, READY)):
+            fake.put(s)
+        fake.put(deployment("web", 1))
+        async with (
+            live_gateway(fake, capsys) as (url, admin_url, runner),
+            httpx.AsyncClient(base_url=url, timeout=30) as client,
+        ):
+            # the gateway's own Service lists this replica's admin port: it is its own peer
+            admin_port = int(admin_url.rpartition(":")[2])
+            fake.put(
+                endpoint_slice(
+                    "sluice-x",
+                    "sluice",
+                    [("127.0.0.1", READY)],
+                    [("admin", admin_port)],
+                    namespace="sluice",
+                )
+            )
+            await until(lambda: served(client))
+
+            async def load() -> None:
+                while True:
+                    await client.get("/delay", params={"s": "0.3"})
+
+            workers = [asyncio.create_task(load()) for _ in range(12)]
+            try:
+
+                async def scaled() -> bool:
+                    return (fake.get("deployments", "shop", "web") or {})["spec"]["replicas"] > 1
+
+                await until(scaled)
+            finally:
+                for w in workers:
+                    w.cancel()
+                await asyncio.gather(*workers, return_exceptions=True)
+            assert runner.platform is not None and runner.platform.elector.is_leader()
+
+            def scaled_events() -> list[dict[str, Any]]:
+                return [e for e in fake.list("events") if e["reason"] == "Scaled"]
+
+            async def recorded() -> bool:
+                return bool(scaled_events())
+
+            await until(recorded)  # the Event follows the patch
+            events = scaled_events()
+            assert events[0]["involvedObject"]["name"] == "web"
+            assert "shop/web: replicas 1 -> " in events[0]["message"]
+
+
+async def served(client: httpx.AsyncClient) -> bool:
+    return (await client.get("/echo")).status_code == 200

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.discovery.kubernetes import KubernetesPlatform
+from gateway.kubernetes_platform import KubernetesPlatform
 from gateway.settings import Settings, parse_settings
 from scaler.engine import Engine
 from scaler.kube_model import format_cpu
