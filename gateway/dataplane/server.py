@@ -22,8 +22,9 @@ import httptools
 
 from gateway.dataplane.errors import Cause, HttpDate, error_response
 from gateway.dataplane.forward import PAUSE_BACKPRESSURE, PAUSE_BUFFER, Exchange
+from gateway.dataplane.headers import HeadCache
 from gateway.dataplane.limits import HeadLimits, RequestRejected, check_head
-from gateway.dataplane.upstream import WRITE_BUFFER_HIGH, WRITE_BUFFER_LOW
+from gateway.dataplane.upstream import WRITE_BUFFER_HIGH, WRITE_BUFFER_LOW, EndpointConnections
 from gateway.routing import RouteTable
 from gateway.service import Service
 
@@ -32,6 +33,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+ROUTE_CACHE_MAX = 4096
+"""Distinct (Host, path) pairs remembered per route table before the cache starts over."""
 SWEEP_S = 0.05
 """How often in-flight exchanges are checked against their deadlines (timeout precision)."""
 IDLE_SWEEP_EVERY = 20
@@ -349,7 +352,7 @@ class ClientConnection(asyncio.Protocol):
 
     def _answer_and_close(self, cause: Cause) -> None:
         if not self.closed:
-            self.transport.write(error_response(cause, self.dp.date.get(), close=True))
+            self.transport.write(error_response(cause, self.dp.date_value, close=True))
             self.linger_close()
 
     def linger_close(self) -> None:
@@ -402,6 +405,12 @@ class DataPlane:
         self._sweeps = 0
         self.loop = loop or asyncio.get_running_loop()
         self.date = HttpDate()
+        self.date_value = self.date.get()
+        """The ``Date`` header value, refreshed by the sweep (every ``SWEEP_S``)."""
+        self.heads = HeadCache()
+        """Memoised header rewriting (a repeated header set costs one dict lookup)."""
+        self._route_table: RouteTable | None = None
+        self._route_cache: dict[tuple[bytes, bytes], str | None] = {}
         self.networks = [ipaddress.ip_network(n, strict=False) for n in trusted_proxies]
         self.connections: set[ClientConnection] = set()
         self.active: set[Exchange] = set()
@@ -411,7 +420,26 @@ class DataPlane:
         """Set while stopping, once no exchange is active."""
         self._sweeper: asyncio.TimerHandle | None = None
 
+    def route(self, host: bytes, path: bytes) -> str | None:
+        """``routes.match`` for raw header bytes, memoised per route table (swaps reset it)."""
+        table = self.routing.routes
+        cache = self._route_cache
+        if table is not self._route_table:
+            self._route_table = table
+            cache.clear()
+        key = (host, path)
+        try:
+            return cache[key]
+        except KeyError:
+            pass
+        name = table.match(host.decode("latin-1"), path.decode("latin-1"))
+        if len(cache) >= ROUTE_CACHE_MAX:
+            cache.clear()
+        cache[key] = name
+        return name
+
     def _sweep(self) -> None:
+        self.date_value = self.date.get()
         now = self.loop.time()
         due = [ex for ex in self.active if ex.deadline_next <= now]
         for ex in due:
@@ -428,6 +456,10 @@ class DataPlane:
                 if c.current is None and not c.head_open and c.last_active < idle_before
             ]:
                 conn.close()
+            for service in self.routing.services.values():
+                for ep in service.endpoints.endpoints:
+                    if isinstance(ep.pool, EndpointConnections):
+                        ep.pool.expire(now)
         self._sweeper = self.loop.call_later(SWEEP_S, self._sweep)
 
     def configure(self, trusted_proxies: Sequence[str], limits: HeadLimits) -> None:
