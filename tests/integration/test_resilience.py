@@ -138,7 +138,7 @@ def test_refused_connection_is_502(tmp_path: Path) -> None:
 
 
 def test_reset_before_response_is_502(ups: list[Upstream], tmp_path: Path) -> None:
-    with FaultyProxy(target(ups[0]), Fault.REFUSE) as proxy:
+    with FaultyProxy(target(ups[0]), Fault.RESET_AFTER_REQUEST) as proxy:
         cfg = service([proxy.address])
         with gateway(cfg, tmp_path / "s.yaml") as g, httpx.Client(base_url=g.url, timeout=30) as c:
             r = c.get("/echo")
@@ -240,7 +240,7 @@ def test_reset_get_is_retried_but_a_post_that_reached_an_upstream_is_not(
     recorder: Recorder, tmp_path: Path
 ) -> None:
     with (
-        FaultyProxy(("127.0.0.1", recorder.port), Fault.REFUSE) as resetting,
+        FaultyProxy(("127.0.0.1", recorder.port), Fault.RESET_AFTER_REQUEST) as resetting,
         FaultyProxy(("127.0.0.1", recorder.port), Fault.PASS) as good,
     ):
         cfg = service([resetting.address, good.address], balancer="round_robin")
