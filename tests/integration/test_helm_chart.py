@@ -156,8 +156,16 @@ def test_schema_rejects_bad_values() -> None:
             "terminationGracePeriodSeconds (30) must exceed preStopDelaySeconds (5) + the drain time (30 s)",
         ),
         (
-            {"ingressClass": {"name": "edge"}},
+            {
+                "ingressClass": {"name": "edge"},
+                "config": {"kubernetes": {"ingress_class": "sluice"}},
+            },
             "ingressClass.name (edge) differs from config.kubernetes.ingress_class (sluice)",
+        ),
+        (
+            {"rbac": {"clusterWide": False}, "config": {"kubernetes": {"namespaces": ["shop"]}}},
+            "config.kubernetes.namespaces is [shop] but rbac.clusterWide=false grants access to "
+            "the release namespace (edge) only",
         ),
         (
             {"serviceAccount": {"create": False, "name": ""}},
@@ -259,8 +267,14 @@ def test_selectors_match_the_pods(case: tuple[dict[str, Any], list[Manifest]]) -
         (endpoint,) = monitor["spec"]["endpoints"]
         assert endpoint["port"] in {p["name"] for p in admin["spec"]["ports"]}
         assert endpoint["path"] == "/metrics"
-    env = {e["name"]: e for e in _container(docs)["env"]}
-    assert env["SLUICE_PEERS_SERVICE"]["value"] == admin["metadata"]["name"]
+    # the leader finds its peers in the EndpointSlices of the Service the config names
+    kube = yaml.safe_load(_one(docs, "ConfigMap")["data"]["sluice.yaml"])["kubernetes"]
+    assert kube["gateway_service"] == {
+        "namespace": NAMESPACE,
+        "name": admin["metadata"]["name"],
+        "admin_port_name": "admin",
+    }
+    assert "admin" in {p["name"] for p in admin["spec"]["ports"]}
 
 
 def test_ports_and_probes_follow_the_config(case: tuple[dict[str, Any], list[Manifest]]) -> None:
@@ -321,7 +335,18 @@ def test_configmap_passes_sluice_check(
 ) -> None:
     values, docs = case
     text = _one(docs, "ConfigMap")["data"]["sluice.yaml"]
-    assert yaml.safe_load(text) == values["config"]
+    rendered = yaml.safe_load(text)
+    kube = rendered.pop("kubernetes")
+    expected = dict(values["config"])
+    given = expected.pop("kubernetes", None) or {}
+    assert rendered == expected, "values.config is rendered verbatim"
+    for key, value in given.items():  # the user's kubernetes keys survive
+        if key not in {"gateway_service", "lease"}:
+            assert kube[key] == value
+    assert kube["lease"]["namespace"] == NAMESPACE, "the namespaced Role grants the Lease there"
+    assert kube["ingress_class"] == values["ingressClass"]["name"]
+    if values["rbac"]["create"] and not values["rbac"]["clusterWide"]:
+        assert kube["namespaces"] == [NAMESPACE], "a Role only reaches the release namespace"
     config = tmp_path / "sluice.yaml"
     config.write_text(text)
     out = subprocess.run(
