@@ -8,6 +8,7 @@
   in-flight count, completions by status class and the live signals
 * ``GET /api/signals`` — every service's ``ServiceSignals`` (what the scaler reads; the
   Kubernetes platform merges these across gateway replicas)
+* routes passed in ``extra_routes`` (``GET /api/traces`` from ``gateway.telemetry.api``)
 
 Starlette on uvicorn, started on the gateway's event loop: not on the hot path.
 """
@@ -18,14 +19,14 @@ import asyncio
 import contextlib
 import dataclasses
 import socket
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 from gateway.metrics import CONTENT_TYPE, build_registry, render
 
@@ -58,7 +59,7 @@ def service_view(runtime: Runtime, name: str, now: float) -> dict[str, Any]:
     }
 
 
-def build_app(runtime: Runtime) -> Starlette:
+def build_app(runtime: Runtime, extra_routes: Sequence[BaseRoute] = ()) -> Starlette:
     registry = build_registry(lambda: runtime.services, runtime.now)
 
     async def healthz(request: Request) -> Response:
@@ -101,6 +102,7 @@ def build_app(runtime: Runtime) -> Starlette:
             Route("/metrics", metrics),
             Route("/api/services", services),
             Route("/api/signals", signals),
+            *extra_routes,
         ]
     )
 
@@ -114,8 +116,9 @@ class _Server(uvicorn.Server):
 class AdminServer:
     """uvicorn serving :func:`build_app` on a socket bound up front (so port 0 works)."""
 
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Runtime, extra_routes: Sequence[BaseRoute] = ()) -> None:
         self.runtime = runtime
+        self.extra_routes = tuple(extra_routes)
         self._server: _Server | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -127,7 +130,7 @@ class AdminServer:
         sock.listen(128)
         sock.setblocking(False)
         config = uvicorn.Config(
-            build_app(self.runtime),
+            build_app(self.runtime, self.extra_routes),
             log_level="warning",
             access_log=False,
             lifespan="off",

@@ -27,6 +27,8 @@ from gateway.endpoints import Endpoint
 from gateway.routing import RouteTable
 from gateway.service import Service
 from gateway.settings import ServiceConfig, Settings
+from gateway.telemetry.api import traces_route
+from gateway.telemetry.provider import Telemetry, TelemetryError
 from scaler.signals import ServiceSignals
 
 log = logging.getLogger(__name__)
@@ -150,11 +152,18 @@ async def serve(
             settings.platform,
         )
 
+    try:
+        telemetry = Telemetry.start(settings.telemetry.traces)
+    except TelemetryError as e:
+        print(f"sluice: telemetry: {e}", file=sys.stderr, flush=True)
+        return 2
     stop = stop or asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    dataplane = DataPlane(runtime, settings.trusted_proxies, loop)
-    admin = AdminServer(runtime)
+    dataplane = DataPlane(runtime, settings.trusted_proxies, loop, tracing=telemetry.requests)
+    admin = AdminServer(
+        runtime, extra_routes=[traces_route(telemetry.buffer, telemetry.tracer is not None)]
+    )
     try:
         data_host, data_port = await dataplane.start(settings.listen.host, settings.listen.port)
         admin_host, admin_port = await admin.start(settings.admin.host, settings.admin.port)
@@ -163,6 +172,7 @@ async def serve(
         await dataplane.stop(0)
         if local is not None:
             await local.stop()
+        await asyncio.to_thread(telemetry.shutdown)
         return 1
     runtime.ready = True
     # One parseable line (tests and scripts read the bound ports from it; port 0 works).
@@ -187,6 +197,9 @@ async def serve(
     if local is not None:
         await local.stop()
     await admin.stop()
+    await asyncio.to_thread(
+        telemetry.shutdown
+    )  # flushes pending spans (bounded by the export timeout)
     return 0
 
 

@@ -94,6 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("schema", help="print the config file's JSON Schema")
     p.set_defaults(func=cmd_schema)
+
+    from gateway.telemetry.view import add_traces_command
+
+    add_traces_command(sub, _add_config)
     return parser
 
 

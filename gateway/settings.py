@@ -278,6 +278,110 @@ class KubernetesConfig(_Model):
         return self
 
 
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+
+
+class SamplerConfig(_Model):
+    """Which traces are recorded: W3C parent-based, then a ratio of new traces by trace id."""
+
+    type: Literal["parentbased_ratio"] = Field(
+        default="parentbased_ratio",
+        description="parentbased_ratio: follow the caller's sampled flag when a traceparent "
+        "arrives, otherwise record this fraction of new traces (by trace id, like "
+        "OpenTelemetry's parentbased_traceidratio).",
+    )
+    ratio: float = Field(
+        default=1.0,
+        ge=0.0,
+        le=1.0,
+        description="Fraction of new (root) traces recorded, 0..1; 0.01 = one in a hundred.",
+    )
+
+
+class TraceBufferConfig(_Model):
+    """The in-memory ring buffer of recent traces behind GET /api/traces and `sluice traces`."""
+
+    max_traces: int = Field(
+        default=200, ge=0, le=100_000, description="Traces kept; the oldest go first (0 = off)."
+    )
+    max_spans_per_trace: int = Field(
+        default=256,
+        ge=1,
+        le=10_000,
+        description="Spans kept per trace; later ones are counted, not kept.",
+    )
+
+
+ExporterName = Literal["otlp_http", "otlp_grpc", "console", "none"]
+
+
+class TracesConfig(_Model):
+    """OpenTelemetry traces: a span per request and per scaler tick.
+
+    Keys set here win over the standard OTEL_* environment variables; keys left out fall
+    back to them (OTEL_TRACES_EXPORTER, OTEL_TRACES_SAMPLER[_ARG],
+    OTEL_EXPORTER_OTLP[_TRACES]_ENDPOINT/_HEADERS), then to the defaults below.
+    OTEL_SDK_DISABLED=true turns tracing off whatever this says.
+    """
+
+    enabled: bool = Field(default=False, description="Record traces at all.")
+    sampler: SamplerConfig = Field(
+        default_factory=SamplerConfig, description="Which traces are recorded."
+    )
+    exporter: ExporterName = Field(
+        default="none",
+        description="Where finished spans go besides the in-memory buffer: otlp_http (OTLP/HTTP "
+        "protobuf), otlp_grpc, console (stdout), none (only the buffer).",
+    )
+    endpoint: str | None = Field(
+        default=None,
+        description="OTLP endpoint: otlp_http takes the full URL "
+        "(default http://localhost:4318/v1/traces), otlp_grpc 'http[s]://host:port' "
+        "(default http://localhost:4317; http = plaintext).",
+    )
+    headers: dict[str, SecretStr] = Field(
+        default_factory=dict,
+        description="Extra headers sent with every export (e.g. an API key); never logged.",
+    )
+    buffer: TraceBufferConfig = Field(
+        default_factory=TraceBufferConfig, description="Recent traces kept in memory."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if self.endpoint is not None:
+            if self.exporter not in ("otlp_http", "otlp_grpc"):
+                raise KeyedValueError(
+                    "endpoint",
+                    f"only applies to the otlp_http and otlp_grpc exporters, exporter is {self.exporter!r}",
+                )
+            scheme, sep, rest = self.endpoint.partition("://")
+            if not sep or scheme not in ("http", "https") or not rest or rest.startswith("/"):
+                raise KeyedValueError(
+                    "endpoint",
+                    f"must be an http:// or https:// URL with a host, got {self.endpoint!r}",
+                )
+        for name in self.headers:
+            if not _HEADER_NAME.match(name):
+                raise KeyedValueError(
+                    f"headers.{name}", "must be an HTTP header name (letters, digits, '-', ...)"
+                )
+        if self.headers and self.exporter not in ("otlp_http", "otlp_grpc"):
+            raise KeyedValueError(
+                "headers",
+                f"only apply to the otlp_http and otlp_grpc exporters, exporter is {self.exporter!r}",
+            )
+        return self
+
+
+class TelemetryConfig(_Model):
+    """OpenTelemetry: traces (metrics are served by /metrics in Prometheus format)."""
+
+    traces: TracesConfig = Field(
+        default_factory=TracesConfig, description="Request and scaler traces."
+    )
+
+
 def _check_network(value: str) -> str:
     try:
         ipaddress.ip_network(value, strict=False)
@@ -314,6 +418,9 @@ class Settings(_Model):
     kubernetes: KubernetesConfig = Field(
         default_factory=KubernetesConfig,
         description="Settings for platform: kubernetes (ignored by the other platforms).",
+    )
+    telemetry: TelemetryConfig = Field(
+        default_factory=TelemetryConfig, description="OpenTelemetry traces."
     )
 
     @model_validator(mode="after")

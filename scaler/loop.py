@@ -16,10 +16,10 @@ import inspect
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
+from typing import Protocol
 
 from scaler.actuators import Actuator
-from scaler.decision import Decision
-from scaler.engine import Engine
+from scaler.decision import Decision, ServiceState
 from scaler.signals import ServiceSignals
 
 log = logging.getLogger(__name__)
@@ -30,6 +30,17 @@ SignalsProvider = Callable[
 Clock = Callable[[], float]
 Waiter = Callable[[asyncio.Event, float], Awaitable[None]]
 """Waits until the event is set or the timeout passes (injected so tests need no real sleep)."""
+
+
+class TickEngine(Protocol):
+    """What the loop calls: ``scaler.engine.Engine``, or a wrapper around it (tracing)."""
+
+    def tick(
+        self,
+        now: float,
+        signals: Mapping[str, ServiceSignals],
+        states: Mapping[str, ServiceState],
+    ) -> dict[str, Decision]: ...
 
 
 async def wait_event(event: asyncio.Event, timeout_s: float) -> None:
@@ -43,7 +54,7 @@ class ScalerLoop:
 
     def __init__(
         self,
-        engine: Engine,
+        engine: TickEngine,
         signals: SignalsProvider,
         actuator: Actuator,
         *,

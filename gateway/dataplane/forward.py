@@ -31,7 +31,13 @@ from typing import TYPE_CHECKING, cast
 import httptools
 
 from gateway.dataplane.errors import Cause, error_response
-from gateway.dataplane.headers import rewrite_request, rewrite_response
+from gateway.dataplane.headers import (
+    HOP_BY_HOP,
+    RequestHead,
+    connection_tokens,
+    rewrite_request,
+    rewrite_response,
+)
 from gateway.dataplane.upstream import EndpointConnections, UpstreamConnection
 from gateway.endpoints import Endpoint
 
@@ -40,6 +46,7 @@ if TYPE_CHECKING:
 
     from gateway.dataplane.server import ClientConnection
     from gateway.service import Service
+    from gateway.telemetry.requests import AttemptSpan, RequestSpan
 
 CRLF = b"\r\n"
 LAST_CHUNK = b"0\r\n\r\n"
@@ -64,6 +71,7 @@ def _pool_of(ep: Endpoint) -> EndpointConnections:
 class Exchange:
     __slots__ = (
         "arrived",
+        "attempt_span",
         "attempts",
         "body_buf",
         "body_buf_bytes",
@@ -96,6 +104,7 @@ class Exchange:
         "resp_status",
         "reused",
         "service",
+        "span",
         "started_at",
         "target",
         "upstream",
@@ -152,6 +161,10 @@ class Exchange:
         self.deadline_next = INF
         """The earliest deadline to check (the data plane sweeps active exchanges)."""
         self.wbuf: list[bytes] | None = None
+        self.span: RequestSpan | None = None
+        """This request's SERVER span when tracing sampled it (else None: no tracing cost)."""
+        self.attempt_span: AttemptSpan | None = None
+        """The CLIENT span of the current upstream attempt (sampled requests only)."""
 
     # -- 1..3: route, count, admit --------------------------------------------------------
 
@@ -170,6 +183,13 @@ class Exchange:
         self.req_chunked = head.chunked
         self.has_body = head.has_body
         self.expect_continue = head.expect_continue
+        tracing = client.dp.tracing
+        if tracing is not None:
+            self.span = tracing.start(
+                head.traceparent, head.tracestate, self.method, path, head.host, client.peer_ip
+            )
+            if self.span is not None and head.traceparent is not None:
+                self._drop_client_traceparent()
         routing = client.dp.routing
         name = routing.routes.match(head.host.decode("latin-1"), path.decode("latin-1"))
         if name is None:
@@ -180,6 +200,8 @@ class Exchange:
             self.reply_error(Cause.UNKNOWN_SERVICE)
             return
         self.service = service
+        if self.span is not None:
+            self.span.routed(name)
         now = client.dp.loop.time()
         self.started_at = now
         self.deadline_total = now + service.total_s
@@ -187,8 +209,24 @@ class Exchange:
         self.arrived = True
         client.dp.active.add(self)
         # Admission (issue 4) goes here: admit now -> dispatch(); queue -> dispatch() later
-        # from the slot/queue callback; reject -> reply_error(...).
+        # from the slot/queue callback; reject -> reply_error(...).  Tracing: when a queued
+        # request gets its slot, ``if self.span is not None: self.span.queued(wait_s)``; on a
+        # rejection, ``self.span.rejected(reason)``.
         self.dispatch()
+
+    def _drop_client_traceparent(self) -> None:
+        """Sampled: the upstream gets our CLIENT span's traceparent, so drop the client's."""
+        client = self.client
+        drop = (connection_tokens(self.headers) - HOP_BY_HOP) | {b"traceparent"}
+        head: RequestHead = rewrite_request(
+            self.method,
+            self.target,
+            self.headers,
+            client.peer_ip,
+            trusted=client.trusted,
+            drop=drop,
+        )
+        self.request_head = head.head
 
     def _absolute_form(self) -> bytes:
         """Absolute-form target (``http://host/path``): route by its authority, forward origin-form."""
@@ -218,6 +256,8 @@ class Exchange:
         ep = service.balancer.pick(endpoints)
         ep.acquire()
         self.endpoint = ep
+        if self.span is not None:
+            self.attempt_span = self.span.attempt(ep.host, ep.port)
         pool = self.pool = _pool_of(ep)
         if self.expect_continue and self.has_body and not self.req_done and not self.client.closed:
             self.client.transport.write(CONTINUE)
@@ -269,14 +309,17 @@ class Exchange:
             conn.pause_reading()
         transport = conn.transport
         assert transport is not None
+        head = self.request_head
+        if self.attempt_span is not None:
+            head = head[:-2] + b"traceparent: " + self.attempt_span.traceparent + b"\r\n\r\n"
         buf = self.body_buf
         if buf:
-            transport.writelines([self.request_head, *buf])
+            transport.writelines([head, *buf])
             self.body_buf = None
             self.body_buf_bytes = 0
             client.unpause(PAUSE_BUFFER)
         else:
-            transport.write(self.request_head)
+            transport.write(head)
         if conn.write_paused:
             client.pause(PAUSE_BACKPRESSURE)
         if self.req_done:
@@ -438,6 +481,13 @@ class Exchange:
                 # A pooled connection the upstream had closed: nothing was processed, try a
                 # fresh connection to the same endpoint once.
                 self.req_sent = False
+                if self.attempt_span is not None and self.span is not None:
+                    self.attempt_span.end(None, Cause.RESET.code)
+                    ep = self.endpoint
+                    assert ep is not None
+                    self.attempt_span = self.span.attempt(
+                        ep.host, ep.port, retry_reason="stale-pooled-connection"
+                    )
                 self.connect()
                 return
             self.fail(Cause.RESET)
@@ -483,6 +533,8 @@ class Exchange:
 
     def reply_error(self, cause: Cause) -> None:
         """Answer with the gateway's own error response (nothing was sent to the client yet)."""
+        if self.span is not None and cause.status >= 500:
+            self.span.failed(cause.code)
         if self.expect_continue and self.has_body and not self.continue_sent and not self.req_done:
             self.keep_alive = False  # the client may or may not send the body now
         client = self.client
@@ -501,6 +553,8 @@ class Exchange:
     def fail(self, cause: Cause) -> None:
         if self.done:
             return
+        if self.span is not None:
+            self.span.failed(cause.code)
         if self.resp_state == 0:
             self.reply_error(cause)
             return
@@ -515,6 +569,8 @@ class Exchange:
         if self.done:
             return
         self.keep_alive = False
+        if self.span is not None:
+            self.span.failed("client-gone")
         self._finish(499)
 
     def _finish(self, status: int, failed: bool = False, reusable: bool = False) -> None:
@@ -541,6 +597,8 @@ class Exchange:
             else:
                 up.exchange = None
                 up.abort()
+        if self.span is not None:
+            self._end_spans(status, failed)
         service = self.service
         if service is not None and self.arrived:
             latency_s = now - self.started_at
@@ -551,6 +609,36 @@ class Exchange:
                 ep.release()
         self.client.exchange_done(self)
 
+    def _end_spans(self, status: int, failed: bool) -> None:
+        """End the attempt and SERVER spans (sampled requests only)."""
+        span = self.span
+        assert span is not None
+        attempt = self.attempt_span
+        error = span._error if failed else None
+        if attempt is not None:
+            self.attempt_span = None
+            attempt.end(
+                self.resp_status or None,
+                error,
+                _content_length(self.resp_headers) if self.resp_status else None,
+            )
+        request_bytes = None if self.req_chunked else (_content_length(self.headers) or 0)
+        span.end(
+            status,
+            request_bytes,
+            _content_length(self.resp_headers) if self.resp_status else None,
+            error,
+        )
+
     def __repr__(self) -> str:
         state = "done" if self.done else ("responding" if self.resp_state else "waiting")
         return f"Exchange({self.method.decode()} {self.target.decode('latin-1')}, {state})"
+
+
+def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
+    """The Content-Length of a message (for span attributes; sampled requests only)."""
+    for name, value in headers:
+        if name.lower() == b"content-length":
+            digits = value.strip()
+            return int(digits) if digits.isdigit() else None
+    return None

@@ -44,6 +44,8 @@ _XFF = 7
 _XFP = 8
 _XFH = 9
 _DATE = 10
+_TRACEPARENT = 11
+_TRACESTATE = 12
 
 _REQUEST_ACTIONS = {
     **dict.fromkeys(HOP_BY_HOP, _DROP),
@@ -56,6 +58,8 @@ _REQUEST_ACTIONS = {
     b"x-forwarded-for": _XFF,
     b"x-forwarded-proto": _XFP,
     b"x-forwarded-host": _XFH,
+    b"traceparent": _TRACEPARENT,
+    b"tracestate": _TRACESTATE,
 }
 _RESPONSE_ACTIONS = {
     **dict.fromkeys(HOP_BY_HOP, _DROP),
@@ -95,6 +99,10 @@ class RequestHead:
     """The client sent a chunked body (it is forwarded chunked)."""
     has_body: bool
     """The request has a body (chunked, or a Content-Length above 0)."""
+    traceparent: bytes | None = None
+    """The client's W3C ``traceparent`` (forwarded as is; b"" when it sent several: invalid)."""
+    tracestate: bytes | None = None
+    """The client's ``tracestate`` fields joined with ',' (forwarded as is)."""
 
 
 def rewrite_request(
@@ -111,6 +119,7 @@ def rewrite_request(
     out = [method, b" ", target, b" HTTP/1.1\r\n"]
     host = via = xff = xfp = xfh = b""
     expect_continue = chunked = has_body = False
+    traceparent = tracestate = None
     named: set[bytes] | None = None
     actions = _REQUEST_ACTIONS
     for name, value in headers:
@@ -141,6 +150,14 @@ def rewrite_request(
             if value.strip().lower() == b"100-continue":
                 expect_continue = True  # answered by the gateway; not forwarded
                 continue
+        elif action == _TRACEPARENT:
+            traceparent = value if traceparent is None else b""
+            if drop and lname in drop:
+                continue  # sampled: replaced by the gateway's own (see forward.py)
+        elif action == _TRACESTATE:
+            tracestate = value if tracestate is None else tracestate + b"," + value
+            if drop and lname in drop:
+                continue
         elif not trusted:
             continue  # X-Forwarded-* from an untrusted peer: replaced below
         elif action == _XFF:
@@ -165,7 +182,9 @@ def rewrite_request(
     if xfh or host:
         out += (b"X-Forwarded-Host: ", xfh or host, CRLF)
     out.append(CRLF)
-    return RequestHead(b"".join(out), host, expect_continue, chunked, has_body)
+    return RequestHead(
+        b"".join(out), host, expect_continue, chunked, has_body, traceparent, tracestate
+    )
 
 
 @dataclass(slots=True)

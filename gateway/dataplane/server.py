@@ -16,7 +16,7 @@ import logging
 import socket
 from collections import deque
 from collections.abc import Mapping, Sequence
-from typing import Protocol, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
 import httptools
 
@@ -25,6 +25,9 @@ from gateway.dataplane.forward import PAUSE_BACKPRESSURE, PAUSE_BUFFER, Exchange
 from gateway.dataplane.upstream import WRITE_BUFFER_HIGH, WRITE_BUFFER_LOW
 from gateway.routing import RouteTable
 from gateway.service import Service
+
+if TYPE_CHECKING:
+    from gateway.telemetry.requests import RequestTracing
 
 log = logging.getLogger(__name__)
 
@@ -240,8 +243,11 @@ class DataPlane:
         routing: Routing,
         trusted_proxies: Sequence[str] = (),
         loop: asyncio.AbstractEventLoop | None = None,
+        tracing: RequestTracing | None = None,
     ) -> None:
         self.routing = routing
+        self.tracing = tracing
+        """Request tracing when on (``gateway.telemetry``); None costs one branch per request."""
         self.loop = loop or asyncio.get_running_loop()
         self.date = HttpDate()
         self.networks = [ipaddress.ip_network(n, strict=False) for n in trusted_proxies]
