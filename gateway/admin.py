@@ -9,6 +9,12 @@
 * ``GET /api/signals`` — every service's ``ServiceSignals`` (what the scaler reads; the
   Kubernetes platform merges these across gateway replicas)
 * routes passed in ``extra_routes`` (``GET /api/traces`` from ``gateway.telemetry.api``)
+* ``POST /api/reload`` — reload the config file now: 200 ``{"ok": true, "generation": N}``,
+  or 422 ``{"ok": false, "errors": ["file: key.path: problem", ...]}`` (the running config
+  keeps serving)
+
+With ``admin.token`` set every path but ``/healthz`` and ``/readyz`` needs
+``Authorization: Bearer <token>`` (``gateway.admin_auth``).
 
 Starlette on uvicorn, started on the gateway's event loop: not on the hot path.
 """
@@ -28,6 +34,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from gateway.admin_auth import AdminTokenMiddleware
 from gateway.metrics import CONTENT_TYPE, build_registry, render
 
 if TYPE_CHECKING:
@@ -55,6 +62,14 @@ def service_view(runtime: Runtime, name: str, now: float) -> dict[str, Any]:
             for ep in service.endpoints.endpoints
         ],
         "completions": service.stats.completions_by_class(),
+        "admission": {
+            "slots_in_use": service.admission.in_use,
+            "slots": None
+            if service.admission.per_replica is None
+            else int(service.admission.capacity),
+            "queued": service.admission.queued,
+            "rejected": dict(service.admission.rejected),
+        },
         "signals": dataclasses.asdict(runtime.signals_of(name, now)),
     }
 
@@ -95,6 +110,16 @@ def build_app(runtime: Runtime, extra_routes: Sequence[BaseRoute] = ()) -> Starl
             }
         )
 
+    async def reload(request: Request) -> Response:
+        reloader = runtime.reloader
+        if reloader is None:
+            return JSONResponse(
+                {"ok": False, "errors": ["the gateway was not started from a config file"]},
+                status_code=409,
+            )
+        result = reloader.reload("POST /api/reload")
+        return JSONResponse(result.as_json(), status_code=200 if result.ok else 422)
+
     return Starlette(
         routes=[
             Route("/healthz", healthz),
@@ -103,6 +128,7 @@ def build_app(runtime: Runtime, extra_routes: Sequence[BaseRoute] = ()) -> Starl
             Route("/api/services", services),
             Route("/api/signals", signals),
             *extra_routes,
+            Route("/api/reload", reload, methods=["POST"]),
         ]
     )
 
@@ -129,8 +155,12 @@ class AdminServer:
         sock.bind((host, port))
         sock.listen(128)
         sock.setblocking(False)
+        app: Any = build_app(self.runtime, self.extra_routes)
+        token = self.runtime.settings.admin.token
+        if token is not None:
+            app = AdminTokenMiddleware(app, token.get_secret_value())
         config = uvicorn.Config(
-            build_app(self.runtime, self.extra_routes),
+            app,
             log_level="warning",
             access_log=False,
             lifespan="off",

@@ -8,6 +8,11 @@ updates) and, later, the scaler loop (reads signals).  Platforms call:
   ones drain);
 * :meth:`Runtime.apply_routes` with a ``RoutesUpdate`` (a new ``RouteTable`` swapped whole);
 * :meth:`Runtime.wait_drained` before stopping a replica that was removed.
+
+Hot reload (issue 4, ``gateway.reload``) calls :meth:`Runtime.apply_settings`: one
+synchronous step on the event loop, so every request sees either the old or the new
+config, never a mix.  SIGTERM: ``/readyz`` turns 503, the listener closes, in-flight (and
+queued) requests get up to ``shutdown.drain_s`` to finish, then the process exits 0.
 """
 
 from __future__ import annotations
@@ -21,12 +26,15 @@ from pathlib import Path
 
 from gateway.admin import AdminServer
 from gateway.dataplane import DataPlane
+from gateway.dataplane.limits import HeadLimits
 from gateway.discovery import EndpointUpdate, RoutesUpdate
 from gateway.discovery.static import endpoints_from_settings, routes_from_settings
 from gateway.endpoints import Endpoint
+from gateway.outlier import HealthChecker
+from gateway.reload import Reloader
 from gateway.routing import RouteTable
 from gateway.service import Service
-from gateway.settings import ServiceConfig, Settings
+from gateway.settings import ServiceConfig, Settings, load_runtime_settings
 from gateway.telemetry.api import traces_route
 from gateway.telemetry.provider import Telemetry, TelemetryError
 from scaler.signals import ServiceSignals
@@ -34,8 +42,6 @@ from scaler.signals import ServiceSignals
 log = logging.getLogger(__name__)
 
 DRAIN_POLL_S = 0.05
-SHUTDOWN_GRACE_S = 1.0
-"""In-flight requests get this long to finish on SIGTERM (issue 4 makes it ``shutdown.drain_s``)."""
 
 
 class Runtime:
@@ -50,6 +56,9 @@ class Runtime:
         self.routes = RouteTable()
         self.ready = False
         self._drained: dict[tuple[str, str], list[asyncio.Future[None]]] = {}
+        self.reloader: Reloader | None = None
+        """Set by ``serve`` when the config came from a file (``POST /api/reload``)."""
+        self._checkers: dict[str, HealthChecker] = {}
 
     def now(self) -> float:
         """The injected clock, else the running event loop's."""
@@ -107,9 +116,63 @@ class Runtime:
 
     def _on_drained(self, service: str, ep: Endpoint) -> None:
         log.info("endpoint %s of %s drained", ep.address, service)
+        s = self.services.get(service)
+        if s is not None:
+            s.outlier.forget(ep.address)
         for fut in self._drained.pop((service, ep.address), []):
             if not fut.done():
                 fut.set_result(None)
+
+    # -- issue 4: hot reload and active health checks -------------------------------------------
+
+    def apply_settings(self, new: Settings) -> None:
+        """Swap to a validated config in one step: services reconfigured in place (their
+        endpoints, stats, slots and queued requests kept), new ones added, routes swapped
+        whole; on the static platform the endpoint lists are applied (removed ones drain)."""
+        old = self.settings
+        table = RouteTable.from_update(routes_from_settings(new))  # validates first
+        for name, config in new.services.items():
+            existing = self.services.get(name)
+            if existing is None:
+                self.add_service(name, config)
+            else:
+                existing.configure(config)
+        for name in table.services:
+            self.add_service(name)
+        self.routes = table
+        if new.platform == "static":
+            for update in endpoints_from_settings(new):
+                self.apply_endpoints(update)
+        for name in set(old.services) - set(new.services):
+            if name not in table.services:
+                service = self.services.pop(name, None)
+                if service is not None:
+                    service.outlier.close()
+        self.settings = new
+        self._sync_checkers()
+
+    def _sync_checkers(self) -> None:
+        """Run an active health checker for every service that configures one."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        wanted = {
+            name
+            for name, s in self.services.items()
+            if s.config.outlier_detection.health_check is not None
+        }
+        for name in set(self._checkers) - wanted:
+            checker = self._checkers.pop(name)
+            asyncio.get_running_loop().create_task(checker.stop())
+        for name in wanted - set(self._checkers):
+            checker = self._checkers[name] = HealthChecker(self.services[name].outlier)
+            checker.start()
+
+    async def stop_checkers(self) -> None:
+        checkers, self._checkers = self._checkers, {}
+        for checker in checkers.values():
+            await checker.stop()
 
     # -- what the scaler and the admin plane read -----------------------------------------------
 
@@ -133,6 +196,7 @@ async def serve(
     settings: Settings,
     stop: asyncio.Event | None = None,
     on_ready: Callable[[Runtime], Awaitable[None]] | None = None,
+    config_path: Path | None = None,
 ) -> int:
     """Run the data and admin planes until ``stop`` is set (or SIGINT/SIGTERM); return 0."""
     loop = asyncio.get_running_loop()
@@ -140,13 +204,7 @@ async def serve(
     runtime.apply_routes(routes_from_settings(settings))
     for update in endpoints_from_settings(settings):
         runtime.apply_endpoints(update)
-    local = None
-    if settings.platform == "local":
-        from gateway.local_platform import LocalRunner
-
-        local = LocalRunner(runtime, settings)
-        await local.start()
-    elif settings.platform != "static":
+    if settings.platform not in ("static", "local"):
         log.warning(
             "platform %r has no endpoint source yet: serving the config file's endpoints",
             settings.platform,
@@ -157,13 +215,32 @@ async def serve(
     except TelemetryError as e:
         print(f"sluice: telemetry: {e}", file=sys.stderr, flush=True)
         return 2
+    local = None
+    if settings.platform == "local":
+        from gateway.local_platform import LocalRunner
+
+        local = LocalRunner(runtime, settings, tracer=telemetry.tracer)
+        await local.start()
     stop = stop or asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    dataplane = DataPlane(runtime, settings.trusted_proxies, loop, tracing=telemetry.requests)
+    dataplane = DataPlane(
+        runtime,
+        settings.trusted_proxies,
+        loop,
+        tracing=telemetry.requests,
+        limits=HeadLimits.from_settings(settings.limits),
+    )
     admin = AdminServer(
         runtime, extra_routes=[traces_route(telemetry.buffer, telemetry.tracer is not None)]
     )
+    if config_path is not None:
+
+        def apply(new: Settings) -> None:
+            runtime.apply_settings(new)
+            dataplane.configure(new.trusted_proxies, HeadLimits.from_settings(new.limits))
+
+        runtime.reloader = Reloader(config_path, settings, apply, load=load_runtime_settings)
     try:
         data_host, data_port = await dataplane.start(settings.listen.host, settings.listen.port)
         admin_host, admin_port = await admin.start(settings.admin.host, settings.admin.port)
@@ -174,6 +251,9 @@ async def serve(
             await local.stop()
         await asyncio.to_thread(telemetry.shutdown)
         return 1
+    runtime._sync_checkers()
+    if runtime.reloader is not None:  # SIGHUP is handled before anyone learns we are up
+        runtime.reloader.start(settings.reload.interval_s, settings.reload.watch)
     runtime.ready = True
     # One parseable line (tests and scripts read the bound ports from it; port 0 works).
     print(
@@ -189,17 +269,23 @@ async def serve(
     if on_ready is not None:
         await on_ready(runtime)
     await stop.wait()
-    log.info("stopping")
+    # Graceful shutdown: not ready first, then stop accepting and drain.
     runtime.ready = False
+    drain_s = runtime.settings.shutdown.drain_s
+    log.info("stopping: draining in-flight requests for up to %gs", drain_s)
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.remove_signal_handler(sig)
-    await dataplane.stop(SHUTDOWN_GRACE_S)
+    if runtime.reloader is not None:
+        await runtime.reloader.stop()
+    await dataplane.stop(drain_s)
     if local is not None:
         await local.stop()
+    await runtime.stop_checkers()
     await admin.stop()
     await asyncio.to_thread(
         telemetry.shutdown
     )  # flushes pending spans (bounded by the export timeout)
+    log.info("stopped")
     return 0
 
 
@@ -221,4 +307,4 @@ def run(settings: Settings, config_path: Path | None = None) -> int:
     if config_path is not None:
         log.info("config %s", config_path)
     with asyncio.Runner(loop_factory=_event_loop_factory()) as runner:
-        return runner.run(serve(settings))
+        return runner.run(serve(settings, config_path=config_path))

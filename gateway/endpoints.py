@@ -102,7 +102,7 @@ def _state_of(info: EndpointInfo) -> EndpointState:
 class EndpointSet:
     """The endpoints of one service."""
 
-    __slots__ = ("_endpoints", "on_drained", "routable", "service")
+    __slots__ = ("_endpoints", "on_change", "on_drained", "routable", "service")
 
     def __init__(self, service: str, on_drained: Callable[[Endpoint], None] | None = None) -> None:
         self.service = service
@@ -110,6 +110,8 @@ class EndpointSet:
         self.routable: tuple[Endpoint, ...] = ()
         """Endpoints that get new requests now (ready ones, else serving-terminating ones)."""
         self.on_drained = on_drained
+        self.on_change: Callable[[], None] | None = None
+        """Called after ``routable`` changed (admission recomputes its slots)."""
 
     def apply(self, update: EndpointUpdate) -> None:
         """Make the set equal to ``update``: new endpoints join, missing ones drain."""
@@ -148,6 +150,8 @@ class EndpointSet:
         if not ready:
             ready = tuple(ep for ep in eps if ep.state is EndpointState.TERMINATING)
         self.routable = ready
+        if self.on_change is not None:
+            self.on_change()
 
     def _drained(self, ep: Endpoint) -> None:
         if self._endpoints.get(ep.address) is ep:

@@ -6,7 +6,8 @@
   its own CPU cgroup; the parent cgroup capped at ``budget.cpu``);
 * ready replicas flow into the runtime's endpoint sets (``Runtime.apply_endpoints``), and a
   replica being retired is drained through ``Runtime.wait_drained`` before its SIGTERM;
-* a :class:`~scaler.loop.ScalerLoop` ticks every ``interval_s``: the runtime's signals, with
+* a :class:`~scaler.loop.ScalerLoop` (its engine wrapped in ``TracedEngine`` when tracing
+  is on) ticks every ``interval_s``: the runtime's signals, with
   the replicas' measured cgroup CPU added, go to the engine; its decisions go to the
   :class:`~scaler.actuators.local.LocalActuator` (replicas and CPU per replica, in place).
 
@@ -22,11 +23,14 @@ from typing import TYPE_CHECKING
 
 from gateway.discovery.local import LocalPlatform, local_platform
 from gateway.settings import Settings
+from gateway.telemetry.scaler import TracedEngine
 from scaler.engine import Engine
-from scaler.loop import ScalerLoop
+from scaler.loop import ScalerLoop, TickEngine
 from scaler.signals import ServiceSignals
 
 if TYPE_CHECKING:
+    from opentelemetry.trace import Tracer
+
     from gateway.app import Runtime
 
 log = logging.getLogger(__name__)
@@ -35,15 +39,20 @@ log = logging.getLogger(__name__)
 class LocalRunner:
     """Runs the local platform for one gateway process (start once, stop once)."""
 
-    def __init__(self, runtime: Runtime, settings: Settings, interval_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        runtime: Runtime,
+        settings: Settings,
+        interval_s: float = 1.0,
+        tracer: Tracer | None = None,
+    ) -> None:
         self.runtime = runtime
         self.platform: LocalPlatform = local_platform(settings, drain=runtime.wait_drained)
         self.engine = Engine(
             {name: s.scaling for name, s in settings.services.items()}, settings.budget
         )
-        self.loop = ScalerLoop(
-            self.engine, self.signals, self.platform.actuator, interval_s=interval_s
-        )
+        ticks: TickEngine = self.engine if tracer is None else TracedEngine(self.engine, tracer)
+        self.loop = ScalerLoop(ticks, self.signals, self.platform.actuator, interval_s=interval_s)
         self._tasks: list[asyncio.Task[None]] = []
 
     def __repr__(self) -> str:

@@ -12,6 +12,12 @@ counters it already keeps.
 * ``sluice_request_rate_rps{service}`` — arrivals per second over the sliding window
 * ``sluice_endpoints{service,state}`` — endpoints by state (ready, terminating,
   not_ready, draining, ejected)
+* ``sluice_queue_depth{service}`` — requests waiting in the admission queue now
+* ``sluice_queue_wait_seconds{service}`` — histogram of the wait of requests that queued
+* ``sluice_admission_rejected_total{service,cause}`` — rate-limited, queue-full, queue-timeout
+* ``sluice_retries_total{service}`` / ``sluice_retries_denied_total{service}`` — retries
+  started, and refused by the retry budget
+* ``sluice_ejections_total{service}`` — outlier ejections
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from gateway.admission import QUEUE_WAIT_BUCKETS_S
 from gateway.endpoints import EndpointState
 from gateway.service import Service
 from gateway.stats import LATENCY_BUCKETS_S
@@ -70,12 +77,36 @@ class ServiceCollector(Collector):
         endpoints = GaugeMetricFamily(
             "sluice_endpoints", "Endpoints by state.", labels=["service", "state"]
         )
+        queue_depth = GaugeMetricFamily(
+            "sluice_queue_depth", "Requests waiting in the admission queue.", labels=["service"]
+        )
+        queue_wait = HistogramMetricFamily(
+            "sluice_queue_wait_seconds",
+            "Time queued requests waited for a slot (admitted or timed out).",
+            labels=["service"],
+        )
+        rejected = CounterMetricFamily(
+            "sluice_admission_rejected",
+            "Requests refused by admission control.",
+            labels=["service", "cause"],
+        )
+        retries = CounterMetricFamily(
+            "sluice_retries", "Requests retried on another endpoint.", labels=["service"]
+        )
+        retries_denied = CounterMetricFamily(
+            "sluice_retries_denied",
+            "Retries refused because the retry budget was spent.",
+            labels=["service"],
+        )
+        ejections = CounterMetricFamily(
+            "sluice_ejections", "Endpoints ejected by outlier detection.", labels=["service"]
+        )
         for name, service in sorted(self._services().items()):
             stats = service.stats
             for code, n in sorted(stats.codes.items()):
                 requests.add_metric([name, str(code)], n)
             arrivals.add_metric([name], stats.arrivals_total)
-            in_flight.add_metric([name], stats.in_flight)
+            in_flight.add_metric([name], stats.in_flight - stats.queued)
             rate.add_metric([name], stats.rps(now))
             buckets: list[tuple[str, float]] = []
             cumulative = 0
@@ -89,7 +120,34 @@ class ServiceCollector(Collector):
                 counts["ejected" if ep.ejected else ep.state.value] += 1
             for state, n in counts.items():
                 endpoints.add_metric([name, state], n)
-        return [requests, arrivals, in_flight, rate, duration, endpoints]
+            adm = service.admission
+            queue_depth.add_metric([name], adm.queued)
+            wait_buckets: list[tuple[str, float]] = []
+            cumulative = 0
+            for bound, n in zip(QUEUE_WAIT_BUCKETS_S, adm.wait_counts, strict=False):
+                cumulative += n
+                wait_buckets.append((repr(bound), cumulative))
+            wait_buckets.append(("+Inf", sum(adm.wait_counts)))
+            queue_wait.add_metric([name], wait_buckets, adm.wait_sum_s)
+            for cause, n in sorted(adm.rejected.items()):
+                rejected.add_metric([name, cause], n)
+            retries.add_metric([name], service.retry_budget.started_total)
+            retries_denied.add_metric([name], service.retry_budget.denied_total)
+            ejections.add_metric([name], service.outlier.ejections_total)
+        return [
+            requests,
+            arrivals,
+            in_flight,
+            rate,
+            duration,
+            endpoints,
+            queue_depth,
+            queue_wait,
+            rejected,
+            retries,
+            retries_denied,
+            ejections,
+        ]
 
 
 def build_registry(

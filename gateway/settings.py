@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import math
+import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
@@ -86,6 +88,19 @@ class ListenConfig(_Model):
     port: int = Field(default=8080, ge=0, le=65535, description="TCP port (0 = any free port).")
 
 
+ADMIN_TOKEN_MIN_CHARS = 32
+
+
+def is_loopback_host(host: str) -> bool:
+    """True for ``localhost`` and loopback IP addresses (127.0.0.0/8, ::1)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 class AdminConfig(_Model):
     """The admin plane: health, readiness, metrics, the JSON API."""
 
@@ -94,8 +109,34 @@ class AdminConfig(_Model):
     )
     port: int = Field(default=9901, ge=0, le=65535, description="TCP port (0 = any free port).")
     token: SecretStr | None = Field(
-        default=None, description="Bearer token required on every admin request (>= 32 characters)."
+        default=None,
+        description="Bearer token required on every admin request (>= 32 characters; "
+        "`Authorization: Bearer <token>`, compared in constant time). Required (or token_env) "
+        "when host is not loopback.",
     )
+    token_env: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="Name of an environment variable holding the token (e.g. filled from a "
+        "Kubernetes Secret), read when the gateway starts or reloads; instead of token.",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if self.token is not None and len(self.token.get_secret_value()) < ADMIN_TOKEN_MIN_CHARS:
+            raise KeyedValueError(
+                "token",
+                f"must be at least {ADMIN_TOKEN_MIN_CHARS} characters, "
+                f"got {len(self.token.get_secret_value())}",
+            )
+        if self.token is not None and self.token_env is not None:
+            raise KeyedValueError("token_env", "set token or token_env, not both")
+        if self.token is None and self.token_env is None and not is_loopback_host(self.host):
+            raise KeyedValueError(
+                "token",
+                f"is required when admin.host is not a loopback address (got host {self.host!r})",
+            )
+        return self
 
 
 class RouteConfig(_Model):
@@ -125,6 +166,202 @@ class TimeoutsConfig(_Model):
     total_s: float = Field(default=60.0, gt=0, description="The whole exchange, body included.")
 
 
+class QueueConfig(_Model):
+    """The bounded FIFO queue a request waits in for a free concurrency slot."""
+
+    max: int = Field(
+        default=100,
+        ge=0,
+        description="Most requests waiting at once; one more gets 503 (Sluice-Error: queue-full). "
+        "0 = no queue: no free slot means 503 at once.",
+    )
+    timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="Longest wait for a slot; then 503 (Sluice-Error: queue-timeout) with Retry-After.",
+    )
+
+
+class RateLimitConfig(_Model):
+    """A token bucket (aiolimiter's leaky bucket): ``rps`` sustained, ``burst`` at once."""
+
+    rps: float = Field(gt=0, description="Requests per second allowed on average.")
+    burst: int | None = Field(
+        default=None,
+        ge=1,
+        description="Requests allowed at once above the average rate; default max(1, rps). "
+        "Over the limit: 429 (Sluice-Error: rate-limited) with Retry-After.",
+    )
+
+    @property
+    def burst_requests(self) -> int:
+        return self.burst if self.burst is not None else max(1, math.ceil(self.rps))
+
+
+class ServiceLimits(_Model):
+    """Admission control for one service: concurrency slots, queue, rate limit, body size."""
+
+    concurrency_per_replica: int | None = Field(
+        default=None,
+        ge=1,
+        description="Requests forwarded at once per ready endpoint (slots = this × endpoints); "
+        "further requests wait in the queue. Omitted = unlimited (no queueing).",
+    )
+    queue: QueueConfig = Field(
+        default_factory=QueueConfig, description="Where requests wait for a slot."
+    )
+    rate_limit: RateLimitConfig | None = Field(
+        default=None, description="Arrival rate limit for the service; omitted = none."
+    )
+    max_body_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        description="Largest request body accepted (declared Content-Length or chunked total); "
+        "larger -> 413. Omitted = unlimited (bodies stream).",
+    )
+
+
+RetryOn = Literal["connect-failure", "reset"]
+
+
+def _default_retry_on() -> list[RetryOn]:
+    return ["connect-failure", "reset"]
+
+
+class RetryPolicy(_Model):
+    """When a failed upstream attempt is tried again, on a different endpoint."""
+
+    max_attempts: int = Field(
+        default=2,
+        ge=1,
+        le=10,
+        description="Attempts per request including the first (1 = never retry).",
+    )
+    retry_on: list[RetryOn] = Field(
+        default_factory=_default_retry_on,
+        description="connect-failure: the request was never sent (always safe); reset: the "
+        "upstream closed the connection before any response byte (only idempotent methods "
+        "with a replayable body).",
+    )
+    budget_percent: float = Field(
+        default=20.0,
+        ge=0,
+        le=100,
+        description="Retries in progress may be at most this percent of the service's active requests…",
+    )
+    budget_min: int = Field(
+        default=3, ge=0, description="…but at least this many retries at once are always allowed."
+    )
+    replay_body_bytes: int = Field(
+        default=65536,
+        ge=0,
+        le=1 << 20,
+        description="A request body up to this size, fully received before the attempt failed, "
+        "is replayable; larger or still-streaming bodies are never retried after being sent.",
+    )
+
+
+class HealthCheckConfig(_Model):
+    """Active HTTP health checks: GET ``path`` on every endpoint each ``interval_s``."""
+
+    path: Annotated[str, AfterValidator(_check_path)] = Field(
+        default="/healthz", description="Path requested; a 2xx or 3xx answer is healthy."
+    )
+    interval_s: float = Field(default=5.0, gt=0, description="Seconds between checks.")
+    timeout_s: float = Field(
+        default=1.0, gt=0, description="A check not answered within this is a failure."
+    )
+    unhealthy_threshold: int = Field(
+        default=2, ge=1, description="Consecutive failed checks that eject an endpoint."
+    )
+    healthy_threshold: int = Field(
+        default=1,
+        ge=1,
+        description="Consecutive passed checks that bring an ejected endpoint back.",
+    )
+
+
+class OutlierDetectionConfig(_Model):
+    """Passive outlier detection (and optional active health checks) per service."""
+
+    enabled: bool = Field(default=True, description="Eject endpoints that keep failing.")
+    consecutive_failures: int = Field(
+        default=5,
+        ge=1,
+        description="This many consecutive 5xx answers or connect failures eject the endpoint.",
+    )
+    base_ejection_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="First ejection's length; each repeat ejection lasts this × the number of "
+        "times the endpoint has been ejected, up to max_ejection_s.",
+    )
+    max_ejection_s: float = Field(default=300.0, gt=0, description="Longest an ejection lasts.")
+    max_ejection_percent: float = Field(
+        default=50.0,
+        ge=0,
+        le=100,
+        description="Never eject more than this percent of the service's endpoints "
+        "(at least one endpoint always stays in rotation).",
+    )
+    health_check: HealthCheckConfig | None = Field(
+        default=None, description="Active HTTP health checks; omitted = passive detection only."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if self.max_ejection_s < self.base_ejection_s:
+            raise KeyedValueError(
+                "max_ejection_s",
+                f"must be >= base_ejection_s ({self.base_ejection_s:g}), got {self.max_ejection_s:g}",
+            )
+        return self
+
+
+class GatewayLimits(_Model):
+    """Limits on what a client may send, for every request (HTTP/1.1 hardening)."""
+
+    max_header_bytes: int = Field(
+        default=32768,
+        ge=1024,
+        description="Largest request head (request line + headers); larger -> 431 and close.",
+    )
+    max_headers: int = Field(
+        default=100, ge=1, description="Most header fields in a request; more -> 431 and close."
+    )
+    max_uri_bytes: int = Field(
+        default=8192, ge=256, description="Longest request target; longer -> 414 and close."
+    )
+    header_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="A request head must arrive whole within this many seconds of its first byte "
+        "(slowloris defence); else 408 and close.",
+    )
+    idle_timeout_s: float = Field(
+        default=60.0, gt=0, description="A keep-alive connection idle this long is closed."
+    )
+
+
+class ShutdownConfig(_Model):
+    """What SIGTERM does: /readyz turns 503, stop accepting, drain, exit 0."""
+
+    drain_s: float = Field(
+        default=30.0,
+        ge=0,
+        description="Longest wait for in-flight requests to finish before exiting.",
+    )
+
+
+class ReloadConfig(_Model):
+    """Hot reload of the config file (also SIGHUP and POST /api/reload)."""
+
+    watch: bool = Field(default=True, description="Reload when the config file changes.")
+    interval_s: float = Field(
+        default=1.0, gt=0, le=60, description="How often the file is checked for changes."
+    )
+
+
 class ServiceConfig(_Model):
     """A named backend with routes, endpoints and a scaling policy."""
 
@@ -148,6 +385,17 @@ class ServiceConfig(_Model):
     )
     scaling: ScalingPolicy = Field(
         default_factory=ScalingPolicy, description="How this service scales."
+    )
+    limits: ServiceLimits = Field(
+        default_factory=ServiceLimits,
+        description="Admission control: concurrency slots, queue, rate limit, body size.",
+    )
+    retries: RetryPolicy = Field(
+        default_factory=RetryPolicy, description="When failed attempts are retried."
+    )
+    outlier_detection: OutlierDetectionConfig = Field(
+        default_factory=OutlierDetectionConfig,
+        description="Ejecting endpoints that keep failing.",
     )
 
 
@@ -412,6 +660,16 @@ class Settings(_Model):
         default=None, description="Service that receives requests no route matches (else 404)."
     )
     budget: BudgetConfig = Field(default_factory=BudgetConfig, description="The shared CPU budget.")
+    limits: GatewayLimits = Field(
+        default_factory=GatewayLimits,
+        description="Request size and time limits for every client connection.",
+    )
+    shutdown: ShutdownConfig = Field(
+        default_factory=ShutdownConfig, description="Graceful shutdown on SIGTERM."
+    )
+    reload: ReloadConfig = Field(
+        default_factory=ReloadConfig, description="Hot reload of the config file."
+    )
     services: dict[str, ServiceConfig] = Field(
         default_factory=dict, description="Services by name."
     )
@@ -555,6 +813,33 @@ def load_settings(path: str | Path) -> Settings:
     except yaml.YAMLError as e:
         raise ConfigError([f"{source}: invalid YAML: {e}"]) from None
     return parse_settings(data, source)
+
+
+def resolve_admin_token(
+    settings: Settings, environ: Mapping[str, str], source: str = "<config>"
+) -> Settings:
+    """Fill ``admin.token`` from ``admin.token_env`` (done when the gateway starts or reloads,
+    not by ``sluice check``); ConfigError when the variable is unset or too short."""
+    name = settings.admin.token_env
+    if name is None:
+        return settings
+    value = environ.get(name)
+    if not value:
+        raise ConfigError([f"{source}: admin.token_env: environment variable {name} is not set"])
+    if len(value) < ADMIN_TOKEN_MIN_CHARS:
+        raise ConfigError(
+            [
+                f"{source}: admin.token_env: {name} must hold at least {ADMIN_TOKEN_MIN_CHARS} "
+                f"characters, got {len(value)}"
+            ]
+        )
+    admin = settings.admin.model_copy(update={"token": SecretStr(value), "token_env": None})
+    return settings.model_copy(update={"admin": admin})
+
+
+def load_runtime_settings(path: str | Path) -> Settings:
+    """:func:`load_settings` plus what only a running gateway resolves (the admin token)."""
+    return resolve_admin_token(load_settings(path), os.environ, str(path))
 
 
 def json_schema() -> str:

@@ -183,7 +183,7 @@ class ServiceStats:
         return ServiceSignals(
             service=self.service,
             at=now,
-            in_flight=self.in_flight,
+            in_flight=self.in_flight - self.queued,
             queued=self.queued,
             arrivals_total=self.arrivals_total,
             completions_total=self.completions_total,

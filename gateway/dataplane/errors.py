@@ -13,6 +13,15 @@ client (or an operator reading logs) can tell a gateway error from an upstream's
     504 upstream-header-timeout   no response head within timeouts.response_header_s
     504 upstream-timeout          the exchange took longer than timeouts.total_s
     400 bad-request               the client's request could not be parsed
+    408 header-timeout            the request head did not arrive within limits.header_timeout_s
+    413 body-too-large            the body is over the service's limits.max_body_bytes
+    414 uri-too-long              the request target is over limits.max_uri_bytes
+    431 headers-too-large         the head is over limits.max_header_bytes or max_headers
+    501 unsupported-transfer-coding  a transfer coding other than chunked
+    505 http-version-not-supported   HTTP/2 (prior knowledge) or another version
+    429 rate-limited              over the service's rate_limit (Retry-After)
+    503 queue-full                the service's admission queue is full (Retry-After)
+    503 queue-timeout             no concurrency slot within queue.timeout_s (Retry-After)
 
 Once a response head has been sent, an error can no longer change the status: the client
 connection is closed without completing the body (never a silently truncated response).
@@ -36,6 +45,19 @@ class Cause(enum.Enum):
     HEADER_TIMEOUT = (504, "upstream-header-timeout", "the upstream did not respond in time")
     TOTAL_TIMEOUT = (504, "upstream-timeout", "the upstream exchange took too long")
     BAD_REQUEST = (400, "bad-request", "malformed request")
+    HEAD_TIMEOUT = (408, "header-timeout", "the request head took too long to arrive")
+    BODY_TOO_LARGE = (413, "body-too-large", "the request body is too large")
+    URI_TOO_LONG = (414, "uri-too-long", "the request target is too long")
+    HEADERS_TOO_LARGE = (431, "headers-too-large", "the request header fields are too large")
+    UNSUPPORTED_CODING = (
+        501,
+        "unsupported-transfer-coding",
+        "only the chunked transfer coding is supported",
+    )
+    VERSION_NOT_SUPPORTED = (505, "http-version-not-supported", "only HTTP/1.x is supported")
+    RATE_LIMITED = (429, "rate-limited", "too many requests for this service")
+    QUEUE_FULL = (503, "queue-full", "the service is at capacity and its queue is full")
+    QUEUE_TIMEOUT = (503, "queue-timeout", "the service stayed at capacity for too long")
 
     def __init__(self, status: int, code: str, message: str) -> None:
         self.status = status
@@ -54,6 +76,13 @@ class ProxyError(Exception):
 _REASONS = {
     400: b"Bad Request",
     404: b"Not Found",
+    408: b"Request Timeout",
+    413: b"Content Too Large",
+    414: b"URI Too Long",
+    429: b"Too Many Requests",
+    431: b"Request Header Fields Too Large",
+    501: b"Not Implemented",
+    505: b"HTTP Version Not Supported",
     502: b"Bad Gateway",
     503: b"Service Unavailable",
     504: b"Gateway Timeout",
@@ -91,8 +120,16 @@ class HttpDate:
         return self._value
 
 
-def error_response(cause: Cause, date: bytes, close: bool, head_only: bool = False) -> bytes:
+def error_response(
+    cause: Cause,
+    date: bytes,
+    close: bool,
+    head_only: bool = False,
+    retry_after_s: int | None = None,
+) -> bytes:
     """The whole response for ``cause`` (``Connection: close`` when the connection ends)."""
     before_date, body = _PREBUILT[cause]
     tail = b"\r\nConnection: close\r\n\r\n" if close else b"\r\n\r\n"
+    if retry_after_s is not None:
+        tail = b"\r\nRetry-After: %d" % retry_after_s + tail
     return before_date + date + tail + (b"" if head_only else body)

@@ -30,20 +30,21 @@ from typing import TYPE_CHECKING, cast
 
 import httptools
 
+from gateway.admission import AdmissionError, QueueFull, RateLimited
 from gateway.dataplane.errors import Cause, error_response
 from gateway.dataplane.headers import (
     HOP_BY_HOP,
     RequestHead,
     connection_tokens,
-    rewrite_request,
-    rewrite_response,
 )
 from gateway.dataplane.upstream import EndpointConnections, UpstreamConnection
 from gateway.endpoints import Endpoint
+from gateway.retry import Failure, retry_reason, untried
 
 if TYPE_CHECKING:
     import asyncio
 
+    from gateway.admission import Waiter
     from gateway.dataplane.server import ClientConnection
     from gateway.service import Service
     from gateway.telemetry.requests import AttemptSpan, RequestSpan
@@ -60,6 +61,30 @@ IDEMPOTENT = frozenset({b"GET", b"HEAD", b"OPTIONS", b"TRACE", b"PUT", b"DELETE"
 PAUSE_BUFFER = 1
 PAUSE_BACKPRESSURE = 2
 
+# Gateway errors that count against the endpoint for outlier detection (issue 4).
+UPSTREAM_FAULTS = frozenset(
+    {
+        Cause.CONNECT_FAILED,
+        Cause.CONNECT_TIMEOUT,
+        Cause.RESET,
+        Cause.BAD_RESPONSE,
+        Cause.HEADER_TIMEOUT,
+    }
+)
+_FAILURE_OF = {
+    Cause.CONNECT_FAILED: Failure.CONNECT,
+    Cause.CONNECT_TIMEOUT: Failure.CONNECT,
+    Cause.RESET: Failure.RESET_BEFORE_RESPONSE,
+}
+
+
+def _admission_cause(e: AdmissionError) -> Cause:
+    if isinstance(e, RateLimited):
+        return Cause.RATE_LIMITED
+    if isinstance(e, QueueFull):
+        return Cause.QUEUE_FULL
+    return Cause.QUEUE_TIMEOUT
+
 
 def _pool_of(ep: Endpoint) -> EndpointConnections:
     pool = ep.pool
@@ -69,47 +94,59 @@ def _pool_of(ep: Endpoint) -> EndpointConnections:
 
 
 class Exchange:
-    __slots__ = (
-        "arrived",
-        "attempt_span",
-        "attempts",
-        "body_buf",
-        "body_buf_bytes",
-        "client",
-        "connect_task",
-        "continue_sent",
-        "deadline_connect",
-        "deadline_header",
-        "deadline_next",
-        "deadline_total",
-        "done",
-        "endpoint",
-        "expect_continue",
-        "has_body",
-        "headers",
-        "http11",
-        "interim",
-        "keep_alive",
-        "method",
-        "pool",
-        "req_chunked",
-        "req_done",
-        "req_sent",
-        "request_head",
-        "resp_chunked",
-        "resp_close_delimited",
-        "resp_headers",
-        "resp_reason",
-        "resp_state",
-        "resp_status",
-        "reused",
-        "service",
-        "span",
-        "started_at",
-        "target",
-        "upstream",
-        "wbuf",
-    )
+    """One request/response exchange.
+
+    Not slotted on purpose: most fields keep their class-level default for most requests
+    (no body, no retry, no queue, no tracing), so only the few that change are written per
+    request instead of all of them in ``__init__``.
+    """
+
+    done = False
+    arrived = False
+    req_done = False
+    req_sent = False
+    req_chunked = False
+    has_body = False
+    expect_continue = False
+    continue_sent = False
+    body_buf: list[bytes] | None = None
+    body_buf_bytes = 0
+    request_head = b""
+    service: Service | None = None
+    endpoint: Endpoint | None = None
+    pool: EndpointConnections | None = None
+    upstream: UpstreamConnection | None = None
+    connect_task: asyncio.Task[tuple[asyncio.BaseTransport, UpstreamConnection]] | None = None
+    reused = False
+    attempts = 0
+    resp_state = 0  # 0 waiting for the head, 1 head sent to the client
+    resp_status = 0
+    resp_chunked = False
+    resp_close_delimited = False
+    interim = False
+    started_at = 0.0
+    deadline_total = 0.0
+    deadline_connect = 0.0
+    deadline_header = 0.0
+    deadline_next = INF
+    """The earliest deadline to check (the data plane sweeps active exchanges)."""
+    wbuf: list[bytes] | None = None
+    span: RequestSpan | None = None
+    """This request's SERVER span when tracing sampled it (else None: no tracing cost)."""
+    attempt_span: AttemptSpan | None = None
+    """The CLIENT span of the current upstream attempt (sampled requests only)."""
+    # -- issue 4: admission, body limit, retries, outlier detection
+    declared_length: int | None = None
+    body_bytes = 0
+    body_limit: int | None = None
+    slot = False
+    waiter: Waiter | None = None
+    cause: Cause | None = None
+    tried: list[Endpoint] | None = None
+    retried = False
+    replay: list[bytes] | None = None
+    """A copy of the framed body sent so far (idempotent requests; dropped once too big)."""
+    replay_bytes = 0
 
     def __init__(
         self,
@@ -127,44 +164,7 @@ class Exchange:
         self.headers = headers
         self.keep_alive = keep_alive
         self.http11 = http11
-        self.done = False
-        self.arrived = False
-        self.req_done = False
-        self.req_sent = False
-        self.req_chunked = False
-        self.has_body = False
-        self.expect_continue = False
-        self.continue_sent = False
-        self.body_buf: list[bytes] | None = None
-        self.body_buf_bytes = 0
-        self.request_head = b""
-        self.service: Service | None = None
-        self.endpoint: Endpoint | None = None
-        self.pool: EndpointConnections | None = None
-        self.upstream: UpstreamConnection | None = None
-        self.connect_task: asyncio.Task[tuple[asyncio.BaseTransport, UpstreamConnection]] | None = (
-            None
-        )
-        self.reused = False
-        self.attempts = 0
-        self.resp_state = 0  # 0 waiting for the head, 1 head sent to the client
-        self.resp_status = 0
-        self.resp_reason = b""
         self.resp_headers: list[tuple[bytes, bytes]] = []
-        self.resp_chunked = False
-        self.resp_close_delimited = False
-        self.interim = False
-        self.started_at = 0.0
-        self.deadline_total = 0.0
-        self.deadline_connect = 0.0
-        self.deadline_header = 0.0
-        self.deadline_next = INF
-        """The earliest deadline to check (the data plane sweeps active exchanges)."""
-        self.wbuf: list[bytes] | None = None
-        self.span: RequestSpan | None = None
-        """This request's SERVER span when tracing sampled it (else None: no tracing cost)."""
-        self.attempt_span: AttemptSpan | None = None
-        """The CLIENT span of the current upstream attempt (sampled requests only)."""
 
     # -- 1..3: route, count, admit --------------------------------------------------------
 
@@ -176,8 +176,9 @@ class Exchange:
             path = target if q == -1 else target[:q]
         else:
             path = self._absolute_form()
-        head = rewrite_request(
-            self.method, self.target, self.headers, client.peer_ip, trusted=client.trusted
+        dp = client.dp
+        head = dp.heads.request(
+            self.method, self.target, self.headers, client.peer_ip, client.trusted
         )
         self.request_head = head.head
         self.req_chunked = head.chunked
@@ -190,41 +191,61 @@ class Exchange:
             )
             if self.span is not None and head.traceparent is not None:
                 self._drop_client_traceparent()
-        routing = client.dp.routing
-        name = routing.routes.match(head.host.decode("latin-1"), path.decode("latin-1"))
+        name = dp.route(head.host, path)
         if name is None:
             self.reply_error(Cause.NO_ROUTE)
             return
-        service = routing.services.get(name)
+        service = dp.routing.services.get(name)
         if service is None:
             self.reply_error(Cause.UNKNOWN_SERVICE)
             return
         self.service = service
         if self.span is not None:
             self.span.routed(name)
+        # -- issue 4: the service's body limit (declared now, counted as the body streams)
+        limit = self.body_limit = service.admission.max_body_bytes
+        if limit is not None and ((self.declared_length or 0) > limit or self.body_bytes > limit):
+            self.keep_alive = False
+            self.reply_error(Cause.BODY_TOO_LARGE)
+            return
         now = client.dp.loop.time()
         self.started_at = now
         self.deadline_total = now + service.total_s
         service.stats.arrive(now)
         self.arrived = True
         client.dp.active.add(self)
-        # Admission (issue 4) goes here: admit now -> dispatch(); queue -> dispatch() later
-        # from the slot/queue callback; reject -> reply_error(...).  Tracing: when a queued
-        # request gets its slot, ``if self.span is not None: self.span.queued(wait_s)``; on a
-        # rejection, ``self.span.rejected(reason)``.
+        # -- issue 4: admission — a free slot dispatches now; queued -> _admitted() later;
+        # refused (rate limit, queue full) or timed out in the queue -> 429/503 + Retry-After.
+        try:
+            waiter = service.admission.admit(self._admitted, self._refused)
+        except AdmissionError as e:
+            self._refused(e)
+            return
+        if waiter is None:
+            self.slot = True
+            self.dispatch()
+        else:
+            self.waiter = waiter
+
+    def _admitted(self, wait_s: float) -> None:
+        self.waiter = None
+        self.slot = True
+        if self.span is not None:
+            self.span.queued(wait_s)
         self.dispatch()
+
+    def _refused(self, e: AdmissionError) -> None:
+        self.waiter = None
+        if self.span is not None:
+            self.span.rejected(_admission_cause(e).code)
+        self.reply_error(_admission_cause(e), retry_after_s=e.retry_after_s)
 
     def _drop_client_traceparent(self) -> None:
         """Sampled: the upstream gets our CLIENT span's traceparent, so drop the client's."""
         client = self.client
         drop = (connection_tokens(self.headers) - HOP_BY_HOP) | {b"traceparent"}
-        head: RequestHead = rewrite_request(
-            self.method,
-            self.target,
-            self.headers,
-            client.peer_ip,
-            trusted=client.trusted,
-            drop=drop,
+        head: RequestHead = client.dp.heads.request(
+            self.method, self.target, self.headers, client.peer_ip, client.trusted, drop
         )
         self.request_head = head.head
 
@@ -296,7 +317,8 @@ class Exchange:
             return
         self.connect_task = None
         if exc is not None:
-            self.fail(Cause.CONNECT_FAILED)
+            if not self._retry(Cause.CONNECT_FAILED):
+                self.fail(Cause.CONNECT_FAILED)
             return
         self.bind(task.result()[1])
 
@@ -313,6 +335,8 @@ class Exchange:
         if self.attempt_span is not None:
             head = head[:-2] + b"traceparent: " + self.attempt_span.traceparent + b"\r\n\r\n"
         buf = self.body_buf
+        if self.has_body and self.method in IDEMPOTENT:
+            self._keep_replay(buf)
         if buf:
             transport.writelines([head, *buf])
             self.body_buf = None
@@ -340,6 +364,12 @@ class Exchange:
     def on_request_body(self, body: bytes) -> None:
         if self.done:
             return  # the exchange ended early: the rest of the body is read and dropped
+        self.body_bytes += len(body)
+        limit = self.body_limit
+        if limit is not None and self.body_bytes > limit:  # issue 4: chunked over the limit
+            self.keep_alive = False
+            self.fail(Cause.BODY_TOO_LARGE)
+            return
         up = self.upstream
         if up is not None:
             if up.closed:
@@ -347,9 +377,13 @@ class Exchange:
             transport = up.transport
             assert transport is not None
             if self.req_chunked:
-                transport.writelines((b"%x\r\n" % len(body), body, CRLF))
+                framed: tuple[bytes, ...] = (b"%x\r\n" % len(body), body, CRLF)
+                transport.writelines(framed)
             else:
+                framed = (body,)
                 transport.write(body)
+            if self.replay is not None:
+                self._keep_replay(framed)
             return
         buf = self.body_buf
         if buf is None:
@@ -372,6 +406,8 @@ class Exchange:
                 transport = up.transport
                 assert transport is not None
                 transport.write(LAST_CHUNK)
+                if self.replay is not None:
+                    self.replay.append(LAST_CHUNK)
             self._request_sent()
         elif self.req_chunked:
             if self.body_buf is None:
@@ -388,9 +424,6 @@ class Exchange:
 
     # -- 6: the response from the upstream --------------------------------------------------
 
-    def on_upstream_status(self, reason: bytes) -> None:
-        self.resp_reason += reason
-
     def on_upstream_headers(self, status: int) -> None:
         if self.done:
             return
@@ -400,21 +433,15 @@ class Exchange:
                 return
             self.interim = True  # 1xx (e.g. 103): not forwarded
             self.resp_headers = []
-            self.resp_reason = b""
             return
         self.resp_status = status
         head_only = self.method == b"HEAD" or status in {204, 304}
         keep_alive = self.keep_alive and not (
             self.expect_continue and self.has_body and not self.continue_sent
         )
-        head = rewrite_response(
-            status,
-            self.resp_reason,
-            self.resp_headers,
-            self.client.dp.date.get(),
-            http11=self.http11,
-            head_only=head_only,
-            keep_alive=keep_alive,
+        dp = self.client.dp
+        head = dp.heads.response(
+            status, self.resp_headers, dp.date_value, self.http11, head_only, keep_alive
         )
         self.keep_alive = head.keep_alive
         self.resp_state = 1
@@ -475,7 +502,6 @@ class Exchange:
                 and not self.has_body
                 and not self.interim
                 and not self.resp_headers
-                and not self.resp_reason
                 and self.method in IDEMPOTENT
             ):
                 # A pooled connection the upstream had closed: nothing was processed, try a
@@ -490,7 +516,8 @@ class Exchange:
                     )
                 self.connect()
                 return
-            self.fail(Cause.RESET)
+            if not self._retry(Cause.RESET):
+                self.fail(Cause.RESET)
         elif self.resp_close_delimited:
             if self.resp_chunked:
                 self.on_upstream_body_end()
@@ -519,7 +546,10 @@ class Exchange:
         deadline = self.deadline_total
         if self.connect_task is not None:
             if now >= self.deadline_connect:
-                self.fail(Cause.CONNECT_TIMEOUT)
+                task, self.connect_task = self.connect_task, None
+                task.cancel()
+                if not self._retry(Cause.CONNECT_TIMEOUT):
+                    self.fail(Cause.CONNECT_TIMEOUT)
                 return
             deadline = min(deadline, self.deadline_connect)
         elif self.resp_state == 0 and self.req_sent:
@@ -531,10 +561,11 @@ class Exchange:
 
     # -- 7: endings -----------------------------------------------------------------------
 
-    def reply_error(self, cause: Cause) -> None:
+    def reply_error(self, cause: Cause, retry_after_s: int | None = None) -> None:
         """Answer with the gateway's own error response (nothing was sent to the client yet)."""
         if self.span is not None and cause.status >= 500:
             self.span.failed(cause.code)
+        self.cause = cause
         if self.expect_continue and self.has_body and not self.continue_sent and not self.req_done:
             self.keep_alive = False  # the client may or may not send the body now
         client = self.client
@@ -542,9 +573,10 @@ class Exchange:
             client.transport.write(
                 error_response(
                     cause,
-                    client.dp.date.get(),
+                    client.dp.date_value,
                     not self.keep_alive,
                     head_only=self.method == b"HEAD",
+                    retry_after_s=retry_after_s,
                 )
             )
         self.resp_state = 1
@@ -555,6 +587,7 @@ class Exchange:
             return
         if self.span is not None:
             self.span.failed(cause.code)
+        self.cause = cause
         if self.resp_state == 0:
             self.reply_error(cause)
             return
@@ -605,8 +638,25 @@ class Exchange:
             service.stats.complete(status, latency_s, now, failed)
             ep = self.endpoint
             if ep is not None:
-                service.balancer.observe(ep, latency_s, now)
+                balancer = service.balancer
+                if balancer.uses_latency:
+                    balancer.observe(ep, latency_s, now)
                 ep.release()
+                # -- issue 4: outlier detection (5xx answers and upstream faults count)
+                cause = self.cause
+                if (status >= 500 and cause is None) or cause in UPSTREAM_FAULTS:
+                    service.outlier.failure(ep.address, now)
+                elif status < 500 and status != 499:
+                    service.outlier.success(ep.address, now)
+            # -- issue 4: give the slot back (or leave the queue), end the retry reservation
+            if self.slot:
+                self.slot = False
+                service.admission.release()
+            elif self.waiter is not None:
+                service.admission.abandon(self.waiter)
+                self.waiter = None
+            if self.retried:
+                service.retry_budget.finish()
         self.client.exchange_done(self)
 
     def _end_spans(self, status: int, failed: bool) -> None:
@@ -629,6 +679,75 @@ class Exchange:
             _content_length(self.resp_headers) if self.resp_status else None,
             error,
         )
+
+    # -- issue 4: retries (see gateway.retry for the rules) -----------------------------------
+
+    def _keep_replay(self, pieces: list[bytes] | tuple[bytes, ...] | None) -> None:
+        service = self.service
+        assert service is not None
+        policy = service.retry_policy
+        if policy.max_attempts < 2 or "reset" not in policy.retry_on:
+            self.replay = None
+            return
+        if self.replay is None:
+            if self.replay_bytes:
+                return  # already dropped for being too big
+            self.replay = []
+        for piece in pieces or ():
+            self.replay.append(piece)
+            self.replay_bytes += len(piece)
+        if self.replay_bytes > policy.replay_body_bytes:
+            self.replay = None
+            self.replay_bytes = policy.replay_body_bytes + 1
+
+    def _retry(self, cause: Cause) -> bool:
+        """Start another attempt on an untried endpoint if that is safe; True if started."""
+        service = self.service
+        ep = self.endpoint
+        if service is None or ep is None or self.done or self.client.closed:
+            return False
+        failure = _FAILURE_OF[cause]
+        tried = self.tried = [*(self.tried or ()), ep]
+        never_sent = failure is Failure.CONNECT
+        replayable = not self.has_body or never_sent or (self.replay is not None and self.req_done)
+        if retry_reason(service.retry_policy, failure, len(tried), self.method, replayable) is None:
+            return False
+        candidates = untried(service.endpoints.routable, tried)
+        if not candidates:
+            return False
+        if not self.retried:
+            if not service.retry_budget.try_start(service.stats.in_flight):
+                return False
+            self.retried = True
+        now = self.client.dp.loop.time()
+        service.outlier.failure(ep.address, now)
+        service.balancer.observe(ep, now - self.started_at, now)
+        ep.release()
+        if not never_sent:
+            self.body_buf = self.replay
+            self.replay = None
+            self.replay_bytes = 0
+        self.req_sent = False
+        self.resp_headers = []
+        self.interim = False
+        self.upstream = None
+        self.deadline_next = INF
+        self._arm(self.deadline_total)
+        new = service.balancer.pick(candidates)
+        new.acquire()
+        self.endpoint = new
+        if self.span is not None:
+            if self.attempt_span is not None:
+                self.attempt_span.end(None, cause.code)
+            self.attempt_span = self.span.attempt(new.host, new.port, retry_reason=cause.code)
+        pool = self.pool = _pool_of(new)
+        conn = pool.take(now)
+        if conn is not None:
+            self.reused = True
+            self.bind(conn)
+        else:
+            self.connect()
+        return True
 
     def __repr__(self) -> str:
         state = "done" if self.done else ("responding" if self.resp_state else "waiting")

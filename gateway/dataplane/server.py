@@ -16,13 +16,15 @@ import logging
 import socket
 from collections import deque
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import TYPE_CHECKING, NoReturn, Protocol, cast
 
 import httptools
 
 from gateway.dataplane.errors import Cause, HttpDate, error_response
 from gateway.dataplane.forward import PAUSE_BACKPRESSURE, PAUSE_BUFFER, Exchange
-from gateway.dataplane.upstream import WRITE_BUFFER_HIGH, WRITE_BUFFER_LOW
+from gateway.dataplane.headers import HeadCache
+from gateway.dataplane.limits import HeadLimits, RequestRejected, check_head
+from gateway.dataplane.upstream import WRITE_BUFFER_HIGH, WRITE_BUFFER_LOW, EndpointConnections
 from gateway.routing import RouteTable
 from gateway.service import Service
 
@@ -31,8 +33,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+ROUTE_CACHE_MAX = 4096
+"""Distinct (Host, path) pairs remembered per route table before the cache starts over."""
 SWEEP_S = 0.05
 """How often in-flight exchanges are checked against their deadlines (timeout precision)."""
+IDLE_SWEEP_EVERY = 20
+"""Idle keep-alive connections are checked every this many sweeps (once a second)."""
+LINGER_S = 2.0
+"""After an error response, unread input is drained (not reset) for at most this long."""
+LINGER_MAX_BYTES = 1 << 20
 
 
 class Routing(Protocol):
@@ -51,16 +60,26 @@ class ClientConnection(asyncio.Protocol):
         "closed",
         "current",
         "dp",
+        "error_cause",
+        "field_bytes",
+        "head_deadline",
+        "head_open",
         "headers",
+        "last_active",
+        "line_bytes",
+        "lingering",
+        "nheaders",
         "parser",
         "parsing",
         "pause_bits",
         "peer_ip",
         "pending",
+        "reject_cause",
         "transport",
         "trusted",
         "upgraded",
         "url",
+        "url_bytes",
         "write_paused",
     )
 
@@ -82,6 +101,20 @@ class ClientConnection(asyncio.Protocol):
         self.closed = False
         self.broken = False
         self.upgraded = False
+        # -- issue 4: head limits, slow and idle clients, rejections
+        self.head_open = False
+        """A request head has begun and is not complete."""
+        self.url_bytes = 0
+        self.field_bytes = 0
+        self.line_bytes = 0
+        self.nheaders = 0
+        self.head_deadline = 0.0
+        self.last_active = 0.0
+        self.reject_cause: Cause | None = None
+        """Why a callback stopped the parser."""
+        self.error_cause: Cause | None = None
+        """A later pipelined request was refused: answered once the ones before it are done."""
+        self.lingering = False
 
     # -- asyncio.Protocol ---------------------------------------------------------------
 
@@ -98,9 +131,12 @@ class ClientConnection(asyncio.Protocol):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         transport.set_write_buffer_limits(WRITE_BUFFER_HIGH, WRITE_BUFFER_LOW)
         self.dp.connections.add(self)
+        self.last_active = self.dp.loop.time()
 
     def data_received(self, data: bytes) -> None:
         if self.closed or self.upgraded:
+            if self.lingering:
+                self._linger_read(len(data))
             return
         try:
             self.parser.feed_data(data)
@@ -110,10 +146,43 @@ class ClientConnection(asyncio.Protocol):
             self.upgraded = True
             if self.current is None:
                 self.close()
-        except httptools.HttpParserError:
-            self._bad_request()
+        except httptools.HttpParserError as e:
+            cause = self.reject_cause
+            if cause is None:
+                cause = Cause.VERSION_NOT_SUPPORTED if "PRI" in str(e) else Cause.BAD_REQUEST
+            self._reject(cause)
+            return
+        if self.head_open:
+            self._head_pending(data)
+
+    # -- issue 4: head size and time limits -------------------------------------------------
+
+    def _head_pending(self, data: bytes) -> None:
+        """A head is still incomplete after this read: bound its size and its time."""
+        i = data.rfind(b"\n")
+        self.line_bytes = self.line_bytes + len(data) if i == -1 else len(data) - i - 1
+        limits = self.dp.limits
+        if self.url_bytes + self.field_bytes + self.line_bytes > limits.max_header_bytes:
+            self._reject(Cause.HEADERS_TOO_LARGE)
+            return
+        if not self.head_deadline:
+            self.head_deadline = self.dp.loop.time() + limits.header_timeout_s
+            self.dp.slow_heads.add(self)
+
+    def head_timed_out(self) -> None:
+        self.dp.slow_heads.discard(self)
+        self.head_deadline = 0.0
+        if not self.closed:
+            self._reject(Cause.HEAD_TIMEOUT)
+
+    def _stop_parsing(self, cause: Cause) -> NoReturn:
+        self.reject_cause = cause
+        raise RequestRejected(cause)
 
     def eof_received(self) -> bool | None:
+        if self.lingering:
+            self.transport.close()
+            return None
         # Like nginx, a client EOF during an exchange is taken as the client leaving (499):
         # the transport closes and connection_lost cancels the upstream request.
         return None
@@ -121,6 +190,8 @@ class ClientConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.dp.connections.discard(self)
+        if self.head_deadline:
+            self.dp.slow_heads.discard(self)
         self.pending = None
         current = self.current
         if current is not None:
@@ -143,25 +214,49 @@ class ClientConnection(asyncio.Protocol):
     def on_message_begin(self) -> None:
         self.url = b""
         self.headers = []
+        self.head_open = True
+        self.url_bytes = self.field_bytes = self.line_bytes = self.nheaders = 0
 
     def on_url(self, url: bytes) -> None:
         self.url += url
+        self.url_bytes += len(url)
+        if self.url_bytes > self.dp.limits.max_uri_bytes:
+            self._stop_parsing(Cause.URI_TOO_LONG)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers.append((name, value))
+        self.nheaders += 1
+        self.field_bytes += len(name) + len(value) + 4
+        limits = self.dp.limits
+        if (
+            self.nheaders > limits.max_headers
+            or self.url_bytes + self.field_bytes > limits.max_header_bytes
+        ):
+            self._stop_parsing(Cause.HEADERS_TOO_LARGE)
 
     def on_headers_complete(self) -> None:
+        self.head_open = False
+        if self.head_deadline:
+            self.head_deadline = 0.0
+            self.dp.slow_heads.discard(self)
         if self.closed or self.broken:
             return
         parser = self.parser
+        method = parser.get_method()
+        version = parser.get_http_version()
+        try:
+            declared_length = check_head(method, self.url, version, self.headers)
+        except RequestRejected as e:
+            self._stop_parsing(e.cause)
         exchange = Exchange(
             self,
-            parser.get_method(),
+            method,
             self.url,
             self.headers,
             keep_alive=parser.should_keep_alive(),
-            http11=parser.get_http_version() == "1.1",
+            http11=version == "1.1",
         )
+        exchange.declared_length = declared_length
         self.parsing = exchange
         if self.current is None:
             self.current = exchange
@@ -203,14 +298,26 @@ class ClientConnection(asyncio.Protocol):
         self.unpause(PAUSE_BUFFER | PAUSE_BACKPRESSURE)
         if self.closed:
             return
-        if not exchange.keep_alive or self.broken or self.upgraded:
-            self.close()
+        self.last_active = self.dp.loop.time()
+        if not exchange.keep_alive or self.dp.stopping:
+            if exchange.req_done:
+                self.close()
+            else:
+                self.linger_close()
             return
         pending = self.pending
         if pending:
             nxt = pending.popleft()
             self.current = nxt
             nxt.start()
+            return
+        if self.broken:
+            if self.error_cause is not None:
+                self._answer_and_close(self.error_cause)
+            else:
+                self.close()
+        elif self.upgraded:
+            self.close()
 
     def close(self) -> None:
         self.closed = True
@@ -220,16 +327,57 @@ class ClientConnection(asyncio.Protocol):
         self.closed = True
         self.transport.abort()
 
-    def _bad_request(self) -> None:
+    def _reject(self, cause: Cause) -> None:
+        """The request being parsed is refused (malformed, too big, too slow)."""
+        if self.broken:
+            return
         self.broken = True
+        if self.head_deadline:
+            self.head_deadline = 0.0
+            self.dp.slow_heads.discard(self)
         current = self.current
+        parsing = self.parsing
         if current is None:
-            self.transport.write(error_response(Cause.BAD_REQUEST, self.dp.date.get(), close=True))
-            self.close()
-        elif self.parsing is current:
+            self._answer_and_close(cause)
+        elif parsing is current:
             current.keep_alive = False
-            current.fail(Cause.BAD_REQUEST)
-        # else: a later pipelined request is malformed; the current one completes, then close.
+            current.fail(cause)
+        else:
+            # A later pipelined request is refused: the ones before it complete first, then
+            # it is answered and the connection closes.
+            if parsing is not None and self.pending is not None and parsing in self.pending:
+                self.pending.remove(parsing)
+            self.parsing = None
+            self.error_cause = cause
+
+    def _answer_and_close(self, cause: Cause) -> None:
+        if not self.closed:
+            self.transport.write(error_response(cause, self.dp.date_value, close=True))
+            self.linger_close()
+
+    def linger_close(self) -> None:
+        """Close after a response while the client may still be sending: stop sending (FIN),
+        read and drop what arrives for a while, then close — so the client reads the
+        response instead of a reset."""
+        if self.closed:
+            return
+        self.closed = True
+        self.lingering = True
+        self.pause_bits = 0
+        transport = self.transport
+        try:
+            if transport.can_write_eof():
+                transport.write_eof()
+            transport.resume_reading()
+        except (OSError, RuntimeError):
+            transport.close()
+            return
+        self.dp.loop.call_later(LINGER_S, transport.close)
+
+    def _linger_read(self, n: int) -> None:
+        self.field_bytes += n
+        if self.field_bytes > LINGER_MAX_BYTES:
+            self.transport.close()
 
     def __repr__(self) -> str:
         return f"ClientConnection({self.peer_ip.decode()}, current={self.current!r})"
@@ -244,12 +392,25 @@ class DataPlane:
         trusted_proxies: Sequence[str] = (),
         loop: asyncio.AbstractEventLoop | None = None,
         tracing: RequestTracing | None = None,
+        limits: HeadLimits | None = None,
     ) -> None:
         self.routing = routing
         self.tracing = tracing
         """Request tracing when on (``gateway.telemetry``); None costs one branch per request."""
+        self.limits = limits or HeadLimits()
+        """Head size/time limits (``limits`` in the config; swapped whole on reload)."""
+        self.slow_heads: set[ClientConnection] = set()
+        """Connections whose request head spans reads (checked against header_timeout_s)."""
+        self.stopping = False
+        self._sweeps = 0
         self.loop = loop or asyncio.get_running_loop()
         self.date = HttpDate()
+        self.date_value = self.date.get()
+        """The ``Date`` header value, refreshed by the sweep (every ``SWEEP_S``)."""
+        self.heads = HeadCache()
+        """Memoised header rewriting (a repeated header set costs one dict lookup)."""
+        self._route_table: RouteTable | None = None
+        self._route_cache: dict[tuple[bytes, bytes], str | None] = {}
         self.networks = [ipaddress.ip_network(n, strict=False) for n in trusted_proxies]
         self.connections: set[ClientConnection] = set()
         self.active: set[Exchange] = set()
@@ -259,12 +420,52 @@ class DataPlane:
         """Set while stopping, once no exchange is active."""
         self._sweeper: asyncio.TimerHandle | None = None
 
+    def route(self, host: bytes, path: bytes) -> str | None:
+        """``routes.match`` for raw header bytes, memoised per route table (swaps reset it)."""
+        table = self.routing.routes
+        cache = self._route_cache
+        if table is not self._route_table:
+            self._route_table = table
+            cache.clear()
+        key = (host, path)
+        try:
+            return cache[key]
+        except KeyError:
+            pass
+        name = table.match(host.decode("latin-1"), path.decode("latin-1"))
+        if len(cache) >= ROUTE_CACHE_MAX:
+            cache.clear()
+        cache[key] = name
+        return name
+
     def _sweep(self) -> None:
+        self.date_value = self.date.get()
         now = self.loop.time()
         due = [ex for ex in self.active if ex.deadline_next <= now]
         for ex in due:
             ex.check(now)
+        if self.slow_heads:
+            for conn in [c for c in self.slow_heads if c.head_deadline <= now]:
+                conn.head_timed_out()
+        self._sweeps += 1
+        if self._sweeps % IDLE_SWEEP_EVERY == 0:
+            idle_before = now - self.limits.idle_timeout_s
+            for conn in [
+                c
+                for c in self.connections
+                if c.current is None and not c.head_open and c.last_active < idle_before
+            ]:
+                conn.close()
+            for service in self.routing.services.values():
+                for ep in service.endpoints.endpoints:
+                    if isinstance(ep.pool, EndpointConnections):
+                        ep.pool.expire(now)
         self._sweeper = self.loop.call_later(SWEEP_S, self._sweep)
+
+    def configure(self, trusted_proxies: Sequence[str], limits: HeadLimits) -> None:
+        """Hot reload: new trusted networks (for new connections) and head limits."""
+        self.networks = [ipaddress.ip_network(n, strict=False) for n in trusted_proxies]
+        self.limits = limits
 
     def is_trusted(self, ip: str) -> bool:
         if not self.networks or not ip:
@@ -295,6 +496,7 @@ class DataPlane:
 
     async def stop(self, grace_s: float = 1.0) -> None:
         """Stop accepting, let in-flight exchanges finish for up to ``grace_s``, close the rest."""
+        self.stopping = True  # finished exchanges close their connection (no keep-alive)
         if self.server is not None:
             self.server.close()
         for conn in list(self.connections):

@@ -386,7 +386,7 @@ async def test_a_replica_never_ready_is_restarted_after_the_startup_timeout(
     sick = tmp_path / "sick"
     sick.touch()
     server = str(ROOT / "tests" / "support" / "health_file_server.py")
-    readiness = {"startup_timeout_s": 0.3}
+    readiness = {"startup_timeout_s": 1.5}
     pool = harness.pool(
         {"s": harness.spec(["{python}", server, "{port}", str(sick)], readiness=readiness)}
     )
