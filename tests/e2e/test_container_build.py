@@ -11,7 +11,6 @@ sees the machine's site-packages for Sluice's dependencies instead of downloadin
 from __future__ import annotations
 
 import http.client
-import inspect
 import os
 import shutil
 import signal
@@ -25,7 +24,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-import gateway.app
 from tests.support.dockerfile import is_ignored, parse_dockerfile, parse_dockerignore
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -170,10 +168,6 @@ def _free_port() -> int:
         return port
 
 
-@pytest.mark.skipif(
-    "NotImplementedError" in inspect.getsource(gateway.app.run),
-    reason="gateway.app.run is still a stub: the data plane (issue 2) has not landed",
-)
 def test_entrypoint_serves_health_and_stops_on_sigterm(venv: Path, tmp_path: Path) -> None:
     data = yaml.safe_load((ROOT / "config" / "examples" / "container.yaml").read_text())
     admin_port = _free_port()

@@ -8,6 +8,7 @@ paths, security context, grace period, RBAC equal to the Kubernetes module's
 
 from __future__ import annotations
 
+import base64
 import importlib
 import json
 import re
@@ -33,6 +34,7 @@ NAME_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance")
 COMMON_LABELS = (*NAME_LABELS, "app.kubernetes.io/managed-by", "helm.sh/chart")
 NAMESPACED = {
     "ConfigMap",
+    "Secret",
     "Deployment",
     "PodDisruptionBudget",
     "Role",
@@ -114,9 +116,13 @@ def test_lint_is_clean(path: Path, kube_version: str) -> None:
 def test_the_packaged_chart_renders_the_same(tmp_path: Path) -> None:
     archive = helm.package(CHART, destination=tmp_path)
     with helm.Chart.load(archive) as packaged, helm.Chart.load(CHART) as source:
-        assert packaged.render({}, name=RELEASE, namespace=NAMESPACE) == source.render(
-            {}, name=RELEASE, namespace=NAMESPACE
+        a, b = (c.render({}, name=RELEASE, namespace=NAMESPACE) for c in (packaged, source))
+        secret = "sluice/templates/secret.yaml"  # a fresh random token on every render
+        assert (
+            yaml.safe_load(a.pop(secret))["data"].keys()
+            == yaml.safe_load(b.pop(secret))["data"].keys()
         )
+        assert a == b
         assert packaged.schema == source.schema is not None
     assert not [f for f in packaged_names(archive) if "/ci/" in f], ".helmignore keeps ci/ out"
 
@@ -198,6 +204,8 @@ def test_objects_and_kinds(case: tuple[dict[str, Any], list[Manifest]]) -> None:
         expected.append("PodDisruptionBudget")
     if values["serviceMonitor"]["enabled"]:
         expected.append("ServiceMonitor")
+    if values["config"]["admin"].get("token_env") and not values["adminToken"]["existingSecret"]:
+        expected.append("Secret")
     assert kinds == sorted(expected)
     names = [(d["kind"], d["metadata"]["name"]) for d in docs]
     assert len(names) == len(set(names)), "duplicate objects"
@@ -360,6 +368,34 @@ def test_configmap_passes_sluice_check(
     assert out.returncode == 0, out.stderr
     assert "ok: platform kubernetes" in out.stdout
     assert f"{len(values['config']['services'])} service(s)" in out.stdout
+
+
+def test_the_admin_token_reaches_the_pods_and_prometheus(
+    case: tuple[dict[str, Any], list[Manifest]],
+) -> None:
+    values, docs = case
+    variable = values["config"]["admin"].get("token_env")
+    assert variable, "the admin plane is off loopback: it needs a token"
+    secret_name = values["adminToken"]["existingSecret"] or f"{RELEASE}-sluice-admin-token"
+    if values.get("fullnameOverride") and not values["adminToken"]["existingSecret"]:
+        secret_name = f"{values['fullnameOverride']}-admin-token"
+    key = values["adminToken"]["secretKey"]
+    env = {e["name"]: e for e in _container(docs)["env"]}
+    assert env[variable]["valueFrom"] == {"secretKeyRef": {"name": secret_name, "key": key}}
+    secrets = _kind(docs, "Secret")
+    if values["adminToken"]["existingSecret"]:
+        assert secrets == []
+    else:
+        (secret,) = secrets
+        assert secret["metadata"]["name"] == secret_name
+        token = base64.b64decode(secret["data"][key]).decode()
+        assert len(token) >= 32 and token.isalnum()
+    for monitor in _kind(docs, "ServiceMonitor"):
+        (endpoint,) = monitor["spec"]["endpoints"]
+        assert endpoint["authorization"] == {
+            "type": "Bearer",
+            "credentials": {"name": secret_name, "key": key},
+        }
 
 
 def test_service_account_is_bound(case: tuple[dict[str, Any], list[Manifest]]) -> None:

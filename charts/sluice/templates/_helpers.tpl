@@ -115,3 +115,8 @@ Checks that make a broken install fail at render time instead of in a crash-loop
 {{- fail (printf "terminationGracePeriodSeconds (%v) must exceed preStopDelaySeconds (%v) + the drain time (%v s), or in-flight requests are killed" .Values.terminationGracePeriodSeconds .Values.preStopDelaySeconds $drain) }}
 {{- end }}
 {{- end }}
+
+{{/* The Secret holding the admin token: the user's, or the one the chart creates. */}}
+{{- define "sluice.adminTokenSecret" -}}
+{{- .Values.adminToken.existingSecret | default (printf "%s-admin-token" (include "sluice.fullname" . | trunc 50 | trimSuffix "-")) }}
+{{- end }}
