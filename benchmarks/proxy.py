@@ -390,6 +390,9 @@ def ratios(table: dict[str, dict[str, float | None]]) -> dict[str, float | None]
     out: dict[str, float | None] = {}
     if s["rps"] and n["rps"]:
         out["rps_sluice_over_nginx"] = s["rps"] / n["rps"]
+    cores = [s["core_utilisation"], n["core_utilisation"]]
+    if None not in cores:
+        out["both_proxies_saturated"] = min(c for c in cores if c is not None) >= SATURATED
     if s["cpu_us_per_request"] and n["cpu_us_per_request"]:
         out["cpu_per_request_sluice_over_nginx"] = s["cpu_us_per_request"] / n["cpu_us_per_request"]
     t = table.get("traced")
@@ -446,6 +449,8 @@ def print_table(table: dict[str, dict[str, float | None]], rat: dict[str, float 
     verdict = (
         ""
         if r is None
+        else "  (inconclusive: a proxy did not get its whole core)"
+        if busy
         else ("  (target >= 0.5: met)" if r >= REQS_TARGET else "  (target >= 0.5: NOT met)")
     )
     print(f"req/s Sluice/nginx (c=50):            {_fmt(r, '.2f')}{verdict}")
