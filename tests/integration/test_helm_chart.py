@@ -607,3 +607,23 @@ def test_every_value_is_documented_typed_and_in_the_readme() -> None:
         assert f"`{dotted}`" in readme, f"charts/sluice/README.md does not document {dotted}"
     top = {k for k, _ in keys if "." not in k}
     assert set(schema["properties"]) - {"global"} == top
+
+
+def test_the_docs_values_example_installs_a_valid_config(tmp_path: Path) -> None:
+    docs = (ROOT / "docs" / "kubernetes-chart.md").read_text()
+    (example,) = [
+        b for b in re.findall(r"```yaml\n(.*?)```", docs, re.S) if "# my-values.yaml" in b
+    ]
+    manifests = _render(yaml.safe_load(example))
+    config = tmp_path / "sluice.yaml"
+    config.write_text(_one(manifests, "ConfigMap")["data"]["sluice.yaml"])
+    out = subprocess.run(
+        [sys.executable, "-m", "gateway", "check", "--config", str(config)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "shop/api" in out.stdout
