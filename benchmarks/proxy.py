@@ -462,6 +462,8 @@ def print_table(table: dict[str, dict[str, float | None]], rat: dict[str, float 
     verdict = (
         ""
         if a is None
+        else "  (inconclusive: a proxy did not get its whole core)"
+        if busy
         else ("  (target <= 2: met)" if a <= ADDED_LATENCY_TARGET else "  (target <= 2: NOT met)")
     )
     print(
