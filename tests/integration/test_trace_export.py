@@ -239,7 +239,15 @@ def test_scaler_ticks_are_spans_with_a_child_per_changed_decision(receiver: Otlp
     try:
         assert telemetry.tracer is not None
         engine = TracedEngine(
-            Engine({"api": policy(max_replicas=8), "idle": policy()}, BudgetConfig(cpu=2)),
+            # cpu.max = cpu.request: the horizontal bound is exactly max_replicas replicas
+            # (with vertical headroom it would be max_replicas × cpu.max / cpu.request).
+            Engine(
+                {
+                    "api": policy(max_replicas=8, cpu={"min": 0.1, "max": 0.25, "request": 0.25}),
+                    "idle": policy(),
+                },
+                BudgetConfig(cpu=2),
+            ),
             telemetry.tracer,
         )
         states: dict[str, ServiceState] = {}
