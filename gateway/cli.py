@@ -78,6 +78,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     return run(settings, config_path=args.config)
 
 
+def cmd_simulate(args: argparse.Namespace) -> int:
+    settings = load_or_exit(args.config)
+    from scaler.simulate.cli import run_command
+
+    policies = {name: service.scaling for name, service in settings.services.items()}
+    return run_command(args, policies, settings.budget, str(args.config))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sluice", description="Ingress-aware gateway with a built-in autoscaler."
@@ -94,6 +102,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("schema", help="print the config file's JSON Schema")
     p.set_defaults(func=cmd_schema)
+
+    from scaler.simulate.cli import add_arguments as add_simulate_arguments
+
+    p = sub.add_parser(
+        "simulate", help="replay a workload through a queueing model: Sluice vs a baseline"
+    )
+    _add_config(p, required=True)
+    add_simulate_arguments(p)
+    p.set_defaults(func=cmd_simulate)
     return parser
 
 
