@@ -10,7 +10,13 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from gateway.settings import ConfigError, Settings, json_schema, load_settings
+from gateway.settings import (
+    ConfigError,
+    Settings,
+    json_schema,
+    load_runtime_settings,
+    load_settings,
+)
 
 DEFAULT_CONFIG = Path("config/sluice.yaml")
 
@@ -64,7 +70,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 def load_or_exit(path: Path) -> Settings:
     try:
-        return load_settings(path)
+        return load_runtime_settings(path)
     except ConfigError as e:
         for line in e.problems:
             print(line, file=sys.stderr)
@@ -111,6 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config(p, required=True)
     add_simulate_arguments(p)
     p.set_defaults(func=cmd_simulate)
+
+    from gateway.telemetry.view import add_traces_command
+
+    add_traces_command(sub, _add_config)
     return parser
 
 

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import math
+import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
@@ -26,6 +28,7 @@ from pydantic import (
     model_validator,
 )
 
+from scaler.localpool.config import ReplicasConfig
 from scaler.policy import BudgetConfig, KeyedValueError, ScalingPolicy, check_floors
 
 PathType = Literal["Exact", "Prefix", "ImplementationSpecific"]
@@ -85,6 +88,19 @@ class ListenConfig(_Model):
     port: int = Field(default=8080, ge=0, le=65535, description="TCP port (0 = any free port).")
 
 
+ADMIN_TOKEN_MIN_CHARS = 32
+
+
+def is_loopback_host(host: str) -> bool:
+    """True for ``localhost`` and loopback IP addresses (127.0.0.0/8, ::1)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 class AdminConfig(_Model):
     """The admin plane: health, readiness, metrics, the JSON API."""
 
@@ -93,8 +109,34 @@ class AdminConfig(_Model):
     )
     port: int = Field(default=9901, ge=0, le=65535, description="TCP port (0 = any free port).")
     token: SecretStr | None = Field(
-        default=None, description="Bearer token required on every admin request (>= 32 characters)."
+        default=None,
+        description="Bearer token required on every admin request (>= 32 characters; "
+        "`Authorization: Bearer <token>`, compared in constant time). Required (or token_env) "
+        "when host is not loopback.",
     )
+    token_env: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="Name of an environment variable holding the token (e.g. filled from a "
+        "Kubernetes Secret), read when the gateway starts or reloads; instead of token.",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if self.token is not None and len(self.token.get_secret_value()) < ADMIN_TOKEN_MIN_CHARS:
+            raise KeyedValueError(
+                "token",
+                f"must be at least {ADMIN_TOKEN_MIN_CHARS} characters, "
+                f"got {len(self.token.get_secret_value())}",
+            )
+        if self.token is not None and self.token_env is not None:
+            raise KeyedValueError("token_env", "set token or token_env, not both")
+        if self.token is None and self.token_env is None and not is_loopback_host(self.host):
+            raise KeyedValueError(
+                "token",
+                f"is required when admin.host is not a loopback address (got host {self.host!r})",
+            )
+        return self
 
 
 class RouteConfig(_Model):
@@ -124,6 +166,202 @@ class TimeoutsConfig(_Model):
     total_s: float = Field(default=60.0, gt=0, description="The whole exchange, body included.")
 
 
+class QueueConfig(_Model):
+    """The bounded FIFO queue a request waits in for a free concurrency slot."""
+
+    max: int = Field(
+        default=100,
+        ge=0,
+        description="Most requests waiting at once; one more gets 503 (Sluice-Error: queue-full). "
+        "0 = no queue: no free slot means 503 at once.",
+    )
+    timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="Longest wait for a slot; then 503 (Sluice-Error: queue-timeout) with Retry-After.",
+    )
+
+
+class RateLimitConfig(_Model):
+    """A token bucket (aiolimiter's leaky bucket): ``rps`` sustained, ``burst`` at once."""
+
+    rps: float = Field(gt=0, description="Requests per second allowed on average.")
+    burst: int | None = Field(
+        default=None,
+        ge=1,
+        description="Requests allowed at once above the average rate; default max(1, rps). "
+        "Over the limit: 429 (Sluice-Error: rate-limited) with Retry-After.",
+    )
+
+    @property
+    def burst_requests(self) -> int:
+        return self.burst if self.burst is not None else max(1, math.ceil(self.rps))
+
+
+class ServiceLimits(_Model):
+    """Admission control for one service: concurrency slots, queue, rate limit, body size."""
+
+    concurrency_per_replica: int | None = Field(
+        default=None,
+        ge=1,
+        description="Requests forwarded at once per ready endpoint (slots = this × endpoints); "
+        "further requests wait in the queue. Omitted = unlimited (no queueing).",
+    )
+    queue: QueueConfig = Field(
+        default_factory=QueueConfig, description="Where requests wait for a slot."
+    )
+    rate_limit: RateLimitConfig | None = Field(
+        default=None, description="Arrival rate limit for the service; omitted = none."
+    )
+    max_body_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        description="Largest request body accepted (declared Content-Length or chunked total); "
+        "larger -> 413. Omitted = unlimited (bodies stream).",
+    )
+
+
+RetryOn = Literal["connect-failure", "reset"]
+
+
+def _default_retry_on() -> list[RetryOn]:
+    return ["connect-failure", "reset"]
+
+
+class RetryPolicy(_Model):
+    """When a failed upstream attempt is tried again, on a different endpoint."""
+
+    max_attempts: int = Field(
+        default=2,
+        ge=1,
+        le=10,
+        description="Attempts per request including the first (1 = never retry).",
+    )
+    retry_on: list[RetryOn] = Field(
+        default_factory=_default_retry_on,
+        description="connect-failure: the request was never sent (always safe); reset: the "
+        "upstream closed the connection before any response byte (only idempotent methods "
+        "with a replayable body).",
+    )
+    budget_percent: float = Field(
+        default=20.0,
+        ge=0,
+        le=100,
+        description="Retries in progress may be at most this percent of the service's active requests…",
+    )
+    budget_min: int = Field(
+        default=3, ge=0, description="…but at least this many retries at once are always allowed."
+    )
+    replay_body_bytes: int = Field(
+        default=65536,
+        ge=0,
+        le=1 << 20,
+        description="A request body up to this size, fully received before the attempt failed, "
+        "is replayable; larger or still-streaming bodies are never retried after being sent.",
+    )
+
+
+class HealthCheckConfig(_Model):
+    """Active HTTP health checks: GET ``path`` on every endpoint each ``interval_s``."""
+
+    path: Annotated[str, AfterValidator(_check_path)] = Field(
+        default="/healthz", description="Path requested; a 2xx or 3xx answer is healthy."
+    )
+    interval_s: float = Field(default=5.0, gt=0, description="Seconds between checks.")
+    timeout_s: float = Field(
+        default=1.0, gt=0, description="A check not answered within this is a failure."
+    )
+    unhealthy_threshold: int = Field(
+        default=2, ge=1, description="Consecutive failed checks that eject an endpoint."
+    )
+    healthy_threshold: int = Field(
+        default=1,
+        ge=1,
+        description="Consecutive passed checks that bring an ejected endpoint back.",
+    )
+
+
+class OutlierDetectionConfig(_Model):
+    """Passive outlier detection (and optional active health checks) per service."""
+
+    enabled: bool = Field(default=True, description="Eject endpoints that keep failing.")
+    consecutive_failures: int = Field(
+        default=5,
+        ge=1,
+        description="This many consecutive 5xx answers or connect failures eject the endpoint.",
+    )
+    base_ejection_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="First ejection's length; each repeat ejection lasts this × the number of "
+        "times the endpoint has been ejected, up to max_ejection_s.",
+    )
+    max_ejection_s: float = Field(default=300.0, gt=0, description="Longest an ejection lasts.")
+    max_ejection_percent: float = Field(
+        default=50.0,
+        ge=0,
+        le=100,
+        description="Never eject more than this percent of the service's endpoints "
+        "(at least one endpoint always stays in rotation).",
+    )
+    health_check: HealthCheckConfig | None = Field(
+        default=None, description="Active HTTP health checks; omitted = passive detection only."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if self.max_ejection_s < self.base_ejection_s:
+            raise KeyedValueError(
+                "max_ejection_s",
+                f"must be >= base_ejection_s ({self.base_ejection_s:g}), got {self.max_ejection_s:g}",
+            )
+        return self
+
+
+class GatewayLimits(_Model):
+    """Limits on what a client may send, for every request (HTTP/1.1 hardening)."""
+
+    max_header_bytes: int = Field(
+        default=32768,
+        ge=1024,
+        description="Largest request head (request line + headers); larger -> 431 and close.",
+    )
+    max_headers: int = Field(
+        default=100, ge=1, description="Most header fields in a request; more -> 431 and close."
+    )
+    max_uri_bytes: int = Field(
+        default=8192, ge=256, description="Longest request target; longer -> 414 and close."
+    )
+    header_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="A request head must arrive whole within this many seconds of its first byte "
+        "(slowloris defence); else 408 and close.",
+    )
+    idle_timeout_s: float = Field(
+        default=60.0, gt=0, description="A keep-alive connection idle this long is closed."
+    )
+
+
+class ShutdownConfig(_Model):
+    """What SIGTERM does: /readyz turns 503, stop accepting, drain, exit 0."""
+
+    drain_s: float = Field(
+        default=30.0,
+        ge=0,
+        description="Longest wait for in-flight requests to finish before exiting.",
+    )
+
+
+class ReloadConfig(_Model):
+    """Hot reload of the config file (also SIGHUP and POST /api/reload)."""
+
+    watch: bool = Field(default=True, description="Reload when the config file changes.")
+    interval_s: float = Field(
+        default=1.0, gt=0, le=60, description="How often the file is checked for changes."
+    )
+
+
 class ServiceConfig(_Model):
     """A named backend with routes, endpoints and a scaling policy."""
 
@@ -132,6 +370,10 @@ class ServiceConfig(_Model):
     )
     endpoints: list[Address] = Field(
         default_factory=list, description="Static platform: the replicas' 'host:port' addresses."
+    )
+    replicas: ReplicasConfig | None = Field(
+        default=None,
+        description="Local platform (required there): how Sluice starts this service's replicas.",
     )
     balancer: BalancerName = Field(
         default="least_request",
@@ -143,6 +385,248 @@ class ServiceConfig(_Model):
     )
     scaling: ScalingPolicy = Field(
         default_factory=ScalingPolicy, description="How this service scales."
+    )
+    limits: ServiceLimits = Field(
+        default_factory=ServiceLimits,
+        description="Admission control: concurrency slots, queue, rate limit, body size.",
+    )
+    retries: RetryPolicy = Field(
+        default_factory=RetryPolicy, description="When failed attempts are retried."
+    )
+    outlier_detection: OutlierDetectionConfig = Field(
+        default_factory=OutlierDetectionConfig,
+        description="Ejecting endpoints that keep failing.",
+    )
+
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+
+
+def _check_dns_label(value: str) -> str:
+    if len(value) > 63 or not _DNS_LABEL.match(value):
+        raise ValueError(
+            f"must be a Kubernetes name (lowercase DNS label, <= 63 chars), got {value!r}"
+        )
+    return value
+
+
+def _check_dns_subdomain(value: str) -> str:
+    if len(value) > 253 or not _DNS_SUBDOMAIN.match(value):
+        raise ValueError(f"must be a Kubernetes name (lowercase DNS subdomain), got {value!r}")
+    return value
+
+
+KubeName = Annotated[str, AfterValidator(_check_dns_subdomain)]
+KubeNamespace = Annotated[str, AfterValidator(_check_dns_label)]
+
+
+class GatewayServiceConfig(_Model):
+    """The Kubernetes Service in front of the gateway replicas themselves."""
+
+    namespace: KubeNamespace = Field(
+        default="sluice", description="Namespace of the gateway's Service."
+    )
+    name: KubeName = Field(
+        default="sluice",
+        description="Name of the gateway's Service: its EndpointSlices list the peer gateway "
+        "replicas (signal merging), its load-balancer address goes into Ingress status.",
+    )
+    admin_port_name: str = Field(
+        default="admin",
+        min_length=1,
+        description="Name of the Service port that reaches each replica's admin server (GET /api/signals).",
+    )
+
+
+class LeaseConfig(_Model):
+    """Leader election with a coordination.k8s.io/v1 Lease: only the holder actuates."""
+
+    namespace: KubeNamespace = Field(default="sluice", description="Namespace of the Lease.")
+    name: KubeName = Field(default="sluice-scaler", description="Name of the Lease.")
+    duration_s: int = Field(
+        default=15,
+        ge=1,
+        le=3600,
+        description="leaseDurationSeconds: how long others wait after the last observed renewal "
+        "before taking over.",
+    )
+    renew_deadline_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="The leader stops actuating when it could not renew for this long (< duration_s).",
+    )
+    retry_period_s: float = Field(
+        default=2.0, gt=0, description="How often to try to acquire or renew (< renew_deadline_s)."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if self.renew_deadline_s >= self.duration_s:
+            raise KeyedValueError(
+                "renew_deadline_s",
+                f"must be < duration_s ({self.duration_s}), got {self.renew_deadline_s:g}",
+            )
+        if self.retry_period_s >= self.renew_deadline_s:
+            raise KeyedValueError(
+                "retry_period_s",
+                f"must be < renew_deadline_s ({self.renew_deadline_s:g}), got {self.retry_period_s:g}",
+            )
+        return self
+
+
+class KubernetesConfig(_Model):
+    """platform: kubernetes — Ingress routes, EndpointSlice endpoints, /scale and /resize, a Lease."""
+
+    ingress_class: KubeName = Field(
+        default="sluice",
+        description="Ingresses whose spec.ingressClassName (or legacy kubernetes.io/ingress.class "
+        "annotation) equals this are served.",
+    )
+    namespaces: list[KubeNamespace] = Field(
+        default_factory=list,
+        description="Namespaces to watch for Ingresses and EndpointSlices; empty = all namespaces "
+        "(needs a ClusterRole).",
+    )
+    gateway_service: GatewayServiceConfig = Field(
+        default_factory=GatewayServiceConfig, description="The gateway's own Service."
+    )
+    status_addresses: list[str] = Field(
+        default_factory=list,
+        description="IPs/hostnames written to Ingress status.loadBalancer; empty = the gateway "
+        "Service's load-balancer ingress, else its cluster IP.",
+    )
+    lease: LeaseConfig = Field(default_factory=LeaseConfig, description="Leader election.")
+    identity: str | None = Field(
+        default=None,
+        min_length=1,
+        description="This replica's Lease holder identity; default: $POD_NAME, else the hostname.",
+    )
+    kubeconfig: str | None = Field(
+        default=None,
+        description="Path to a kubeconfig; default: in-cluster config, else ~/.kube/config.",
+    )
+    api_max_concurrency: int = Field(
+        default=4,
+        ge=1,
+        le=64,
+        description="Worker threads for Kubernetes API calls (watches have their own).",
+    )
+    peer_timeout_s: float = Field(
+        default=1.0, gt=0, le=30, description="Timeout for GET /api/signals on each peer gateway."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        seen: set[str] = set()
+        for i, ns in enumerate(self.namespaces):
+            if ns in seen:
+                raise KeyedValueError("namespaces", f"{ns!r} is listed twice (entry [{i}])")
+            seen.add(ns)
+        return self
+
+
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+
+
+class SamplerConfig(_Model):
+    """Which traces are recorded: W3C parent-based, then a ratio of new traces by trace id."""
+
+    type: Literal["parentbased_ratio"] = Field(
+        default="parentbased_ratio",
+        description="parentbased_ratio: follow the caller's sampled flag when a traceparent "
+        "arrives, otherwise record this fraction of new traces (by trace id, like "
+        "OpenTelemetry's parentbased_traceidratio).",
+    )
+    ratio: float = Field(
+        default=1.0,
+        ge=0.0,
+        le=1.0,
+        description="Fraction of new (root) traces recorded, 0..1; 0.01 = one in a hundred.",
+    )
+
+
+class TraceBufferConfig(_Model):
+    """The in-memory ring buffer of recent traces behind GET /api/traces and `sluice traces`."""
+
+    max_traces: int = Field(
+        default=200, ge=0, le=100_000, description="Traces kept; the oldest go first (0 = off)."
+    )
+    max_spans_per_trace: int = Field(
+        default=256,
+        ge=1,
+        le=10_000,
+        description="Spans kept per trace; later ones are counted, not kept.",
+    )
+
+
+ExporterName = Literal["otlp_http", "otlp_grpc", "console", "none"]
+
+
+class TracesConfig(_Model):
+    """OpenTelemetry traces: a span per request and per scaler tick.
+
+    Keys set here win over the standard OTEL_* environment variables; keys left out fall
+    back to them (OTEL_TRACES_EXPORTER, OTEL_TRACES_SAMPLER[_ARG],
+    OTEL_EXPORTER_OTLP[_TRACES]_ENDPOINT/_HEADERS), then to the defaults below.
+    OTEL_SDK_DISABLED=true turns tracing off whatever this says.
+    """
+
+    enabled: bool = Field(default=False, description="Record traces at all.")
+    sampler: SamplerConfig = Field(
+        default_factory=SamplerConfig, description="Which traces are recorded."
+    )
+    exporter: ExporterName = Field(
+        default="none",
+        description="Where finished spans go besides the in-memory buffer: otlp_http (OTLP/HTTP "
+        "protobuf), otlp_grpc, console (stdout), none (only the buffer).",
+    )
+    endpoint: str | None = Field(
+        default=None,
+        description="OTLP endpoint: otlp_http takes the full URL "
+        "(default http://localhost:4318/v1/traces), otlp_grpc 'http[s]://host:port' "
+        "(default http://localhost:4317; http = plaintext).",
+    )
+    headers: dict[str, SecretStr] = Field(
+        default_factory=dict,
+        description="Extra headers sent with every export (e.g. an API key); never logged.",
+    )
+    buffer: TraceBufferConfig = Field(
+        default_factory=TraceBufferConfig, description="Recent traces kept in memory."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if self.endpoint is not None:
+            if self.exporter not in ("otlp_http", "otlp_grpc"):
+                raise KeyedValueError(
+                    "endpoint",
+                    f"only applies to the otlp_http and otlp_grpc exporters, exporter is {self.exporter!r}",
+                )
+            scheme, sep, rest = self.endpoint.partition("://")
+            if not sep or scheme not in ("http", "https") or not rest or rest.startswith("/"):
+                raise KeyedValueError(
+                    "endpoint",
+                    f"must be an http:// or https:// URL with a host, got {self.endpoint!r}",
+                )
+        for name in self.headers:
+            if not _HEADER_NAME.match(name):
+                raise KeyedValueError(
+                    f"headers.{name}", "must be an HTTP header name (letters, digits, '-', ...)"
+                )
+        if self.headers and self.exporter not in ("otlp_http", "otlp_grpc"):
+            raise KeyedValueError(
+                "headers",
+                f"only apply to the otlp_http and otlp_grpc exporters, exporter is {self.exporter!r}",
+            )
+        return self
+
+
+class TelemetryConfig(_Model):
+    """OpenTelemetry: traces (metrics are served by /metrics in Prometheus format)."""
+
+    traces: TracesConfig = Field(
+        default_factory=TracesConfig, description="Request and scaler traces."
     )
 
 
@@ -176,8 +660,25 @@ class Settings(_Model):
         default=None, description="Service that receives requests no route matches (else 404)."
     )
     budget: BudgetConfig = Field(default_factory=BudgetConfig, description="The shared CPU budget.")
+    limits: GatewayLimits = Field(
+        default_factory=GatewayLimits,
+        description="Request size and time limits for every client connection.",
+    )
+    shutdown: ShutdownConfig = Field(
+        default_factory=ShutdownConfig, description="Graceful shutdown on SIGTERM."
+    )
+    reload: ReloadConfig = Field(
+        default_factory=ReloadConfig, description="Hot reload of the config file."
+    )
     services: dict[str, ServiceConfig] = Field(
         default_factory=dict, description="Services by name."
+    )
+    kubernetes: KubernetesConfig = Field(
+        default_factory=KubernetesConfig,
+        description="Settings for platform: kubernetes (ignored by the other platforms).",
+    )
+    telemetry: TelemetryConfig = Field(
+        default_factory=TelemetryConfig, description="OpenTelemetry traces."
     )
 
     @model_validator(mode="after")
@@ -194,11 +695,44 @@ class Settings(_Model):
                 "default_backend",
                 f"names no service (have: {', '.join(sorted(self.services)) or 'none'}), got {self.default_backend!r}",
             )
+        if self.platform == "local":
+            _check_local_services(self.services)
         try:
             check_floors(self.budget, {n: s.scaling for n, s in self.services.items()})
         except KeyedValueError as e:
             raise KeyedValueError(f"budget.{e.key}", e.message) from None
         return self
+
+
+def _check_local_services(services: dict[str, ServiceConfig]) -> None:
+    """platform: local — every service says how to start its replicas, on ports of its own."""
+    seen: list[tuple[str, ReplicasConfig]] = []
+    for name, service in services.items():
+        spec = service.replicas
+        if spec is None:
+            raise KeyedValueError(
+                f"services.{name}.replicas",
+                "is required when platform is local (command and port_range of the replicas)",
+            )
+        if service.endpoints:
+            raise KeyedValueError(
+                f"services.{name}.endpoints",
+                "must be empty when platform is local (Sluice starts the replicas itself)",
+            )
+        if spec.port_count < service.scaling.max_replicas:
+            raise KeyedValueError(
+                f"services.{name}.replicas.port_range",
+                f"holds {spec.port_count} port(s), fewer than scaling.max_replicas "
+                f"({service.scaling.max_replicas})",
+            )
+        for other_name, other in seen:
+            if spec.overlaps(other):
+                raise KeyedValueError(
+                    f"services.{name}.replicas.port_range",
+                    f"{list(spec.port_range)} overlaps services.{other_name}.replicas.port_range "
+                    f"{list(other.port_range)}",
+                )
+        seen.append((name, spec))
 
 
 def _format_loc(loc: Iterable[int | str]) -> str:
@@ -251,11 +785,16 @@ def parse_settings(data: Any, source: str = "<config>") -> Settings:
     try:
         return Settings.model_validate(data)
     except ValidationError as e:
-        problems = []
-        for err in e.errors(include_url=False):
-            path, problem = _format_error(dict(err))
-            problems.append(f"{source}: {path}: {problem}" if path else f"{source}: {problem}")
+        problems = [
+            f"{source}: {path}: {problem}" if path else f"{source}: {problem}"
+            for path, problem in validation_problems(e)
+        ]
         raise ConfigError(problems) from None
+
+
+def validation_problems(e: ValidationError) -> list[tuple[str, str]]:
+    """A pydantic error as (key path, problem) pairs in Sluice's words (also used for annotations)."""
+    return [_format_error(dict(err)) for err in e.errors(include_url=False)]
 
 
 def load_settings(path: str | Path) -> Settings:
@@ -274,6 +813,33 @@ def load_settings(path: str | Path) -> Settings:
     except yaml.YAMLError as e:
         raise ConfigError([f"{source}: invalid YAML: {e}"]) from None
     return parse_settings(data, source)
+
+
+def resolve_admin_token(
+    settings: Settings, environ: Mapping[str, str], source: str = "<config>"
+) -> Settings:
+    """Fill ``admin.token`` from ``admin.token_env`` (done when the gateway starts or reloads,
+    not by ``sluice check``); ConfigError when the variable is unset or too short."""
+    name = settings.admin.token_env
+    if name is None:
+        return settings
+    value = environ.get(name)
+    if not value:
+        raise ConfigError([f"{source}: admin.token_env: environment variable {name} is not set"])
+    if len(value) < ADMIN_TOKEN_MIN_CHARS:
+        raise ConfigError(
+            [
+                f"{source}: admin.token_env: {name} must hold at least {ADMIN_TOKEN_MIN_CHARS} "
+                f"characters, got {len(value)}"
+            ]
+        )
+    admin = settings.admin.model_copy(update={"token": SecretStr(value), "token_env": None})
+    return settings.model_copy(update={"admin": admin})
+
+
+def load_runtime_settings(path: str | Path) -> Settings:
+    """:func:`load_settings` plus what only a running gateway resolves (the admin token)."""
+    return resolve_admin_token(load_settings(path), os.environ, str(path))
 
 
 def json_schema() -> str:

@@ -3,25 +3,138 @@
 Contract (other parts of Sluice code against it; extend, don't rename):
 
 * ``Engine(policies, budget)`` holds per-service window state in memory; no I/O, no clock.
+  Optional keywords: ``staleness_s`` (signals older than this freeze the service, default
+  3 s = 3 ticks at 1 s), ``hysteresis_cores`` / ``hysteresis_ratio`` (the arbiter's band).
 * ``tick(now, signals, states)`` takes the time on the injected clock, the latest
   ``ServiceSignals`` per service (a service missing from ``signals``, or whose snapshot is
   stale, is frozen, never scaled down) and the platform's ``ServiceState`` per service,
-  and returns one ``Decision`` per configured service.
+  and returns one ``Decision`` per configured service, in the policies' order.
+
+Per tick and service: the metric (concurrency or rps) is fed to the horizontal recommender
+(KPA windows, or the HPA calculation), which says how many *reference replicas* (of
+``cpu.request`` cores) are needed; that times ``cpu.request`` is the CPU demand (or, when
+the platform measures CPU, the measured use with headroom, raised by throttling).  The
+arbiter (``scaler.budget``) turns all demands into allocations under the budget, and each
+allocation is split into replicas × CPU per replica.
+
+Every per-service quantity lives in a numpy array indexed like the policies, so one tick is
+a few dozen array operations whatever the number of services; each decision renders its
+reasons from the tick's arrays only when someone reads them (``scaler.explain``).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
-from scaler.decision import Decision, ServiceState
-from scaler.policy import BudgetConfig, ScalingPolicy
-from scaler.signals import ServiceSignals
+import numpy as np
+
+from scaler.budget import (
+    BoolArray,
+    FloatArray,
+    IndependentClaim,
+    IntArray,
+    arbitrate_arrays,
+    arbitrate_independent,
+    fair_shares,
+    split_arrays,
+)
+from scaler.decision import Decision, Explanation, ServiceState
+from scaler.explain import FROZEN_REASONS, TickView, rule_names
+from scaler.hpa import HpaBehaviorState, NoMetricsError, PodSample, calculate_replicas
+from scaler.kpa_batch import RULES, KpaBatch
+from scaler.policy import BudgetConfig, ScalingPolicy, check_floors
+from scaler.signals import BucketedWindow, ServiceSignals
+
+_EPS = 1e-9
+_NOT_FROZEN, _MISSING, _STALE, _NO_DATA = 0, 1, 2, 3
+
+
+class _HpaTrack:
+    """One HPA-mode service's memory (the HPA calculation is per service, not batched)."""
+
+    __slots__ = ("behavior", "window")
+
+    def __init__(self, policy: ScalingPolicy) -> None:
+        self.behavior = HpaBehaviorState(policy.behavior)
+        self.window = BucketedWindow(policy.panic_window_s)
 
 
 class Engine:
-    def __init__(self, policies: Mapping[str, ScalingPolicy], budget: BudgetConfig) -> None:
+    """Signals + policies + platform state -> one explained decision per service, per tick."""
+
+    def __init__(
+        self,
+        policies: Mapping[str, ScalingPolicy],
+        budget: BudgetConfig,
+        *,
+        staleness_s: float = 3.0,
+        hysteresis_cores: float = 0.05,
+        hysteresis_ratio: float = 0.05,
+    ) -> None:
+        if staleness_s <= 0:
+            raise ValueError(f"staleness_s must be > 0, got {staleness_s!r}")
         self.policies = dict(policies)
         self.budget = budget
+        check_floors(budget, self.policies)
+        self.staleness_s = staleness_s
+        self.hysteresis_cores = hysteresis_cores
+        self.hysteresis_ratio = hysteresis_ratio
+        self.names = list(self.policies)
+        pols = list(self.policies.values())
+        self._pols = pols
+        n = len(pols)
+        self.n = n
+
+        def arr(values: list[float]) -> FloatArray:
+            return np.array(values, dtype=np.float64).reshape(n)
+
+        def iarr(values: list[int]) -> IntArray:
+            return np.array(values, dtype=np.int64).reshape(n)
+
+        self.cpu_ref = arr([p.cpu.initial_cores for p in pols])
+        self.cpu_min = arr([p.cpu.min for p in pols])
+        self.cpu_max = arr([p.cpu.max for p in pols])
+        self.min_r = iarr([p.min_replicas for p in pols])
+        self.max_r = iarr([p.max_replicas for p in pols])
+        self.weight = arr([p.weight for p in pols])
+        self.minimum = self.min_r * self.cpu_min
+        self.floor = np.maximum(arr([p.floor_cores for p in pols]), self.minimum)
+        self.cap = self.max_r * self.cpu_max
+        self.target_utilization = arr([p.target_utilization for p in pols])
+        self.fair = fair_shares(budget.cpu, pols) if n else arr([])
+        self.is_rps: BoolArray = np.array([p.metric == "rps" for p in pols], dtype=bool)
+        self.horizontal: BoolArray = np.array([p.prefer == "horizontal" for p in pols], dtype=bool)
+        self.kpa_index = np.array(
+            [i for i, p in enumerate(pols) if p.mode == "kpa"], dtype=np.int64
+        )
+        self.kpa = KpaBatch([pols[i] for i in self.kpa_index])
+        self.hpa = {i: _HpaTrack(p) for i, p in enumerate(pols) if p.mode == "hpa"}
+        self._by_name = {name: i for i, name in enumerate(self.names)}
+        nan = np.full(n, np.nan)
+        self._last_at = nan.copy()
+        self._arrivals_at = nan.copy()
+        self._arrivals = np.zeros(n)
+        self._rps = np.zeros(n)
+        self._cpu_at = nan.copy()
+        self._cpu_total = nan.copy()
+        self._cpu_used = nan.copy()
+        self._thr_at = nan.copy()
+        self._thr_total = nan.copy()
+        self._thr_rate = nan.copy()
+        self._allocation = nan.copy()
+
+    def __repr__(self) -> str:
+        return (
+            f"Engine(services={self.n}, budget={self.budget.cpu:g} cores, "
+            f"arbitration={self.budget.arbitration})"
+        )
+
+    def fair_share(self, service: str) -> float:
+        """Cores ``service`` is entitled to when every service wants all it can use."""
+        return float(self.fair[self._by_name[service]])
+
+    # -- the tick --------------------------------------------------------------------
 
     def tick(
         self,
@@ -29,4 +142,299 @@ class Engine:
         signals: Mapping[str, ServiceSignals],
         states: Mapping[str, ServiceState],
     ) -> dict[str, Decision]:
-        raise NotImplementedError("the scaler engine is being built (issue 3)")
+        """Decide every configured service's replicas and CPU for this tick."""
+        names = self.names
+        n = self.n
+        sigs = [signals.get(name) for name in names]
+        sts = [states.get(name) for name in names]
+        cur_r = np.array([s.replicas if s is not None else 0 for s in sts], dtype=np.int64)
+        ready = np.array([s.ready_replicas if s is not None else 0 for s in sts], dtype=np.float64)
+        cur_cpu = np.array(
+            [s.cpu_per_replica_cores if s is not None else math.nan for s in sts], dtype=np.float64
+        )
+        cur_cpu = np.where(np.isnan(cur_cpu), self.cpu_ref, cur_cpu)
+        blocked = np.array([s is not None and s.resize_blocked for s in sts], dtype=bool)
+        at = np.array([s.at if s is not None else -math.inf for s in sigs], dtype=np.float64)
+        present = at > -math.inf
+        active = present & (at >= now - self.staleness_s)
+        fresh = active & (at != self._last_at)
+        self._last_at = np.where(fresh, at, self._last_at)
+        if fresh.any():
+            self._rates(sigs, at, fresh)
+        concurrency = np.array(
+            [s.in_flight + s.queued if s is not None else 0 for s in sigs], dtype=np.float64
+        )
+        value = np.where(self.is_rps, self._rps, concurrency)
+        capacity = ready * cur_cpu / self.cpu_ref
+
+        wanted = cur_r.copy()
+        load = cur_r.copy()
+        valid = np.zeros(n, dtype=bool)
+        kpa_tick = None
+        ki = self.kpa_index
+        if len(ki):
+            self.kpa.observe(now, value[ki], fresh[ki])
+            kpa_tick = self.kpa.recommend(now, capacity[ki], cur_r[ki], active[ki])
+            wanted[ki] = kpa_tick.replicas
+            load[ki] = kpa_tick.load
+            valid[ki] = kpa_tick.active
+        hpa_notes: dict[int, tuple[str, Explanation, dict[str, float]]] = {}
+        for i, track in self.hpa.items():
+            if active[i]:
+                r, rule, notes, inputs = self._recommend_hpa(
+                    i,
+                    track,
+                    now,
+                    (float(value[i]), bool(fresh[i])),
+                    (cur_r[i], ready[i], cur_cpu[i]),
+                )
+                wanted[i] = load[i] = r
+                valid[i] = rule != "no-data"
+                hpa_notes[i] = (rule, notes, inputs)
+
+        frozen_code = np.where(
+            ~present, _MISSING, np.where(~active, _STALE, np.where(~valid, _NO_DATA, _NOT_FROZEN))
+        )
+        frozen = frozen_code != _NOT_FROZEN
+        demand, hold = self._demand(wanted, load, cur_r, cur_cpu, frozen)
+        previous = np.where(np.isnan(self._allocation), cur_r * cur_cpu, self._allocation)
+
+        pending: dict[int, Explanation]
+        if self.budget.arbitration == "independent":
+            replicas, cpu, pending = self._independent(wanted, cur_r, frozen)
+            cores = ideal = taken = replicas * cpu
+            split_note = np.zeros(n, dtype=np.int64)
+        else:
+            cores, ideal, taken = arbitrate_arrays(
+                self.budget.cpu,
+                demand=demand,
+                minimum=self.minimum,
+                floor=self.floor,
+                cap=self.cap,
+                weight=self.weight,
+                fair=self.fair,
+                previous=previous,
+                hold=hold,
+                hysteresis_cores=self.hysteresis_cores,
+                hysteresis_ratio=self.hysteresis_ratio,
+            )
+            replicas, cpu, split_note = split_arrays(
+                cores,
+                cpu_min=self.cpu_min,
+                cpu_max=self.cpu_max,
+                cpu_ref=self.cpu_ref,
+                min_r=self.min_r,
+                max_r=self.max_r,
+                horizontal=self.horizontal,
+                current=cur_r,
+                squeezed=frozen | (cores < demand - 1e-6),
+                # A blocked resize: scale replicas instead -- unless frozen (keep replicas).
+                fixed_cpu=np.where(blocked & (cur_r > 0) & ~frozen, cur_cpu, np.nan),
+            )
+            pending = {}
+        allocated = replicas * cpu
+        self._allocation = allocated
+        for i, track in self.hpa.items():
+            if not frozen[i]:
+                ref = self.cpu_ref[i]
+                track.behavior.record_scale(
+                    now,
+                    math.ceil(cur_r[i] * cur_cpu[i] / ref - 1e-6),
+                    math.ceil(allocated[i] / ref - 1e-6),
+                )
+
+        view = TickView(
+            engine=self,
+            now=now,
+            kpa=kpa_tick,
+            hpa=hpa_notes,
+            value=value,
+            frozen_code=frozen_code,
+            current=cur_r,
+            current_cpu=cur_cpu,
+            wanted=wanted,
+            demand=demand,
+            previous=previous,
+            cores=cores,
+            ideal=ideal,
+            taken=taken,
+            replicas=replicas,
+            cpu=cpu,
+            split_note=split_note,
+            pending=pending,
+            used=self._cpu_used.copy(),
+            throttled=self._thr_rate.copy(),
+        )
+        rules = rule_names(kpa_tick, self.kpa_index, hpa_notes, frozen_code, n)
+        rep_list = replicas.tolist()
+        cpu_list = cpu.tolist()
+        alloc_list = allocated.tolist()
+        frozen_list = frozen.tolist()
+        explained = Decision.explained
+        source = view.source
+        return {
+            name: explained(
+                name,
+                now,
+                rep_list[i],
+                cpu_list[i],
+                alloc_list[i],
+                rules[i],
+                frozen_list[i],
+                source(i),
+            )
+            for i, name in enumerate(names)
+        }
+
+    # -- pieces ----------------------------------------------------------------------
+
+    def _rates(self, sigs: list[ServiceSignals | None], at: FloatArray, fresh: BoolArray) -> None:
+        """Arrival rate and CPU use from successive counters (counters going back restart)."""
+        arrivals = np.array(
+            [s.arrivals_total if s is not None else 0 for s in sigs], dtype=np.float64
+        )
+        given = np.array([s.rps if s is not None else 0.0 for s in sigs], dtype=np.float64)
+        dt = at - self._arrivals_at
+        ok = fresh & (dt > 0) & (arrivals >= self._arrivals)
+        rate = np.where(ok, (arrivals - self._arrivals) / np.where(ok, dt, 1.0), given)
+        self._rps = np.where(fresh, rate, self._rps)
+        self._arrivals = np.where(fresh, arrivals, self._arrivals)
+        self._arrivals_at = np.where(fresh, at, self._arrivals_at)
+        for attr, prefix in (
+            ("cpu_seconds_total", "_cpu"),
+            ("cpu_throttled_seconds_total", "_thr"),
+        ):
+            total = np.array(
+                [
+                    v
+                    if (v := getattr(s, attr) if s is not None else None) is not None
+                    else math.nan
+                    for s in sigs
+                ],
+                dtype=np.float64,
+            )
+            has = fresh & ~np.isnan(total)
+            if not has.any():
+                continue
+            prev_at = getattr(self, prefix + "_at")
+            prev_total = getattr(self, prefix + "_total")
+            dt = at - prev_at
+            good = has & (dt > 0) & (total >= prev_total)
+            per_s = np.where(good, (total - prev_total) / np.where(good, dt, 1.0), math.nan)
+            rate_attr = "_cpu_used" if prefix == "_cpu" else "_thr_rate"
+            setattr(self, rate_attr, np.where(has, per_s, getattr(self, rate_attr)))
+            setattr(self, prefix + "_total", np.where(has, total, prev_total))
+            setattr(self, prefix + "_at", np.where(has, at, prev_at))
+
+    def _recommend_hpa(
+        self,
+        i: int,
+        track: _HpaTrack,
+        now: float,
+        observed: tuple[float, bool],
+        current_state: tuple[int, float, float],
+    ) -> tuple[int, str, Explanation, dict[str, float]]:
+        policy = self._pols[i]
+        value, fresh = observed
+        replicas, ready, cpu = current_state
+        if fresh:
+            track.window.record(now, value)
+        average = track.window.average(now)
+        notes = Explanation()
+        if average is None:
+            notes.add("no metric data")
+            return int(replicas), "no-data", notes, {}
+        scale = cpu / float(self.cpu_ref[i])
+        current = math.ceil(replicas * scale - 1e-6)
+        ready_ref = min(current, round(ready * scale))
+        notes.add(
+            "hpa: %s %.2f over %gs, target %g per replica, %d replicas (%d ready)",
+            policy.metric,
+            average,
+            policy.panic_window_s,
+            policy.target,
+            current,
+            ready_ref,
+        )
+        if current == 0:
+            samples = [PodSample(True, average)]
+        else:
+            per_pod = average / ready_ref if ready_ref else 0.0
+            samples = [PodSample(True, per_pod)] * ready_ref + [PodSample(False, None)] * (
+                current - ready_ref
+            )
+        rule = "hpa"
+        try:
+            result = calculate_replicas(samples, current, policy.target, policy.tolerance)
+            desired = result.replicas
+            notes.add("hpa: %s", result.reason)
+        except NoMetricsError as e:
+            desired = current
+            rule = "hpa-no-ready-pods"
+            notes.add("hpa: %s, holding", e)
+        desired = track.behavior.normalize(
+            now,
+            current=current,
+            desired=desired,
+            min_replicas=policy.min_replicas,
+            max_replicas=policy.max_replicas,
+            reasons=notes,
+        )
+        return desired, rule, notes, {"average": average, "capacity_replicas": float(current)}
+
+    def _demand(
+        self,
+        wanted: IntArray,
+        load: IntArray,
+        cur_r: IntArray,
+        cur_cpu: FloatArray,
+        frozen: BoolArray,
+    ) -> tuple[FloatArray, FloatArray]:
+        """Cores each service needs: the load's replicas at ``cpu.request`` (replicas kept
+        only for min_replicas or the idle hold need just ``cpu.min``), or measured use with
+        headroom and a throttling boost.  Frozen services: what they hold."""
+        load = np.minimum(load, wanted)
+        least = wanted * self.cpu_min
+        demand = np.maximum(load * self.cpu_ref, least)
+        used = self._cpu_used
+        measured_ok = ~np.isnan(used) & (load > 0) & (cur_r > 0)
+        if measured_ok.any():
+            capacity_ref = cur_r * cur_cpu / self.cpu_ref
+            positive = capacity_ref > 0
+            growth = np.where(
+                positive, np.maximum(1.0, load / np.where(positive, capacity_ref, 1.0)), 1.0
+            )
+            thr = self._thr_rate
+            throttled = np.where(np.isnan(thr), 0.0, thr) / np.maximum(cur_r, 1)
+            boost = 1.0 + np.minimum(1.0, throttled)
+            measured = np.where(measured_ok, used, 0.0) / self.target_utilization * growth * boost
+            demand = np.where(measured_ok, np.maximum(measured, least), demand)
+        held_r = np.minimum(np.maximum(cur_r, self.min_r), self.max_r)
+        held_cpu = np.minimum(np.maximum(cur_cpu, self.cpu_min), self.cpu_max)
+        demand = np.where(frozen, held_r * held_cpu, demand)
+        demand = np.minimum(demand, self.cap)
+        hold = np.where(frozen, held_r * self.cpu_min, 0.0)
+        return demand, hold
+
+    def _independent(
+        self, wanted: IntArray, cur_r: IntArray, frozen: BoolArray
+    ) -> tuple[IntArray, FloatArray, dict[int, Explanation]]:
+        claims = [
+            IndependentClaim(
+                name=name,
+                policy=self._pols[i],
+                cpu_ref=float(self.cpu_ref[i]),
+                want_replicas=int(cur_r[i] if frozen[i] else wanted[i]),
+                held_replicas=int(cur_r[i]),
+                fixed=bool(frozen[i]),
+            )
+            for i, name in enumerate(self.names)
+        ]
+        explains = [Explanation() for _ in claims]
+        granted = arbitrate_independent(self.budget.cpu, claims, explains)
+        replicas = np.array([g[0] for g in granted], dtype=np.int64).reshape(self.n)
+        cpu = np.array([g[1] for g in granted], dtype=np.float64).reshape(self.n)
+        return replicas, cpu, {i: e for i, e in enumerate(explains) if len(e)}
+
+
+__all__ = ["FROZEN_REASONS", "RULES", "Engine"]

@@ -189,6 +189,13 @@ class ScalingPolicy(_Model):
                 "panic_window_s",
                 f"must be <= stable_window_s ({self.stable_window_s:g}), got {self.panic_window_s:g}",
             )
+        if self.guaranteed_cpu is not None:
+            least = self.min_replicas * self.cpu.min
+            if self.guaranteed_cpu < least - 1e-9:
+                raise KeyedValueError(
+                    "guaranteed_cpu",
+                    f"must be >= min_replicas × cpu.min ({least:g}), got {self.guaranteed_cpu:g}",
+                )
         return self
 
     @property

@@ -6,6 +6,8 @@ here knows where they came from, so the scaler can be fed by a simulator just th
 
 from __future__ import annotations
 
+import math
+from collections import deque
 from dataclasses import dataclass
 
 
@@ -42,3 +44,144 @@ class ServiceSignals:
     def concurrency(self) -> int:
         """In flight at the upstreams plus queued in the gateway (DESIGN.md 'concurrency')."""
         return self.in_flight + self.queued
+
+
+class BucketedWindow:
+    """Values over time in whole ``granularity_s`` buckets, for windowed averages and maxima.
+
+    ``record(now, value)`` adds a value to the bucket holding ``now`` (several values in one
+    bucket are averaged).  ``average(now)`` and ``max(now)`` look at the buckets of the last
+    ``window_s`` seconds ending at ``now``.  Buckets with no value are *not* counted as zero:
+    missing data is not "no load" (a frozen service must not look idle when data returns).
+
+    The configured window is kept as a running sum, so ``record`` and ``average`` are O(1)
+    amortised; ``average(now, window_s)`` for a shorter window scans its buckets.
+    """
+
+    __slots__ = ("_buckets", "_granularity_s", "_nonzero", "_total", "_window_buckets", "window_s")
+
+    def __init__(self, window_s: float, granularity_s: float = 1.0) -> None:
+        if window_s <= 0 or granularity_s <= 0:
+            raise ValueError(
+                f"window_s and granularity_s must be > 0, got {window_s!r}, {granularity_s!r}"
+            )
+        self.window_s = window_s
+        self._granularity_s = granularity_s
+        self._window_buckets = max(1, math.ceil(window_s / granularity_s - 1e-9))
+        # Each bucket: [index, sum, count, max]; oldest first.
+        self._buckets: deque[list[float]] = deque()
+        self._total = 0.0
+        """Sum of the bucket means currently held."""
+        self._nonzero = 0
+        """Buckets whose mean is not zero (an all-zero window averages to exactly 0.0)."""
+
+    def __repr__(self) -> str:
+        return (
+            f"BucketedWindow(window_s={self.window_s:g}, buckets={len(self._buckets)}, "
+            f"total={self._total:.3f})"
+        )
+
+    def _index(self, now: float) -> int:
+        return math.floor(now / self._granularity_s)
+
+    def _evict(self, newest: int) -> None:
+        oldest_kept = newest - self._window_buckets + 1
+        buckets = self._buckets
+        while buckets and buckets[0][0] < oldest_kept:
+            _, total, count, _ = buckets.popleft()
+            mean = total / count
+            self._total -= mean
+            if mean != 0.0:
+                self._nonzero -= 1
+        if not buckets or self._nonzero == 0:
+            self._total = 0.0
+
+    def record(self, now: float, value: float) -> None:
+        """Add ``value`` observed at ``now``.  Times must not go backwards by more than a bucket."""
+        index = self._index(now)
+        buckets = self._buckets
+        if buckets and buckets[-1][0] >= index:
+            last = buckets[-1]
+            old_mean = last[1] / last[2]
+            last[1] += value
+            last[2] += 1
+            last[3] = max(last[3], value)
+            new_mean = last[1] / last[2]
+            self._total += new_mean - old_mean
+            self._nonzero += (new_mean != 0.0) - (old_mean != 0.0)
+            return
+        buckets.append([index, value, 1, value])
+        self._total += value
+        if value != 0.0:
+            self._nonzero += 1
+        self._evict(index)
+
+    def covered_s(self, now: float) -> float:
+        """How many seconds of the window ending at ``now`` have data since the first record."""
+        self._evict(self._index(now))
+        if not self._buckets:
+            return 0.0
+        first = self._buckets[0][0]
+        return (self._index(now) - first + 1) * self._granularity_s
+
+    def average(self, now: float, window_s: float | None = None) -> float | None:
+        """Mean of the bucket values in the ``window_s`` (default: the whole window) ending at
+        ``now``; ``None`` when no bucket in it has data."""
+        newest = self._index(now)
+        self._evict(newest)
+        buckets = self._buckets
+        if not buckets:
+            return None
+        if window_s is None or window_s >= self.window_s:
+            if self._nonzero == 0:
+                return 0.0
+            return max(0.0, self._total / len(buckets))
+        oldest = newest - max(1, math.ceil(window_s / self._granularity_s - 1e-9)) + 1
+        total = 0.0
+        n = 0
+        for bucket in reversed(buckets):
+            if bucket[0] < oldest:
+                break
+            total += bucket[1] / bucket[2]
+            n += 1
+        return total / n if n else None
+
+    def max(self, now: float, window_s: float | None = None) -> float | None:
+        """Largest single value recorded in the window ending at ``now``; ``None`` if none."""
+        newest = self._index(now)
+        self._evict(newest)
+        span = (
+            self._window_buckets
+            if window_s is None
+            else math.ceil(window_s / self._granularity_s - 1e-9)
+        )
+        oldest = newest - max(1, span) + 1
+        best: float | None = None
+        for bucket in reversed(self._buckets):
+            if bucket[0] < oldest:
+                break
+            if best is None or bucket[3] > best:
+                best = bucket[3]
+        return best
+
+
+class CounterRate:
+    """Per-second rate of a monotonic counter from successive ``(now, total)`` readings.
+
+    A counter that goes backwards (the source restarted) restarts the rate; the first reading
+    gives no rate.
+    """
+
+    __slots__ = ("_at", "_total")
+
+    def __init__(self) -> None:
+        self._at: float | None = None
+        self._total = 0.0
+
+    def update(self, now: float, total: float) -> float | None:
+        """Record a reading; return the rate since the previous one (``None`` if unknown)."""
+        at, previous = self._at, self._total
+        self._at, self._total = now, total
+        if at is None or now <= at or total < previous:
+            return None
+        return (total - previous) / (now - at)

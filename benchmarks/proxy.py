@@ -1,0 +1,623 @@
+"""Proxy benchmark: Sluice's data plane against nginx as a reverse proxy, in one run.
+
+    python benchmarks/proxy.py                 # full run (a few minutes)
+    python benchmarks/proxy.py --rounds 1 --duration-s 3 --latency-duration-s 2   # quick look
+    python benchmarks/proxy.py --skip-sluice   # direct + nginx only
+
+What runs (all on 127.0.0.1, ports picked free, everything stopped at the end):
+
+* **upstream**: an nginx server block answering ``GET /`` with a 3-byte 200 body;
+* **nginx proxy**: nginx as a reverse proxy (1 worker, keep-alive upstream pool);
+* **Sluice**: ``python -m gateway run --config <generated static config>``;
+* **wrk**: ``-c50`` for throughput (req/s, p50, p99 from ``--latency``) and ``-c1`` for the
+  latency a proxy adds to a single request (its p50 minus the direct p50).
+
+Core layout (this machine has 2 cores): the proxy under test runs alone on core 0
+(``taskset -c 0``); the upstream and wrk share core 1.  Each proxy thus gets exactly one
+core, as the issue's target is stated per core, and the load side is identical for every
+target so the ratios compare like with like.  The "direct" row (wrk straight to the
+upstream) is bounded by core 1, not by a proxy; it is the floor for latency, not a
+throughput target.  To tell whether a proxy really saturated its core, the script also
+measures the proxy's own CPU time (``/proc``) and reports core utilisation and CPU
+microseconds per request.
+
+Each round runs direct, nginx and Sluice back to back; ``--rounds`` rounds (default 3)
+are reduced to medians.  Targets (issue 2): Sluice/nginx req/s >= 0.5 at c=50, and
+Sluice's added p50 latency at c=1 within 2x nginx's.  The result (with the machine
+description) is written to ``benchmarks/results/proxy-<UTC date and time>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import http.client
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS_DIR = ROOT / "benchmarks" / "results"
+PROXY_CORE = "0"
+LOAD_CORE = "1"
+UPSTREAM_BODY = "ok\n"
+READY_TIMEOUT_S = 30.0
+REQS_TARGET = 0.5
+ADDED_LATENCY_TARGET = 2.0
+SATURATED = 0.9
+
+
+# ---------------------------------------------------------------- wrk output
+
+
+@dataclass
+class WrkResult:
+    """One wrk run, parsed."""
+
+    requests: int
+    duration_s: float
+    rps: float
+    p50_ms: float
+    p75_ms: float
+    p90_ms: float
+    p99_ms: float
+    errors: int = 0
+    non_2xx: int = 0
+
+
+_UNIT_MS = {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60_000.0, "h": 3_600_000.0}
+_PERCENTILE = re.compile(r"^\s*(50|75|90|99)(?:\.0+)?%\s+([\d.]+)(us|ms|s|m|h)\s*$", re.M)
+_TOTAL = re.compile(r"^\s*(\d+) requests in ([\d.]+)(us|ms|s|m|h)", re.M)
+_RPS = re.compile(r"^Requests/sec:\s+([\d.]+)", re.M)
+_SOCKET_ERRORS = re.compile(
+    r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", re.M
+)
+_NON_2XX = re.compile(r"Non-2xx or 3xx responses: (\d+)", re.M)
+
+
+def parse_wrk(output: str) -> WrkResult:
+    """Parse ``wrk --latency`` output; raise ValueError naming what is missing."""
+    percentiles = {p: float(v) * _UNIT_MS[u] for p, v, u in _PERCENTILE.findall(output)}
+    total = _TOTAL.search(output)
+    rps = _RPS.search(output)
+    missing = [f"{p}%" for p in ("50", "75", "90", "99") if p not in percentiles]
+    if total is None:
+        missing.append("'N requests in T'")
+    if rps is None:
+        missing.append("'Requests/sec'")
+    if missing or total is None or rps is None:
+        raise ValueError(f"wrk output lacks {', '.join(missing)}:\n{output}")
+    errors = _SOCKET_ERRORS.search(output)
+    non_2xx = _NON_2XX.search(output)
+    return WrkResult(
+        requests=int(total.group(1)),
+        duration_s=float(total.group(2)) * _UNIT_MS[total.group(3)] / 1000.0,
+        rps=float(rps.group(1)),
+        p50_ms=percentiles["50"],
+        p75_ms=percentiles["75"],
+        p90_ms=percentiles["90"],
+        p99_ms=percentiles["99"],
+        errors=sum(int(n) for n in errors.groups()) if errors else 0,
+        non_2xx=int(non_2xx.group(1)) if non_2xx else 0,
+    )
+
+
+# ---------------------------------------------------------------- processes
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@dataclass
+class Process:
+    """A child process we started, in its own process group, with its log file."""
+
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    def group_cpu_s(self) -> float:
+        """User + system CPU seconds of every live process in this process group."""
+        tick = os.sysconf("SC_CLK_TCK")
+        total = 0
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            # after the command: state ppid pgrp ... utime(12) stime(13), 0-based from state
+            if int(fields[2]) == self.popen.pid:
+                total += int(fields[11]) + int(fields[12])
+        return total / tick
+
+    def tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        if self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.popen.pid, signal.SIGKILL)
+                self.popen.wait(timeout=timeout_s)
+        # nginx workers can outlive a master killed hard: clear the group we own.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.popen.pid, signal.SIGKILL)
+
+
+def start(name: str, argv: list[str], core: str, workdir: Path) -> Process:
+    log = workdir / f"{name}.log"
+    with log.open("wb") as out:
+        popen = subprocess.Popen(
+            ["taskset", "-c", core, *argv],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=ROOT,
+            start_new_session=True,
+        )
+    return Process(name, popen, log)
+
+
+def get(port: int, path: str = "/", timeout_s: float = 2.0) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s)
+    try:
+        conn.request("GET", path, headers={"Host": "bench.test"})
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+def wait_until_serving(proc: Process, port: int, path: str = "/", status: int = 200) -> None:
+    """Poll (bounded) until ``GET path`` on ``port`` answers ``status``."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    last = "no answer"
+    while time.monotonic() < deadline:
+        if proc.popen.poll() is not None:
+            raise RuntimeError(f"{proc.name} exited with {proc.popen.returncode}:\n{proc.tail()}")
+        try:
+            got, _ = get(port, path, timeout_s=1.0)
+            if got == status:
+                return
+            last = f"status {got}"
+        except OSError as e:
+            last = str(e)
+        time.sleep(0.1)
+    raise RuntimeError(f"{proc.name} not serving {path} on {port} ({last}):\n{proc.tail()}")
+
+
+# ---------------------------------------------------------------- setup
+
+
+def ensure_tools() -> None:
+    """Install nginx and wrk with apt-get when missing (one ``apt-get update`` first)."""
+    missing = [
+        pkg for pkg, binary in (("nginx-light", "nginx"), ("wrk", "wrk")) if not _which(binary)
+    ]
+    if not missing:
+        return
+    if not shutil.which("apt-get"):
+        raise SystemExit(f"missing {', '.join(missing)} and no apt-get to install them")
+    print(f"installing {', '.join(missing)} with apt-get ...", flush=True)
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    subprocess.run(["apt-get", "update", "-q"], check=True, env=env, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        ["apt-get", "install", "-y", "-q", *missing], check=True, env=env, stdout=subprocess.DEVNULL
+    )
+
+
+def _which(binary: str) -> str | None:
+    return shutil.which(binary) or shutil.which(binary, path="/usr/sbin:/sbin")
+
+
+NGINX_MAIN = """\
+worker_processes 1;
+pid {dir}/{name}.pid;
+error_log {dir}/{name}.error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+  access_log off;
+  client_body_temp_path {dir}/{name}.body;
+  proxy_temp_path {dir}/{name}.proxy;
+  fastcgi_temp_path {dir}/{name}.fastcgi;
+  uwsgi_temp_path {dir}/{name}.uwsgi;
+  scgi_temp_path {dir}/{name}.scgi;
+  keepalive_requests 1000000;
+  keepalive_timeout 75s;
+{body}
+}}
+"""
+
+UPSTREAM_SERVER = """\
+  server {{
+    listen 127.0.0.1:{port};
+    location / {{ default_type text/plain; return 200 "{body}"; }}
+  }}
+"""
+
+PROXY_SERVER = """\
+  upstream backend {{
+    server 127.0.0.1:{upstream_port};
+    keepalive 64;
+    keepalive_requests 1000000;
+  }}
+  server {{
+    listen 127.0.0.1:{port};
+    location / {{
+      proxy_pass http://backend;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_set_header Host $host;
+      proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+    }}
+  }}
+"""
+
+SLUICE_CONFIG = """\
+# generated by benchmarks/proxy.py
+listen: {{host: 127.0.0.1, port: {port}}}
+admin: {{host: 127.0.0.1, port: {admin_port}}}
+platform: static
+services:
+  bench:
+    routes:
+      - {{path: /, path_type: Prefix}}
+    endpoints: ["127.0.0.1:{upstream_port}"]
+"""
+
+
+def start_nginx(name: str, server_block: str, core: str, workdir: Path) -> Process:
+    conf = workdir / f"{name}.conf"
+    conf.write_text(NGINX_MAIN.format(dir=workdir, name=name, body=server_block))
+    nginx = _which("nginx") or "nginx"
+    argv = [nginx, "-p", str(workdir), "-e", str(workdir / f"{name}.error.log"), "-c", str(conf)]
+    argv += ["-g", "daemon off; master_process on;"]
+    return start(name, argv, core, workdir)
+
+
+# ---------------------------------------------------------------- measuring
+
+
+@dataclass
+class Sample:
+    """One target in one round."""
+
+    target: str
+    c50: WrkResult
+    c1: WrkResult
+    proxy_cpu_us_per_request: float | None = None
+    proxy_core_utilisation: float | None = None
+    loadavg_1m: float | None = None
+
+
+@dataclass
+class Run:
+    args: dict[str, Any]
+    machine: dict[str, Any]
+    samples: list[Sample] = field(default_factory=list)
+
+
+def wrk(port: int, connections: int, duration_s: float, timeout_s: float) -> WrkResult:
+    argv = ["taskset", "-c", LOAD_CORE, "wrk", "-t1", f"-c{connections}", f"-d{duration_s:g}s"]
+    argv += ["--latency", "-H", "Host: bench.test", f"http://127.0.0.1:{port}/"]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=timeout_s)
+    return parse_wrk(out.stdout)
+
+
+def measure(target: str, port: int, proxy: Process | None, args: argparse.Namespace) -> Sample:
+    timeout_s = args.duration_s + 30
+    cpu_before = proxy.group_cpu_s() if proxy else 0.0
+    wall_before = time.monotonic()
+    c50 = wrk(port, args.connections, args.duration_s, timeout_s)
+    wall_s = time.monotonic() - wall_before
+    cpu_s = (proxy.group_cpu_s() - cpu_before) if proxy else 0.0
+    c1 = wrk(port, 1, args.latency_duration_s, timeout_s)
+    sample = Sample(target, c50, c1, loadavg_1m=os.getloadavg()[0])
+    if proxy is not None and c50.requests:
+        sample.proxy_cpu_us_per_request = cpu_s / c50.requests * 1e6
+        sample.proxy_core_utilisation = cpu_s / wall_s
+    return sample
+
+
+def _median(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def summarise(samples: list[Sample]) -> dict[str, dict[str, float | None]]:
+    """Median per target over the rounds."""
+    table: dict[str, dict[str, float | None]] = {}
+    for target in dict.fromkeys(s.target for s in samples):
+        mine = [s for s in samples if s.target == target]
+        table[target] = {
+            "rps": _median([s.c50.rps for s in mine]),
+            "p50_ms": _median([s.c50.p50_ms for s in mine]),
+            "p99_ms": _median([s.c50.p99_ms for s in mine]),
+            "c1_p50_ms": _median([s.c1.p50_ms for s in mine]),
+            "c1_p99_ms": _median([s.c1.p99_ms for s in mine]),
+            "cpu_us_per_request": _median([s.proxy_cpu_us_per_request for s in mine]),
+            "core_utilisation": _median([s.proxy_core_utilisation for s in mine]),
+            "errors": float(sum(s.c50.errors + s.c1.errors for s in mine)),
+            "non_2xx": float(sum(s.c50.non_2xx + s.c1.non_2xx for s in mine)),
+        }
+    return table
+
+
+def ratios(table: dict[str, dict[str, float | None]]) -> dict[str, float | None]:
+    """Sluice against nginx: throughput ratio and added-latency ratio at c=1."""
+    if "sluice" not in table or "nginx" not in table:
+        return {}
+    s, n, d = table["sluice"], table["nginx"], table["direct"]
+    out: dict[str, float | None] = {}
+    if s["rps"] and n["rps"]:
+        out["rps_sluice_over_nginx"] = s["rps"] / n["rps"]
+    if s["cpu_us_per_request"] and n["cpu_us_per_request"]:
+        out["cpu_per_request_sluice_over_nginx"] = s["cpu_us_per_request"] / n["cpu_us_per_request"]
+    if s["c1_p50_ms"] is not None and n["c1_p50_ms"] is not None and d["c1_p50_ms"] is not None:
+        sluice_added = s["c1_p50_ms"] - d["c1_p50_ms"]
+        nginx_added = n["c1_p50_ms"] - d["c1_p50_ms"]
+        out["c1_added_p50_ms_sluice"] = sluice_added
+        out["c1_added_p50_ms_nginx"] = nginx_added
+        out["c1_added_p50_sluice_over_nginx"] = (
+            sluice_added / nginx_added if nginx_added > 0 else None
+        )
+    return out
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def print_table(table: dict[str, dict[str, float | None]], rat: dict[str, float | None]) -> None:
+    header = (
+        f"{'target':<8} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'c1 p50':>8} {'c1 p99':>8} "
+        f"{'cpu us/req':>10} {'core':>6} {'errors':>6}"
+    )
+    print(header)
+    print("-" * len(header))
+    for target, row in table.items():
+        errors = (row["errors"] or 0) + (row["non_2xx"] or 0)
+        print(
+            f"{target:<8} {_fmt(row['rps'], ',.0f'):>9} {_fmt(row['p50_ms'], '.3f'):>8} "
+            f"{_fmt(row['p99_ms'], '.3f'):>8} {_fmt(row['c1_p50_ms'], '.3f'):>8} "
+            f"{_fmt(row['c1_p99_ms'], '.3f'):>8} {_fmt(row['cpu_us_per_request'], '.1f'):>10} "
+            f"{_fmt(row['core_utilisation'], '.0%'):>6} {errors:>6.0f}"
+        )
+    busy = [
+        f"{target} {row['core_utilisation']:.0%}"
+        for target, row in table.items()
+        if row["core_utilisation"] is not None and row["core_utilisation"] < SATURATED
+    ]
+    if busy:
+        print(
+            f"\nwarning: a proxy used less than {SATURATED:.0%} of its core ({', '.join(busy)}): "
+            "something else ran on core 0, so req/s understate it; CPU us/req is the fairer figure"
+        )
+    if not rat:
+        return
+    print()
+    r = rat.get("rps_sluice_over_nginx")
+    verdict = (
+        ""
+        if r is None
+        else ("  (target >= 0.5: met)" if r >= REQS_TARGET else "  (target >= 0.5: NOT met)")
+    )
+    print(f"req/s Sluice/nginx (c=50):            {_fmt(r, '.2f')}{verdict}")
+    print(
+        "CPU per request Sluice/nginx:          "
+        f"{_fmt(rat.get('cpu_per_request_sluice_over_nginx'), '.2f')}"
+    )
+    a = rat.get("c1_added_p50_sluice_over_nginx")
+    verdict = (
+        ""
+        if a is None
+        else ("  (target <= 2: met)" if a <= ADDED_LATENCY_TARGET else "  (target <= 2: NOT met)")
+    )
+    print(
+        "added p50 at c=1 (ms) Sluice / nginx:  "
+        f"{_fmt(rat.get('c1_added_p50_ms_sluice'), '.3f')} / "
+        f"{_fmt(rat.get('c1_added_p50_ms_nginx'), '.3f')} = {_fmt(a, '.2f')}{verdict}"
+    )
+
+
+# ---------------------------------------------------------------- machine
+
+
+def _version(argv: list[str]) -> str:
+    try:
+        out = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"unavailable ({e})"
+    text = (out.stdout + out.stderr).strip().splitlines()
+    return text[0] if text else ""
+
+
+def machine() -> dict[str, Any]:
+    cpu_model = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+    from importlib.metadata import PackageNotFoundError, version
+
+    packages = {}
+    for name in ("uvloop", "httptools"):
+        try:
+            packages[name] = version(name)
+        except PackageNotFoundError:
+            packages[name] = None
+    commit = _version(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"])
+    return {
+        "cpu_model": cpu_model,
+        "cores": os.cpu_count(),
+        "kernel": platform.release(),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "nginx": _version([_which("nginx") or "nginx", "-v"]),
+        "wrk": _version(["wrk", "--version"]),
+        "packages": packages,
+        "sluice_commit": commit,
+        "loadavg_at_start": os.getloadavg(),
+    }
+
+
+# ---------------------------------------------------------------- main
+
+
+@contextlib.contextmanager
+def stopping(processes: list[Process]) -> Iterator[None]:
+    """Stop every started process on exit, also on SIGTERM/SIGINT."""
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, on_signal)
+    try:
+        yield
+    finally:
+        for proc in reversed(processes):
+            proc.stop()
+        signal.signal(signal.SIGTERM, previous)
+
+
+def run(args: argparse.Namespace) -> Run:
+    result = Run(args={k: str(v) for k, v in vars(args).items()}, machine=machine())
+    processes: list[Process] = []
+    with tempfile.TemporaryDirectory(prefix="sluice-bench-") as tmp, stopping(processes):
+        workdir = Path(tmp)
+        upstream_port, nginx_port = free_port(), free_port()
+        upstream = start_nginx(
+            "upstream",
+            UPSTREAM_SERVER.format(port=upstream_port, body=UPSTREAM_BODY.replace("\n", "\\n")),
+            LOAD_CORE,
+            workdir,
+        )
+        processes.append(upstream)
+        wait_until_serving(upstream, upstream_port)
+        nginx = start_nginx(
+            "nginx",
+            PROXY_SERVER.format(port=nginx_port, upstream_port=upstream_port),
+            PROXY_CORE,
+            workdir,
+        )
+        processes.append(nginx)
+        targets: list[tuple[str, int, Process | None]] = [
+            ("direct", upstream_port, None),
+            ("nginx", nginx_port, nginx),
+        ]
+        wait_until_serving(nginx, nginx_port)
+        if not args.skip_sluice:
+            sluice_port, admin_port = free_port(), free_port()
+            config = workdir / "sluice.yaml"
+            config.write_text(
+                SLUICE_CONFIG.format(
+                    port=sluice_port, admin_port=admin_port, upstream_port=upstream_port
+                )
+            )
+            sluice = start(
+                "sluice",
+                [sys.executable, "-m", "gateway", "run", "--config", str(config)],
+                PROXY_CORE,
+                workdir,
+            )
+            processes.append(sluice)
+            wait_until_serving(sluice, admin_port, "/readyz")
+            wait_until_serving(sluice, sluice_port)
+            targets.append(("sluice", sluice_port, sluice))
+        for name, port, _ in targets:
+            status, body = get(port)
+            if status != 200 or body.decode() != UPSTREAM_BODY:
+                raise RuntimeError(f"{name} answered {status} {body!r}, not the upstream's body")
+            # warm-up: connection pools, caches
+            wrk(port, args.connections, 1, 30)
+        for round_no in range(1, args.rounds + 1):
+            for name, port, proc in targets:
+                sample = measure(name, port, proc, args)
+                result.samples.append(sample)
+                print(
+                    f"round {round_no}/{args.rounds} {name:<7} {sample.c50.rps:>10,.0f} req/s "
+                    f"p99 {sample.c50.p99_ms:.2f} ms, c=1 p50 {sample.c1.p50_ms:.3f} ms",
+                    flush=True,
+                )
+        for proc in processes:
+            if proc.popen.poll() is not None:
+                raise RuntimeError(f"{proc.name} died during the run:\n{proc.tail()}")
+    return result
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3, help="rounds (median reported), default 3")
+    parser.add_argument("--duration-s", type=float, default=8, help="each c=50 run, default 8 s")
+    parser.add_argument(
+        "--latency-duration-s", type=float, default=4, help="each c=1 run, default 4 s"
+    )
+    parser.add_argument("--connections", type=int, default=50, help="wrk connections, default 50")
+    parser.add_argument("--skip-sluice", action="store_true", help="measure direct and nginx only")
+    parser.add_argument("--out", type=Path, default=None, help="JSON output file")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.rounds < 1 or args.duration_s <= 0 or args.latency_duration_s <= 0:
+        parser.error("--rounds must be >= 1 and durations > 0")
+    if (os.cpu_count() or 1) < 2:
+        parser.error("needs 2 cores: the proxy on core 0, upstream and wrk on core 1")
+    ensure_tools()
+    result = run(args)
+    table = summarise(result.samples)
+    rat = ratios(table)
+    print()
+    print_table(table, rat)
+    now = dt.datetime.now(dt.UTC)
+    out = args.out or RESULTS_DIR / f"proxy-{now:%Y-%m-%dT%H%MZ}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    result.machine["loadavg_at_end"] = os.getloadavg()
+    document = {
+        "benchmark": "proxy",
+        "date": now.isoformat(timespec="seconds"),
+        "layout": {"proxy_core": PROXY_CORE, "upstream_and_wrk_core": LOAD_CORE},
+        **asdict(result),
+        "median": table,
+        "ratios": rat,
+        "targets": {
+            "rps_sluice_over_nginx": f">= {REQS_TARGET}",
+            "c1_added_p50_sluice_over_nginx": f"<= {ADDED_LATENCY_TARGET}",
+        },
+    }
+    out.write_text(json.dumps(document, indent=2) + "\n")
+    print(f"\nwrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,84 @@
+{{/* Chart name, truncated to the 63 characters a label allows. */}}
+{{- define "sluice.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Full name: <release>-<chart> unless the release name already contains the chart name. */}}
+{{- define "sluice.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The headless admin Service (peers, metrics): <fullname>-admin. */}}
+{{- define "sluice.adminServiceName" -}}
+{{- printf "%s-admin" (include "sluice.fullname" . | trunc 57 | trimSuffix "-") }}
+{{- end }}
+
+{{- define "sluice.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels on every object. */}}
+{{- define "sluice.labels" -}}
+helm.sh/chart: {{ include "sluice.chart" . }}
+{{ include "sluice.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: sluice
+{{- end }}
+
+{{/* Labels that select the gateway pods (immutable once installed). */}}
+{{- define "sluice.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "sluice.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "sluice.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "sluice.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "sluice.image" -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
+{{- end }}
+
+{{/*
+Checks that make a broken install fail at render time instead of in a crash-looping pod.
+*/}}
+{{- define "sluice.validate" -}}
+{{- $config := .Values.config }}
+{{- range $plane := list "listen" "admin" }}
+{{- $section := get $config $plane | default dict }}
+{{- $host := get $section "host" | default "127.0.0.1" | toString }}
+{{- if has $host (list "127.0.0.1" "localhost" "::1") }}
+{{- fail (printf "config.%s.host is %s: a pod must bind a reachable address (0.0.0.0 or ::) for the Service and the probes" $plane $host) }}
+{{- end }}
+{{- if not (get $section "port") }}
+{{- fail (printf "config.%s.port must be set to a fixed port (the chart uses it as the container port)" $plane) }}
+{{- end }}
+{{- end }}
+{{- if ne (toString (get $config "platform")) "kubernetes" }}
+{{- fail (printf "config.platform must be kubernetes in this chart, got %v" (get $config "platform")) }}
+{{- end }}
+{{- $kube := get $config "kubernetes" | default dict }}
+{{- $class := get $kube "ingress_class" | default "sluice" }}
+{{- if and .Values.ingressClass.enabled (ne $class .Values.ingressClass.name) }}
+{{- fail (printf "ingressClass.name (%s) differs from config.kubernetes.ingress_class (%s): Sluice would ignore the Ingresses of the class the chart creates" .Values.ingressClass.name $class) }}
+{{- end }}
+{{- $shutdown := get $config "shutdown" | default dict }}
+{{- $drain := get $shutdown "drain_s" | default .Values.drainSeconds }}
+{{- if le (float64 .Values.terminationGracePeriodSeconds) (addf .Values.preStopDelaySeconds $drain) }}
+{{- fail (printf "terminationGracePeriodSeconds (%v) must exceed preStopDelaySeconds (%v) + the drain time (%v s), or in-flight requests are killed" .Values.terminationGracePeriodSeconds .Values.preStopDelaySeconds $drain) }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,182 @@
+"""The admin plane (its own port): health, readiness, Prometheus metrics and the JSON API.
+
+* ``GET /healthz`` — 200 while the process runs
+* ``GET /readyz`` — 200 once the data plane listens and endpoints are loaded; 503 before
+  that and while shutting down
+* ``GET /metrics`` — Prometheus text (see ``gateway.metrics``)
+* ``GET /api/services`` — per service: balancer, timeouts, endpoints with their state and
+  in-flight count, completions by status class and the live signals
+* ``GET /api/signals`` — every service's ``ServiceSignals`` (what the scaler reads; the
+  Kubernetes platform merges these across gateway replicas)
+* routes passed in ``extra_routes`` (``GET /api/traces`` from ``gateway.telemetry.api``)
+* ``POST /api/reload`` — reload the config file now: 200 ``{"ok": true, "generation": N}``,
+  or 422 ``{"ok": false, "errors": ["file: key.path: problem", ...]}`` (the running config
+  keeps serving)
+
+With ``admin.token`` set every path but ``/healthz`` and ``/readyz`` needs
+``Authorization: Bearer <token>`` (``gateway.admin_auth``).
+
+Starlette on uvicorn, started on the gateway's event loop: not on the hot path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import socket
+from collections.abc import Generator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from gateway.admin_auth import AdminTokenMiddleware
+from gateway.metrics import CONTENT_TYPE, build_registry, render
+
+if TYPE_CHECKING:
+    from gateway.app import Runtime
+
+
+def service_view(runtime: Runtime, name: str, now: float) -> dict[str, Any]:
+    service = runtime.services[name]
+    return {
+        "balancer": service.balancer_name,
+        "timeouts": {
+            "connect_s": service.connect_s,
+            "response_header_s": service.response_header_s,
+            "total_s": service.total_s,
+        },
+        "endpoints": [
+            {
+                "address": ep.address,
+                "state": ep.state.value,
+                "ejected": ep.ejected,
+                "routable": ep in service.endpoints.routable,
+                "in_flight": ep.in_flight,
+                "latency_ewma_s": ep.ewma_s if ep.ewma_at is not None else None,
+            }
+            for ep in service.endpoints.endpoints
+        ],
+        "completions": service.stats.completions_by_class(),
+        "admission": {
+            "slots_in_use": service.admission.in_use,
+            "slots": None
+            if service.admission.per_replica is None
+            else int(service.admission.capacity),
+            "queued": service.admission.queued,
+            "rejected": dict(service.admission.rejected),
+        },
+        "signals": dataclasses.asdict(runtime.signals_of(name, now)),
+    }
+
+
+def build_app(runtime: Runtime, extra_routes: Sequence[BaseRoute] = ()) -> Starlette:
+    registry = build_registry(lambda: runtime.services, runtime.now)
+
+    async def healthz(request: Request) -> Response:
+        return PlainTextResponse("ok\n")
+
+    async def readyz(request: Request) -> Response:
+        if runtime.ready:
+            return PlainTextResponse("ready\n")
+        return PlainTextResponse("not ready\n", status_code=503)
+
+    async def metrics(request: Request) -> Response:
+        return Response(render(registry), media_type=CONTENT_TYPE)
+
+    async def services(request: Request) -> Response:
+        now = runtime.now()
+        return JSONResponse(
+            {
+                "at": now,
+                "services": {
+                    name: service_view(runtime, name, now) for name in sorted(runtime.services)
+                },
+            }
+        )
+
+    async def signals(request: Request) -> Response:
+        now = runtime.now()
+        return JSONResponse(
+            {
+                "at": now,
+                "signals": {
+                    name: dataclasses.asdict(s) for name, s in sorted(runtime.signals(now).items())
+                },
+            }
+        )
+
+    async def reload(request: Request) -> Response:
+        reloader = runtime.reloader
+        if reloader is None:
+            return JSONResponse(
+                {"ok": False, "errors": ["the gateway was not started from a config file"]},
+                status_code=409,
+            )
+        result = reloader.reload("POST /api/reload")
+        return JSONResponse(result.as_json(), status_code=200 if result.ok else 422)
+
+    return Starlette(
+        routes=[
+            Route("/healthz", healthz),
+            Route("/readyz", readyz),
+            Route("/metrics", metrics),
+            Route("/api/services", services),
+            Route("/api/signals", signals),
+            *extra_routes,
+            Route("/api/reload", reload, methods=["POST"]),
+        ]
+    )
+
+
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield  # the gateway owns SIGINT/SIGTERM
+
+
+class AdminServer:
+    """uvicorn serving :func:`build_app` on a socket bound up front (so port 0 works)."""
+
+    def __init__(self, runtime: Runtime, extra_routes: Sequence[BaseRoute] = ()) -> None:
+        self.runtime = runtime
+        self.extra_routes = tuple(extra_routes)
+        self._server: _Server | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self, host: str, port: int) -> tuple[str, int]:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+        sock.setblocking(False)
+        app: Any = build_app(self.runtime, self.extra_routes)
+        token = self.runtime.settings.admin.token
+        if token is not None:
+            app = AdminTokenMiddleware(app, token.get_secret_value())
+        config = uvicorn.Config(
+            app,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            http="h11",
+        )
+        self._server = _Server(config)
+        self._task = asyncio.get_running_loop().create_task(self._server.serve(sockets=[sock]))
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()  # raises the startup error
+                raise RuntimeError("the admin server stopped during startup")
+            await asyncio.sleep(0.01)
+        bound = sock.getsockname()
+        return str(bound[0]), int(bound[1])
+
+    async def stop(self) -> None:
+        if self._server is not None and self._task is not None:
+            self._server.should_exit = True
+            await self._task

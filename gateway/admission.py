@@ -1,0 +1,340 @@
+"""Admission control for one service: rate limit, concurrency slots and a bounded FIFO queue.
+
+A request is admitted in three steps, all on the event loop, none needing a task:
+
+1. **rate limit** (``limits.rate_limit``, aiolimiter's leaky bucket: ``burst`` at once,
+   ``rps`` sustained): over the limit -> :class:`RateLimited` (429 + Retry-After);
+2. **a concurrency slot** (``limits.concurrency_per_replica`` × ready endpoints): a free one
+   is taken at once and :meth:`Admission.admit` returns ``None`` — the uncontended path is
+   two comparisons and an increment;
+3. otherwise the request **waits in the queue** (``limits.queue``): first in, first out; a
+   full queue -> :class:`QueueFull` (503) at once, a wait longer than ``timeout_s`` ->
+   :class:`QueueTimeout` (503), both with Retry-After.  When a slot frees (``release``) or
+   capacity grows (``set_replicas``) the oldest waiter's ``on_admit(wait_s)`` is called from
+   its own loop callback (never nested inside the caller that freed the slot).
+
+Whoever got a slot (at once or through ``on_admit``) calls :meth:`Admission.release` exactly
+once when the request ends.  A client that leaves while queued calls :meth:`abandon`.
+
+The queue depth feeds the live signals (``ServiceStats.queued`` counts towards the scaler's
+concurrency) and ``/metrics`` (``sluice_queue_depth{service}``,
+``sluice_queue_wait_seconds{service}``, ``sluice_admission_rejected_total{service,cause}``).
+Timers come from the event loop (``loop.call_at``), like aiolimiter's clock, so tests step
+the loop's clock instead of sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from bisect import bisect_left
+from collections import deque
+from collections.abc import Callable
+from typing import Protocol
+
+from aiolimiter import AsyncLimiter
+
+from gateway.settings import ServiceLimits
+
+QUEUE_WAIT_BUCKETS_S: tuple[float, ...] = (
+    0.001,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
+"""Upper bounds of the queue-wait histogram (Prometheus ``le``); one more bucket is +Inf."""
+
+QUEUE_RETRY_AFTER_S = 1
+"""Retry-After for a full queue or a queue timeout: the condition is transient."""
+
+
+class AdmissionError(Exception):
+    """A request was not admitted; ``status``, ``code`` (the Sluice-Error value), Retry-After."""
+
+    status = 503
+    code = "admission"
+
+    def __init__(self, service: str, retry_after_s: int, detail: str) -> None:
+        super().__init__(f"{service}: {self.code}: {detail}")
+        self.service = service
+        self.retry_after_s = retry_after_s
+
+
+class RateLimited(AdmissionError):
+    status = 429
+    code = "rate-limited"
+
+
+class QueueFull(AdmissionError):
+    status = 503
+    code = "queue-full"
+
+
+class QueueTimeout(AdmissionError):
+    status = 503
+    code = "queue-timeout"
+
+
+class QueueGauge(Protocol):
+    """Where the queue depth is published (``gateway.stats.ServiceStats`` has ``queued``)."""
+
+    queued: int
+
+
+class Waiter:
+    """One queued request: its callbacks, when it was queued, its timeout timer."""
+
+    __slots__ = ("enqueued_at", "live", "on_admit", "on_reject", "timer")
+
+    def __init__(
+        self,
+        on_admit: Callable[[float], None],
+        on_reject: Callable[[AdmissionError], None],
+        enqueued_at: float,
+    ) -> None:
+        self.on_admit = on_admit
+        self.on_reject = on_reject
+        self.enqueued_at = enqueued_at
+        self.live = True
+        self.timer: asyncio.TimerHandle | None = None
+
+    def __repr__(self) -> str:
+        return f"Waiter(enqueued_at={self.enqueued_at:.3f}, live={self.live})"
+
+
+class Admission:
+    """One service's admission state.  Single event loop, no locks."""
+
+    __slots__ = (
+        "_limiter",
+        "_loop",
+        "_queue",
+        "_rate_retry_after_s",
+        "_wake_scheduled",
+        "capacity",
+        "gauge",
+        "in_use",
+        "max_body_bytes",
+        "per_replica",
+        "queue_max",
+        "queue_timeout_s",
+        "queued",
+        "rejected",
+        "replicas",
+        "service",
+        "wait_counts",
+        "wait_sum_s",
+    )
+
+    def __init__(
+        self,
+        service: str,
+        limits: ServiceLimits | None = None,
+        replicas: int = 0,
+        gauge: QueueGauge | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        self.service = service
+        self._loop = loop
+        self.gauge = gauge
+        self.in_use = 0
+        """Slots taken: requests admitted and not yet released."""
+        self.queued = 0
+        """Live waiters in the queue."""
+        self._queue: deque[Waiter] = deque()
+        self._wake_scheduled = False
+        self.replicas = replicas
+        self.wait_counts = [0] * (len(QUEUE_WAIT_BUCKETS_S) + 1)
+        self.wait_sum_s = 0.0
+        self.rejected: dict[str, int] = {
+            RateLimited.code: 0,
+            QueueFull.code: 0,
+            QueueTimeout.code: 0,
+        }
+        self.per_replica: int | None = None
+        self.capacity = math.inf
+        self.queue_max = 0
+        self.queue_timeout_s = 0.0
+        self.max_body_bytes: int | None = None
+        self._limiter: AsyncLimiter | None = None
+        self._rate_retry_after_s = 1
+        self.configure(limits or ServiceLimits())
+
+    # -- configuration (startup and hot reload) ---------------------------------------------
+
+    def configure(self, limits: ServiceLimits) -> None:
+        """Apply (new) limits; slots taken and queued requests are kept."""
+        self.per_replica = limits.concurrency_per_replica
+        self.queue_max = limits.queue.max
+        self.queue_timeout_s = limits.queue.timeout_s
+        self.max_body_bytes = limits.max_body_bytes
+        rate = limits.rate_limit
+        if rate is None:
+            self._limiter = None
+        else:
+            burst = rate.burst_requests
+            old = self._limiter
+            if old is None or old.max_rate != burst or old.time_period != burst / rate.rps:
+                self._limiter = AsyncLimiter(burst, burst / rate.rps)
+            self._rate_retry_after_s = max(1, math.ceil(1 / rate.rps))
+        self.set_replicas(self.replicas)
+
+    def set_replicas(self, replicas: int) -> None:
+        """The number of endpoints taking requests changed: recompute the slots."""
+        self.replicas = replicas
+        per = self.per_replica
+        self.capacity = math.inf if per is None else per * replicas
+        if self.queued and self.in_use < self.capacity:
+            self._schedule_wake()
+
+    # -- hot path -------------------------------------------------------------------------
+
+    def admit(
+        self,
+        on_admit: Callable[[float], None],
+        on_reject: Callable[[AdmissionError], None],
+    ) -> Waiter | None:
+        """Admit a request now (``None``: a slot is taken), or queue it (the :class:`Waiter`).
+
+        Raises :class:`RateLimited` or :class:`QueueFull` when it is refused at once.  A queued
+        request later gets exactly one of ``on_admit(wait_s)`` (it then holds a slot) or
+        ``on_reject(error)``, unless it is :meth:`abandon`\\ ed first.
+        """
+        if self._limiter is not None:
+            self._take_token()
+        if self.in_use < self.capacity and not self.queued:
+            self.in_use += 1
+            return None
+        return self._enqueue(on_admit, on_reject)
+
+    def release(self) -> None:
+        """A request that held a slot has finished."""
+        self.in_use -= 1
+        if self.queued and not self._wake_scheduled:
+            self._schedule_wake()
+
+    def abandon(self, waiter: Waiter) -> None:
+        """A queued request's client went away: drop it from the queue (no callback)."""
+        if waiter.live:
+            self._drop(waiter)
+
+    # -- slow paths -----------------------------------------------------------------------
+
+    def _loop_now(self) -> asyncio.AbstractEventLoop:
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
+
+    def _take_token(self) -> None:
+        limiter = self._limiter
+        assert limiter is not None
+        if not limiter.has_capacity():
+            self.rejected[RateLimited.code] += 1
+            raise RateLimited(
+                self.service,
+                self._rate_retry_after_s,
+                f"over {limiter.max_rate:g} requests per {limiter.time_period:g}s",
+            )
+        # There is capacity, so acquire() completes without suspending: drive it by hand
+        # instead of paying for a task (aiolimiter's public API, no private state touched).
+        coro = limiter.acquire()
+        try:
+            coro.send(None)
+        except StopIteration:
+            return
+        coro.close()  # pragma: no cover - has_capacity() just said it would not wait
+        raise AssertionError("aiolimiter waited although it had capacity")  # pragma: no cover
+
+    def _enqueue(
+        self, on_admit: Callable[[float], None], on_reject: Callable[[AdmissionError], None]
+    ) -> Waiter:
+        if self.queued >= self.queue_max:
+            self.rejected[QueueFull.code] += 1
+            raise QueueFull(
+                self.service,
+                QUEUE_RETRY_AFTER_S,
+                f"{self.queued} request(s) already waiting (queue.max {self.queue_max})",
+            )
+        loop = self._loop_now()
+        now = loop.time()
+        waiter = Waiter(on_admit, on_reject, now)
+        waiter.timer = loop.call_at(now + self.queue_timeout_s, self._expire, waiter)
+        self._queue.append(waiter)
+        self.queued += 1
+        if self.gauge is not None:
+            self.gauge.queued = self.queued
+        if self.in_use < self.capacity:
+            self._schedule_wake()
+        return waiter
+
+    def _drop(self, waiter: Waiter) -> None:
+        waiter.live = False
+        if waiter.timer is not None:
+            waiter.timer.cancel()
+            waiter.timer = None
+        self.queued -= 1
+        if self.gauge is not None:
+            self.gauge.queued = self.queued
+        queue = self._queue
+        while queue and not queue[0].live:
+            queue.popleft()
+
+    def _expire(self, waiter: Waiter) -> None:
+        if not waiter.live:
+            return
+        waiter.timer = None
+        self._drop(waiter)
+        self.rejected[QueueTimeout.code] += 1
+        self._observe_wait(self._loop_now().time() - waiter.enqueued_at)
+        waiter.on_reject(
+            QueueTimeout(
+                self.service,
+                QUEUE_RETRY_AFTER_S,
+                f"no free slot within queue.timeout_s ({self.queue_timeout_s:g}s)",
+            )
+        )
+
+    def _schedule_wake(self) -> None:
+        self._wake_scheduled = True
+        self._loop_now().call_soon(self._wake)
+
+    def _wake(self) -> None:
+        self._wake_scheduled = False
+        queue = self._queue
+        now = self._loop_now().time()
+        while self.queued and self.in_use < self.capacity:
+            waiter = queue[0]
+            if not waiter.live:  # pragma: no cover - _drop trims dead heads
+                queue.popleft()
+                continue
+            self._drop(waiter)
+            self.in_use += 1
+            wait_s = now - waiter.enqueued_at
+            self._observe_wait(wait_s)
+            waiter.on_admit(wait_s)
+
+    def _observe_wait(self, wait_s: float) -> None:
+        self.wait_counts[bisect_left(QUEUE_WAIT_BUCKETS_S, wait_s)] += 1
+        self.wait_sum_s += wait_s
+
+    def __repr__(self) -> str:
+        cap = "unlimited" if self.capacity == math.inf else f"{self.capacity:g}"
+        rate = (
+            f", rate {self._limiter.max_rate:g}/{self._limiter.time_period:g}s"
+            if self._limiter
+            else ""
+        )
+        return (
+            f"Admission({self.service}, slots {self.in_use}/{cap}, "
+            f"queued {self.queued}/{self.queue_max}{rate})"
+        )

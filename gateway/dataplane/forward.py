@@ -1,0 +1,763 @@
+"""One request end to end: route, pick, forward, stream back, record (DESIGN seam 5).
+
+An :class:`Exchange` is a small callback-driven state machine — no coroutine per request.
+The client connection feeds it the request (head, body chunks, end); the bound upstream
+connection feeds it the response.  Bodies stream both ways with flow control: a full
+upstream write buffer pauses reading from the client, a full client write buffer pauses
+reading from the upstream, so memory stays flat whatever the body size.
+
+Per-request flow (the numbered steps are where later features plug in, see
+docs/dataplane.md)::
+
+    start()      1 route lookup (RouteTable.match)  -> 404 no-route / 503 unknown-service
+                 2 stats.arrive                     [tracing: SERVER span starts]
+                 3 admission (issue 4)              -> may defer dispatch() or reject
+    dispatch()   4 balancer pick                    -> 503 no-endpoints
+                 5 upstream connection (pool / connect) [tracing: CLIENT span per attempt]
+    on_upstream_*   6 stream the response back
+    _finish()    7 stats.complete, balancer.observe, endpoint release, pool return
+                                                    [tracing: spans end]
+
+Timeouts (connect_s, response_header_s, total_s of the service) cost no timer per
+request: an exchange records its nearest deadline and the data plane's sweep (every
+``SWEEP_S``) calls :meth:`Exchange.check` on those due, so a timeout fires at most one
+sweep interval late.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, cast
+
+import httptools
+
+from gateway.admission import AdmissionError, QueueFull, RateLimited
+from gateway.dataplane.errors import Cause, error_response
+from gateway.dataplane.headers import (
+    HOP_BY_HOP,
+    RequestHead,
+    connection_tokens,
+)
+from gateway.dataplane.upstream import EndpointConnections, UpstreamConnection
+from gateway.endpoints import Endpoint
+from gateway.retry import Failure, retry_reason, untried
+
+if TYPE_CHECKING:
+    import asyncio
+
+    from gateway.admission import Waiter
+    from gateway.dataplane.server import ClientConnection
+    from gateway.service import Service
+    from gateway.telemetry.requests import AttemptSpan, RequestSpan
+
+CRLF = b"\r\n"
+LAST_CHUNK = b"0\r\n\r\n"
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+BUFFER_LIMIT = 64 * 1024
+"""Request body buffered while no upstream connection is bound, before client reads pause."""
+INF = float("inf")
+IDEMPOTENT = frozenset({b"GET", b"HEAD", b"OPTIONS", b"TRACE", b"PUT", b"DELETE"})
+
+# Client-reading pause reasons (bits), see ClientConnection.pause.
+PAUSE_BUFFER = 1
+PAUSE_BACKPRESSURE = 2
+
+# Gateway errors that count against the endpoint for outlier detection (issue 4).
+UPSTREAM_FAULTS = frozenset(
+    {
+        Cause.CONNECT_FAILED,
+        Cause.CONNECT_TIMEOUT,
+        Cause.RESET,
+        Cause.BAD_RESPONSE,
+        Cause.HEADER_TIMEOUT,
+    }
+)
+_FAILURE_OF = {
+    Cause.CONNECT_FAILED: Failure.CONNECT,
+    Cause.CONNECT_TIMEOUT: Failure.CONNECT,
+    Cause.RESET: Failure.RESET_BEFORE_RESPONSE,
+}
+
+
+def _admission_cause(e: AdmissionError) -> Cause:
+    if isinstance(e, RateLimited):
+        return Cause.RATE_LIMITED
+    if isinstance(e, QueueFull):
+        return Cause.QUEUE_FULL
+    return Cause.QUEUE_TIMEOUT
+
+
+def _pool_of(ep: Endpoint) -> EndpointConnections:
+    pool = ep.pool
+    if pool is None:
+        pool = ep.pool = EndpointConnections(ep.host, ep.port, ep.address)
+    return cast(EndpointConnections, pool)
+
+
+class Exchange:
+    """One request/response exchange.
+
+    Not slotted on purpose: most fields keep their class-level default for most requests
+    (no body, no retry, no queue, no tracing), so only the few that change are written per
+    request instead of all of them in ``__init__``.
+    """
+
+    done = False
+    arrived = False
+    req_done = False
+    req_sent = False
+    req_chunked = False
+    has_body = False
+    expect_continue = False
+    continue_sent = False
+    body_buf: list[bytes] | None = None
+    body_buf_bytes = 0
+    request_head = b""
+    service: Service | None = None
+    endpoint: Endpoint | None = None
+    pool: EndpointConnections | None = None
+    upstream: UpstreamConnection | None = None
+    connect_task: asyncio.Task[tuple[asyncio.BaseTransport, UpstreamConnection]] | None = None
+    reused = False
+    attempts = 0
+    resp_state = 0  # 0 waiting for the head, 1 head sent to the client
+    resp_status = 0
+    resp_chunked = False
+    resp_close_delimited = False
+    interim = False
+    started_at = 0.0
+    deadline_total = 0.0
+    deadline_connect = 0.0
+    deadline_header = 0.0
+    deadline_next = INF
+    """The earliest deadline to check (the data plane sweeps active exchanges)."""
+    wbuf: list[bytes] | None = None
+    span: RequestSpan | None = None
+    """This request's SERVER span when tracing sampled it (else None: no tracing cost)."""
+    attempt_span: AttemptSpan | None = None
+    """The CLIENT span of the current upstream attempt (sampled requests only)."""
+    # -- issue 4: admission, body limit, retries, outlier detection
+    declared_length: int | None = None
+    body_bytes = 0
+    body_limit: int | None = None
+    slot = False
+    waiter: Waiter | None = None
+    cause: Cause | None = None
+    tried: list[Endpoint] | None = None
+    retried = False
+    replay: list[bytes] | None = None
+    """A copy of the framed body sent so far (idempotent requests; dropped once too big)."""
+    replay_bytes = 0
+
+    def __init__(
+        self,
+        client: ClientConnection,
+        method: bytes,
+        target: bytes,
+        headers: list[tuple[bytes, bytes]],
+        *,
+        keep_alive: bool,
+        http11: bool,
+    ) -> None:
+        self.client = client
+        self.method = method
+        self.target = target
+        self.headers = headers
+        self.keep_alive = keep_alive
+        self.http11 = http11
+        self.resp_headers: list[tuple[bytes, bytes]] = []
+
+    # -- 1..3: route, count, admit --------------------------------------------------------
+
+    def start(self) -> None:
+        client = self.client
+        target = self.target
+        if target[:1] == b"/":
+            q = target.find(b"?")
+            path = target if q == -1 else target[:q]
+        else:
+            path = self._absolute_form()
+        dp = client.dp
+        head = dp.heads.request(
+            self.method, self.target, self.headers, client.peer_ip, client.trusted
+        )
+        self.request_head = head.head
+        self.req_chunked = head.chunked
+        self.has_body = head.has_body
+        self.expect_continue = head.expect_continue
+        tracing = client.dp.tracing
+        if tracing is not None:
+            self.span = tracing.start(
+                head.traceparent, head.tracestate, self.method, path, head.host, client.peer_ip
+            )
+            if self.span is not None and head.traceparent is not None:
+                self._drop_client_traceparent()
+        name = dp.route(head.host, path)
+        if name is None:
+            self.reply_error(Cause.NO_ROUTE)
+            return
+        service = dp.routing.services.get(name)
+        if service is None:
+            self.reply_error(Cause.UNKNOWN_SERVICE)
+            return
+        self.service = service
+        if self.span is not None:
+            self.span.routed(name)
+        # -- issue 4: the service's body limit (declared now, counted as the body streams)
+        limit = self.body_limit = service.admission.max_body_bytes
+        if limit is not None and ((self.declared_length or 0) > limit or self.body_bytes > limit):
+            self.keep_alive = False
+            self.reply_error(Cause.BODY_TOO_LARGE)
+            return
+        now = client.dp.loop.time()
+        self.started_at = now
+        self.deadline_total = now + service.total_s
+        service.stats.arrive(now)
+        self.arrived = True
+        client.dp.active.add(self)
+        # -- issue 4: admission — a free slot dispatches now; queued -> _admitted() later;
+        # refused (rate limit, queue full) or timed out in the queue -> 429/503 + Retry-After.
+        try:
+            waiter = service.admission.admit(self._admitted, self._refused)
+        except AdmissionError as e:
+            self._refused(e)
+            return
+        if waiter is None:
+            self.slot = True
+            self.dispatch()
+        else:
+            self.waiter = waiter
+
+    def _admitted(self, wait_s: float) -> None:
+        self.waiter = None
+        self.slot = True
+        if self.span is not None:
+            self.span.queued(wait_s)
+        self.dispatch()
+
+    def _refused(self, e: AdmissionError) -> None:
+        self.waiter = None
+        if self.span is not None:
+            self.span.rejected(_admission_cause(e).code)
+        self.reply_error(_admission_cause(e), retry_after_s=e.retry_after_s)
+
+    def _drop_client_traceparent(self) -> None:
+        """Sampled: the upstream gets our CLIENT span's traceparent, so drop the client's."""
+        client = self.client
+        drop = (connection_tokens(self.headers) - HOP_BY_HOP) | {b"traceparent"}
+        head: RequestHead = client.dp.heads.request(
+            self.method, self.target, self.headers, client.peer_ip, client.trusted, drop
+        )
+        self.request_head = head.head
+
+    def _absolute_form(self) -> bytes:
+        """Absolute-form target (``http://host/path``): route by its authority, forward origin-form."""
+        if self.target == b"*":
+            return b"*"
+        try:
+            url = httptools.parse_url(self.target)
+        except httptools.HttpParserInvalidURLError:
+            return self.target
+        path = url.path or b"/"
+        self.target = path + (b"?" + url.query if url.query else b"")
+        if url.host:
+            authority = url.host + (b":%d" % url.port if url.port else b"")
+            self.headers = [(n, v) for n, v in self.headers if n.lower() != b"host"]
+            self.headers.append((b"Host", authority))
+        return path
+
+    # -- 4..5: pick and connect -------------------------------------------------------------
+
+    def dispatch(self) -> None:
+        service = self.service
+        assert service is not None
+        endpoints = service.endpoints.routable
+        if not endpoints:
+            self.reply_error(Cause.NO_ENDPOINTS)
+            return
+        ep = service.balancer.pick(endpoints)
+        ep.acquire()
+        self.endpoint = ep
+        if self.span is not None:
+            self.attempt_span = self.span.attempt(ep.host, ep.port)
+        pool = self.pool = _pool_of(ep)
+        if self.expect_continue and self.has_body and not self.req_done and not self.client.closed:
+            self.client.transport.write(CONTINUE)
+            self.continue_sent = True
+        conn = pool.take(self.started_at)
+        if conn is not None:
+            self.reused = True
+            self.bind(conn)
+        else:
+            self.connect()
+
+    def connect(self) -> None:
+        pool = self.pool
+        service = self.service
+        assert pool is not None and service is not None
+        loop = self.client.dp.loop
+        self.reused = False
+        self.attempts += 1
+        task = loop.create_task(
+            loop.create_connection(lambda: UpstreamConnection(pool), pool.host, pool.port)
+        )
+        self.connect_task = task
+        task.add_done_callback(self._connected)
+        self.deadline_connect = loop.time() + service.connect_s
+        self._arm(min(self.deadline_connect, self.deadline_total))
+
+    def _connected(
+        self, task: asyncio.Task[tuple[asyncio.BaseTransport, UpstreamConnection]]
+    ) -> None:
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if self.connect_task is not task:  # timed out or the client left meanwhile
+            if exc is None:
+                task.result()[1].abort()
+            return
+        self.connect_task = None
+        if exc is not None:
+            if not self._retry(Cause.CONNECT_FAILED):
+                self.fail(Cause.CONNECT_FAILED)
+            return
+        self.bind(task.result()[1])
+
+    def bind(self, conn: UpstreamConnection) -> None:
+        """Send the request head (and any buffered body) on ``conn``."""
+        conn.exchange = self
+        self.upstream = conn
+        client = self.client
+        if client.write_paused:
+            conn.pause_reading()
+        transport = conn.transport
+        assert transport is not None
+        head = self.request_head
+        if self.attempt_span is not None:
+            head = head[:-2] + b"traceparent: " + self.attempt_span.traceparent + b"\r\n\r\n"
+        buf = self.body_buf
+        if self.has_body and self.method in IDEMPOTENT:
+            self._keep_replay(buf)
+        if buf:
+            transport.writelines([head, *buf])
+            self.body_buf = None
+            self.body_buf_bytes = 0
+            client.unpause(PAUSE_BUFFER)
+        else:
+            transport.write(head)
+        if conn.write_paused:
+            client.pause(PAUSE_BACKPRESSURE)
+        if self.req_done:
+            self._request_sent()
+        else:
+            self._arm(self.deadline_total)
+
+    def _request_sent(self) -> None:
+        self.req_sent = True
+        if self.resp_state == 0:
+            service = self.service
+            assert service is not None
+            self.deadline_header = self.client.dp.loop.time() + service.response_header_s
+            self._arm(min(self.deadline_header, self.deadline_total))
+
+    # -- request body from the client ----------------------------------------------------------
+
+    def on_request_body(self, body: bytes) -> None:
+        if self.done:
+            return  # the exchange ended early: the rest of the body is read and dropped
+        self.body_bytes += len(body)
+        limit = self.body_limit
+        if limit is not None and self.body_bytes > limit:  # issue 4: chunked over the limit
+            self.keep_alive = False
+            self.fail(Cause.BODY_TOO_LARGE)
+            return
+        up = self.upstream
+        if up is not None:
+            if up.closed:
+                return  # connection_lost is on its way and ends the exchange
+            transport = up.transport
+            assert transport is not None
+            if self.req_chunked:
+                framed: tuple[bytes, ...] = (b"%x\r\n" % len(body), body, CRLF)
+                transport.writelines(framed)
+            else:
+                framed = (body,)
+                transport.write(body)
+            if self.replay is not None:
+                self._keep_replay(framed)
+            return
+        buf = self.body_buf
+        if buf is None:
+            buf = self.body_buf = []
+        if self.req_chunked:
+            buf += (b"%x\r\n" % len(body), body, CRLF)
+        else:
+            buf.append(body)
+        self.body_buf_bytes += len(body)
+        if self.body_buf_bytes > BUFFER_LIMIT:
+            self.client.pause(PAUSE_BUFFER)
+
+    def on_request_end(self) -> None:
+        self.req_done = True
+        if self.done:
+            return
+        up = self.upstream
+        if up is not None and not up.closed:
+            if self.req_chunked:
+                transport = up.transport
+                assert transport is not None
+                transport.write(LAST_CHUNK)
+                if self.replay is not None:
+                    self.replay.append(LAST_CHUNK)
+            self._request_sent()
+        elif self.req_chunked:
+            if self.body_buf is None:
+                self.body_buf = []
+            self.body_buf.append(LAST_CHUNK)
+
+    # -- flow control ---------------------------------------------------------------------
+
+    def upstream_write_paused(self) -> None:
+        self.client.pause(PAUSE_BACKPRESSURE)
+
+    def upstream_write_resumed(self) -> None:
+        self.client.unpause(PAUSE_BACKPRESSURE)
+
+    # -- 6: the response from the upstream --------------------------------------------------
+
+    def on_upstream_headers(self, status: int) -> None:
+        if self.done:
+            return
+        if status < 200:
+            if status == 101:  # we never forward Upgrade, so a switch is a broken upstream
+                self.upstream_bad_response()
+                return
+            self.interim = True  # 1xx (e.g. 103): not forwarded
+            self.resp_headers = []
+            return
+        self.resp_status = status
+        head_only = self.method == b"HEAD" or status in {204, 304}
+        keep_alive = self.keep_alive and not (
+            self.expect_continue and self.has_body and not self.continue_sent
+        )
+        dp = self.client.dp
+        head = dp.heads.response(
+            status, self.resp_headers, dp.date_value, self.http11, head_only, keep_alive
+        )
+        self.keep_alive = head.keep_alive
+        self.resp_state = 1
+        self.resp_chunked = head.chunked
+        self.resp_close_delimited = head.close_delimited
+        # Held until the end of this read so head and body leave in one write.
+        self.wbuf = [head.head]
+        if self.method == b"HEAD":
+            # httptools cannot be told a HEAD response has no body: finish here and do not
+            # reuse the connection (its parser would wait for the announced body).
+            self._finish(status)
+
+    def on_upstream_body(self, body: bytes) -> None:
+        if self.done or self.interim:
+            return
+        wbuf = self.wbuf
+        if wbuf is None:
+            wbuf = self.wbuf = []
+        if self.resp_chunked:
+            wbuf += (b"%x\r\n" % len(body), body, CRLF)
+        else:
+            wbuf.append(body)
+
+    def flush(self) -> None:
+        """Write what this read produced for the client (called after each upstream read)."""
+        wbuf = self.wbuf
+        if wbuf:
+            self.wbuf = None
+            if not self.client.closed:
+                self.client.transport.writelines(wbuf)
+
+    def on_upstream_complete(self) -> None:
+        if self.interim:
+            self.interim = False
+            return
+        if self.done:
+            return
+        if self.resp_chunked:
+            self.on_upstream_body_end()
+        up = self.upstream
+        reusable = up is not None and self.req_sent and up.parser.should_keep_alive()
+        self._finish(self.resp_status, reusable=reusable)
+
+    def on_upstream_body_end(self) -> None:
+        if self.wbuf is None:
+            self.wbuf = []
+        self.wbuf.append(LAST_CHUNK)
+
+    def upstream_lost(self) -> None:
+        """The bound upstream connection closed or was reset."""
+        if self.done:
+            return
+        self.upstream = None
+        if self.resp_state == 0:
+            if (
+                self.reused
+                and self.attempts == 0
+                and not self.has_body
+                and not self.interim
+                and not self.resp_headers
+                and self.method in IDEMPOTENT
+            ):
+                # A pooled connection the upstream had closed: nothing was processed, try a
+                # fresh connection to the same endpoint once.
+                self.req_sent = False
+                if self.attempt_span is not None and self.span is not None:
+                    self.attempt_span.end(None, Cause.RESET.code)
+                    ep = self.endpoint
+                    assert ep is not None
+                    self.attempt_span = self.span.attempt(
+                        ep.host, ep.port, retry_reason="stale-pooled-connection"
+                    )
+                self.connect()
+                return
+            if not self._retry(Cause.RESET):
+                self.fail(Cause.RESET)
+        elif self.resp_close_delimited:
+            if self.resp_chunked:
+                self.on_upstream_body_end()
+            self._finish(self.resp_status)
+        else:
+            self.fail(Cause.RESET)  # truncated: the client connection is aborted
+
+    def upstream_bad_response(self) -> None:
+        if not self.done:
+            self.fail(Cause.BAD_RESPONSE)
+
+    # -- timers ---------------------------------------------------------------------------
+
+    def _arm(self, deadline: float) -> None:
+        """Be checked at ``deadline`` at the latest (the data plane's sweep calls ``check``)."""
+        self.deadline_next = min(self.deadline_next, deadline)
+
+    def check(self, now: float) -> None:
+        """A deadline passed: fail with the timeout that expired, or wait for the next one."""
+        self.deadline_next = INF
+        if self.done:
+            return
+        if now >= self.deadline_total:
+            self.fail(Cause.TOTAL_TIMEOUT)
+            return
+        deadline = self.deadline_total
+        if self.connect_task is not None:
+            if now >= self.deadline_connect:
+                task, self.connect_task = self.connect_task, None
+                task.cancel()
+                if not self._retry(Cause.CONNECT_TIMEOUT):
+                    self.fail(Cause.CONNECT_TIMEOUT)
+                return
+            deadline = min(deadline, self.deadline_connect)
+        elif self.resp_state == 0 and self.req_sent:
+            if now >= self.deadline_header:
+                self.fail(Cause.HEADER_TIMEOUT)
+                return
+            deadline = min(deadline, self.deadline_header)
+        self._arm(deadline)
+
+    # -- 7: endings -----------------------------------------------------------------------
+
+    def reply_error(self, cause: Cause, retry_after_s: int | None = None) -> None:
+        """Answer with the gateway's own error response (nothing was sent to the client yet)."""
+        if self.span is not None and cause.status >= 500:
+            self.span.failed(cause.code)
+        self.cause = cause
+        if self.expect_continue and self.has_body and not self.continue_sent and not self.req_done:
+            self.keep_alive = False  # the client may or may not send the body now
+        client = self.client
+        if not client.closed:
+            client.transport.write(
+                error_response(
+                    cause,
+                    client.dp.date_value,
+                    not self.keep_alive,
+                    head_only=self.method == b"HEAD",
+                    retry_after_s=retry_after_s,
+                )
+            )
+        self.resp_state = 1
+        self._finish(cause.status, failed=cause.status >= 500)
+
+    def fail(self, cause: Cause) -> None:
+        if self.done:
+            return
+        if self.span is not None:
+            self.span.failed(cause.code)
+        self.cause = cause
+        if self.resp_state == 0:
+            self.reply_error(cause)
+            return
+        # The head is out: the status cannot change.  End the client connection without
+        # completing the body, so the truncation is visible.
+        self.keep_alive = False
+        self._finish(self.resp_status, failed=True)
+        self.client.abort()
+
+    def client_gone(self) -> None:
+        """The client disconnected: cancel the upstream request (its connection is not reused)."""
+        if self.done:
+            return
+        self.keep_alive = False
+        if self.span is not None:
+            self.span.failed("client-gone")
+        self._finish(499)
+
+    def _finish(self, status: int, failed: bool = False, reusable: bool = False) -> None:
+        self.done = True
+        if self.wbuf:
+            self.flush()
+        dp = self.client.dp
+        active = dp.active
+        active.discard(self)
+        if not active and dp.drained is not None:
+            dp.drained.set()
+        task = self.connect_task
+        if task is not None:
+            self.connect_task = None
+            task.cancel()
+        loop = self.client.dp.loop
+        now = loop.time()
+        up = self.upstream
+        if up is not None:
+            self.upstream = None
+            pool = self.pool
+            if reusable and pool is not None and not up.closed:
+                pool.put(up, now)
+            else:
+                up.exchange = None
+                up.abort()
+        if self.span is not None:
+            self._end_spans(status, failed)
+        service = self.service
+        if service is not None and self.arrived:
+            latency_s = now - self.started_at
+            service.stats.complete(status, latency_s, now, failed)
+            ep = self.endpoint
+            if ep is not None:
+                balancer = service.balancer
+                if balancer.uses_latency:
+                    balancer.observe(ep, latency_s, now)
+                ep.release()
+                # -- issue 4: outlier detection (5xx answers and upstream faults count)
+                cause = self.cause
+                if (status >= 500 and cause is None) or cause in UPSTREAM_FAULTS:
+                    service.outlier.failure(ep.address, now)
+                elif status < 500 and status != 499:
+                    service.outlier.success(ep.address, now)
+            # -- issue 4: give the slot back (or leave the queue), end the retry reservation
+            if self.slot:
+                self.slot = False
+                service.admission.release()
+            elif self.waiter is not None:
+                service.admission.abandon(self.waiter)
+                self.waiter = None
+            if self.retried:
+                service.retry_budget.finish()
+        self.client.exchange_done(self)
+
+    def _end_spans(self, status: int, failed: bool) -> None:
+        """End the attempt and SERVER spans (sampled requests only)."""
+        span = self.span
+        assert span is not None
+        attempt = self.attempt_span
+        error = span._error if failed else None
+        if attempt is not None:
+            self.attempt_span = None
+            attempt.end(
+                self.resp_status or None,
+                error,
+                _content_length(self.resp_headers) if self.resp_status else None,
+            )
+        request_bytes = None if self.req_chunked else (_content_length(self.headers) or 0)
+        span.end(
+            status,
+            request_bytes,
+            _content_length(self.resp_headers) if self.resp_status else None,
+            error,
+        )
+
+    # -- issue 4: retries (see gateway.retry for the rules) -----------------------------------
+
+    def _keep_replay(self, pieces: list[bytes] | tuple[bytes, ...] | None) -> None:
+        service = self.service
+        assert service is not None
+        policy = service.retry_policy
+        if policy.max_attempts < 2 or "reset" not in policy.retry_on:
+            self.replay = None
+            return
+        if self.replay is None:
+            if self.replay_bytes:
+                return  # already dropped for being too big
+            self.replay = []
+        for piece in pieces or ():
+            self.replay.append(piece)
+            self.replay_bytes += len(piece)
+        if self.replay_bytes > policy.replay_body_bytes:
+            self.replay = None
+            self.replay_bytes = policy.replay_body_bytes + 1
+
+    def _retry(self, cause: Cause) -> bool:
+        """Start another attempt on an untried endpoint if that is safe; True if started."""
+        service = self.service
+        ep = self.endpoint
+        if service is None or ep is None or self.done or self.client.closed:
+            return False
+        failure = _FAILURE_OF[cause]
+        tried = self.tried = [*(self.tried or ()), ep]
+        never_sent = failure is Failure.CONNECT
+        replayable = not self.has_body or never_sent or (self.replay is not None and self.req_done)
+        if retry_reason(service.retry_policy, failure, len(tried), self.method, replayable) is None:
+            return False
+        candidates = untried(service.endpoints.routable, tried)
+        if not candidates:
+            return False
+        if not self.retried:
+            if not service.retry_budget.try_start(service.stats.in_flight):
+                return False
+            self.retried = True
+        now = self.client.dp.loop.time()
+        service.outlier.failure(ep.address, now)
+        service.balancer.observe(ep, now - self.started_at, now)
+        ep.release()
+        if not never_sent:
+            self.body_buf = self.replay
+            self.replay = None
+            self.replay_bytes = 0
+        self.req_sent = False
+        self.resp_headers = []
+        self.interim = False
+        self.upstream = None
+        self.deadline_next = INF
+        self._arm(self.deadline_total)
+        new = service.balancer.pick(candidates)
+        new.acquire()
+        self.endpoint = new
+        if self.span is not None:
+            if self.attempt_span is not None:
+                self.attempt_span.end(None, cause.code)
+            self.attempt_span = self.span.attempt(new.host, new.port, retry_reason=cause.code)
+        pool = self.pool = _pool_of(new)
+        conn = pool.take(now)
+        if conn is not None:
+            self.reused = True
+            self.bind(conn)
+        else:
+            self.connect()
+        return True
+
+    def __repr__(self) -> str:
+        state = "done" if self.done else ("responding" if self.resp_state else "waiting")
+        return f"Exchange({self.method.decode()} {self.target.decode('latin-1')}, {state})"
+
+
+def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
+    """The Content-Length of a message (for span attributes; sampled requests only)."""
+    for name, value in headers:
+        if name.lower() == b"content-length":
+            digits = value.strip()
+            return int(digits) if digits.isdigit() else None
+    return None

@@ -1,0 +1,411 @@
+"""Header rewriting for the proxy, both directions (pure, bytes in, bytes out).
+
+* RFC 9110 §7.6.1 hop-by-hop fields are removed: ``Connection`` and every field it names,
+  ``Keep-Alive``, ``Proxy-Connection``, ``TE``, ``Transfer-Encoding``, ``Upgrade``,
+  ``Proxy-Authorization`` (and ``Trailer``, which only describes this hop's framing).
+* ``Via: 1.1 sluice`` is appended (RFC 9110 §7.6.3) in both directions.
+* ``X-Forwarded-For`` / ``-Proto`` / ``-Host``: a client in ``trusted_proxies`` has its
+  values kept (its address appended to ``X-Forwarded-For``); anyone else's are replaced.
+* Responses: no second ``Date`` or ``Server`` is added when the upstream sent one; a
+  ``Date`` is added only when missing (RFC 9110 §6.6.1).
+
+Each function makes one pass over the headers with one dict lookup per field; only when a
+``Connection`` header names extra fields does it take a second pass to drop them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from http import HTTPStatus
+
+HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-connection",
+        b"te",
+        b"transfer-encoding",
+        b"upgrade",
+        b"proxy-authorization",
+        b"trailer",
+    }
+)
+VIA_TOKEN = b"1.1 sluice"
+CRLF = b"\r\n"
+
+# Actions per lowercased field name (anything absent is forwarded as is).
+_DROP = 0
+_CONNECTION = 1
+_TRANSFER_ENCODING = 2
+_HOST = 3
+_CONTENT_LENGTH = 4
+_VIA = 5
+_EXPECT = 6
+_XFF = 7
+_XFP = 8
+_XFH = 9
+_DATE = 10
+_TRACEPARENT = 11
+_TRACESTATE = 12
+
+_REQUEST_ACTIONS = {
+    **dict.fromkeys(HOP_BY_HOP, _DROP),
+    b"connection": _CONNECTION,
+    b"transfer-encoding": _TRANSFER_ENCODING,
+    b"host": _HOST,
+    b"content-length": _CONTENT_LENGTH,
+    b"via": _VIA,
+    b"expect": _EXPECT,
+    b"x-forwarded-for": _XFF,
+    b"x-forwarded-proto": _XFP,
+    b"x-forwarded-host": _XFH,
+    b"traceparent": _TRACEPARENT,
+    b"tracestate": _TRACESTATE,
+}
+_RESPONSE_ACTIONS = {
+    **dict.fromkeys(HOP_BY_HOP, _DROP),
+    b"connection": _CONNECTION,
+    b"transfer-encoding": _TRANSFER_ENCODING,
+    b"content-length": _CONTENT_LENGTH,
+    b"via": _VIA,
+    b"date": _DATE,
+}
+
+
+_REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
+
+
+def reason_phrase(status: int) -> bytes:
+    """The standard reason phrase for ``status`` (empty for unregistered codes)."""
+    return _REASONS.get(status, b"")
+
+
+def _tokens(value: bytes) -> set[bytes]:
+    return {t for t in (part.strip().lower() for part in value.split(b",")) if t}
+
+
+def connection_tokens(headers: list[tuple[bytes, bytes]]) -> frozenset[bytes]:
+    """Lowercased field names listed in every ``Connection`` header (e.g. ``close``, ``x-foo``)."""
+    tokens: set[bytes] = set()
+    for name, value in headers:
+        if name.lower() == b"connection":
+            tokens |= _tokens(value)
+    return frozenset(tokens)
+
+
+def _is_chunked(value: bytes) -> bool:
+    return value.rsplit(b",", 1)[-1].strip().lower() == b"chunked"
+
+
+@dataclass(slots=True)
+class RequestHead:
+    """The rewritten request head plus what the data plane needs to know about the request."""
+
+    head: bytes
+    host: bytes
+    expect_continue: bool
+    chunked: bool
+    """The client sent a chunked body (it is forwarded chunked)."""
+    has_body: bool
+    """The request has a body (chunked, or a Content-Length above 0)."""
+    traceparent: bytes | None = None
+    """The client's W3C ``traceparent`` (forwarded as is; b"" when it sent several: invalid)."""
+    tracestate: bytes | None = None
+    """The client's ``tracestate`` fields joined with ',' (forwarded as is)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFields:
+    """The part of a rewritten request head that depends only on its header fields.
+
+    ``head = request line + middle + "X-Forwarded-For: " + xff_prefix + peer + CRLF CRLF``.
+    """
+
+    middle: bytes
+    """Kept fields, then Transfer-Encoding (if chunked), Via, X-Forwarded-Proto/-Host."""
+    xff_prefix: bytes
+    """A trusted peer's X-Forwarded-For chain plus ``", "``, else empty."""
+    host: bytes
+    expect_continue: bool
+    chunked: bool
+    has_body: bool
+    traceparent: bytes | None
+    tracestate: bytes | None
+
+
+def request_fields(
+    headers: list[tuple[bytes, bytes]] | tuple[tuple[bytes, bytes], ...],
+    *,
+    trusted: bool,
+    proto: bytes = b"http",
+    drop: frozenset[bytes] | set[bytes] = frozenset(),
+) -> RequestFields:
+    """Rewrite a client request's header fields for the upstream (see the module docstring)."""
+    out: list[bytes] = []
+    host = via = xff = xfp = xfh = b""
+    expect_continue = chunked = has_body = False
+    traceparent: bytes | None = None
+    tracestate: bytes | None = None
+    named: set[bytes] | None = None
+    actions = _REQUEST_ACTIONS
+    for name, value in headers:
+        lname = name.lower()
+        action = actions.get(lname)
+        if action is None:
+            if drop and lname in drop:
+                continue
+        elif action == _DROP:
+            continue
+        elif action == _CONNECTION:
+            extra = _tokens(value) - HOP_BY_HOP
+            if extra:
+                named = extra if named is None else named | extra
+            continue
+        elif action == _TRANSFER_ENCODING:
+            chunked = _is_chunked(value)
+            has_body = True
+            continue
+        elif action == _HOST:
+            host = value
+        elif action == _CONTENT_LENGTH:
+            has_body = has_body or value.strip() not in (b"0", b"")
+        elif action == _VIA:
+            via = via + b", " + value if via else value
+            continue
+        elif action == _EXPECT:
+            if value.strip().lower() == b"100-continue":
+                expect_continue = True  # answered by the gateway; not forwarded
+                continue
+        elif action == _TRACEPARENT:
+            traceparent = value if traceparent is None else b""
+            if drop and lname in drop:
+                continue  # sampled: replaced by the gateway's own (see forward.py)
+        elif action == _TRACESTATE:
+            tracestate = value if tracestate is None else tracestate + b"," + value
+            if drop and lname in drop:
+                continue
+        elif not trusted:
+            continue  # X-Forwarded-* from an untrusted peer: replaced below
+        elif action == _XFF:
+            xff = xff + b", " + value if xff else value
+            continue
+        elif action == _XFP:
+            xfp = value
+            continue
+        else:
+            xfh = value
+            continue
+        out += (name, b": ", value, CRLF)
+    if named is not None and not drop:
+        return request_fields(headers, trusted=trusted, proto=proto, drop=named)
+    if chunked:
+        out.append(b"Transfer-Encoding: chunked\r\n")
+    out += (b"Via: ", via + b", " + VIA_TOKEN if via else VIA_TOKEN, CRLF)
+    out += (b"X-Forwarded-Proto: ", xfp or proto, CRLF)
+    if xfh or host:
+        out += (b"X-Forwarded-Host: ", xfh or host, CRLF)
+    return RequestFields(
+        b"".join(out),
+        xff + b", " if xff else b"",
+        host,
+        expect_continue,
+        chunked,
+        has_body,
+        traceparent,
+        tracestate,
+    )
+
+
+def request_head(
+    method: bytes, target: bytes, fields: RequestFields, peer_ip: bytes
+) -> RequestHead:
+    """The whole head to send upstream (``target`` in origin-form) and what it says."""
+    head = b"".join(
+        (
+            method,
+            b" ",
+            target,
+            b" HTTP/1.1\r\n",
+            fields.middle,
+            b"X-Forwarded-For: ",
+            fields.xff_prefix,
+            peer_ip,
+            b"\r\n\r\n",
+        )
+    )
+    return RequestHead(
+        head,
+        fields.host,
+        fields.expect_continue,
+        fields.chunked,
+        fields.has_body,
+        fields.traceparent,
+        fields.tracestate,
+    )
+
+
+def rewrite_request(
+    method: bytes,
+    target: bytes,
+    headers: list[tuple[bytes, bytes]],
+    peer_ip: bytes,
+    *,
+    trusted: bool,
+    proto: bytes = b"http",
+    drop: frozenset[bytes] | set[bytes] = frozenset(),
+) -> RequestHead:
+    """The head to send upstream for a client request (``target`` in origin-form)."""
+    fields = request_fields(headers, trusted=trusted, proto=proto, drop=drop)
+    return request_head(method, target, fields, peer_ip)
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseHead:
+    """The rewritten response head and how its body is framed toward the client."""
+
+    head: bytes
+    chunked: bool
+    """The gateway re-frames the body as chunked (the upstream gave no Content-Length)."""
+    close_delimited: bool
+    """The upstream's body ends when it closes the connection."""
+    keep_alive: bool
+    """The client connection can stay open after this response."""
+
+
+def rewrite_response(
+    status: int,
+    reason: bytes,
+    headers: list[tuple[bytes, bytes]],
+    date: bytes,
+    *,
+    http11: bool,
+    head_only: bool,
+    keep_alive: bool,
+    drop: frozenset[bytes] | set[bytes] = frozenset(),
+) -> ResponseHead:
+    """The head to send the client for an upstream response.
+
+    ``http11``: the client speaks HTTP/1.1 (else 1.0: no chunked, keep-alive only when
+    asked); ``head_only``: the response has no body (HEAD, 204, 304); ``keep_alive``: the
+    client connection may stay open as far as the request is concerned; ``date``: the
+    Date to add if the upstream sent none.
+    """
+    out = [b"HTTP/1.1 %d " % status, reason, CRLF]
+    via = b""
+    has_date = has_length = up_chunked = False
+    named: set[bytes] | None = None
+    actions = _RESPONSE_ACTIONS
+    for name, value in headers:
+        lname = name.lower()
+        action = actions.get(lname)
+        if action is None:
+            if drop and lname in drop:
+                continue
+        elif action == _DROP:
+            continue
+        elif action == _CONNECTION:
+            extra = _tokens(value) - HOP_BY_HOP
+            if extra:
+                named = extra if named is None else named | extra
+            continue
+        elif action == _TRANSFER_ENCODING:
+            up_chunked = _is_chunked(value)
+            continue
+        elif action == _CONTENT_LENGTH:
+            has_length = True
+        elif action == _VIA:
+            via = via + b", " + value if via else value
+            continue
+        else:  # date
+            has_date = True
+        out += (name, b": ", value, CRLF)
+    if named is not None and not drop:
+        return rewrite_response(
+            status,
+            reason,
+            headers,
+            date,
+            http11=http11,
+            head_only=head_only,
+            keep_alive=keep_alive,
+            drop=named,
+        )
+    close_delimited = not head_only and not has_length and not up_chunked
+    chunked = not head_only and not has_length and http11
+    if not head_only and not has_length and not http11:
+        keep_alive = False  # an HTTP/1.0 client's body ends when the connection closes
+    if not has_date:
+        out += (b"Date: ", date, CRLF)
+    out += (b"Via: ", via + b", " + VIA_TOKEN if via else VIA_TOKEN, CRLF)
+    if chunked:
+        out.append(b"Transfer-Encoding: chunked\r\n")
+    if not keep_alive:
+        out.append(b"Connection: close\r\n")
+    elif not http11:
+        out.append(b"Connection: keep-alive\r\n")
+    out.append(CRLF)
+    return ResponseHead(b"".join(out), chunked, close_delimited, keep_alive)
+
+
+class HeadCache:
+    """Memoises header rewriting per distinct input, bounded (cleared when full).
+
+    Clients and upstreams repeat the same header sets (a keep-alive session, one upstream's
+    responses within a second), so most heads cost a tuple hash and a dict lookup instead
+    of a pass over every field.  Keys hold the whole input (the request line and the
+    peer's address are added per request), so a hit is exactly what the pure functions
+    would return.
+    """
+
+    __slots__ = ("_requests", "_responses", "max_entries")
+
+    def __init__(self, max_entries: int = 1024) -> None:
+        self.max_entries = max_entries
+        self._requests: dict[tuple[object, ...], RequestFields] = {}
+        self._responses: dict[tuple[object, ...], ResponseHead] = {}
+
+    def request(  # noqa: PLR0917  (positional on purpose: called once per request)
+        self,
+        method: bytes,
+        target: bytes,
+        headers: list[tuple[bytes, bytes]],
+        peer_ip: bytes,
+        trusted: bool,
+        drop: frozenset[bytes] | set[bytes] = frozenset(),
+    ) -> RequestHead:
+        key = (tuple(headers), trusted, frozenset(drop) if drop else None)
+        cache = self._requests
+        fields = cache.get(key)
+        if fields is None:
+            fields = request_fields(headers, trusted=trusted, drop=drop)
+            if len(cache) >= self.max_entries:
+                cache.clear()
+            cache[key] = fields
+        return request_head(method, target, fields, peer_ip)
+
+    def response(  # noqa: PLR0917  (positional on purpose: called once per response)
+        self,
+        status: int,
+        headers: list[tuple[bytes, bytes]],
+        date: bytes,
+        http11: bool,
+        head_only: bool,
+        keep_alive: bool,
+    ) -> ResponseHead:
+        key = (status, tuple(headers), date, http11, head_only, keep_alive)
+        cache = self._responses
+        head = cache.get(key)
+        if head is None:
+            head = rewrite_response(
+                status,
+                reason_phrase(status),
+                headers,
+                date,
+                http11=http11,
+                head_only=head_only,
+                keep_alive=keep_alive,
+            )
+            if len(cache) >= self.max_entries:
+                cache.clear()
+            cache[key] = head
+        return head

@@ -1,0 +1,127 @@
+"""Request-head limits and the checks llhttp does not make (issue 4 hardening).
+
+llhttp (through httptools) already refuses most malformed input: bad tokens, bare CR/LF,
+obs-fold, NUL and control characters, invalid methods, ``Content-Length`` together with
+``Transfer-Encoding``, duplicate or malformed ``Content-Length``, bad chunk sizes.  What it
+lets through and HTTP/1.1 still forbids is checked here, once per request head, by
+:func:`check_head` (pure, bytes in; raises :class:`RequestRejected` with the cause):
+
+* versions other than HTTP/1.0 and 1.1 (``HTTP/2.0`` -> 505, others -> 400);
+* ``CONNECT`` (this is not a forward proxy) and asterisk-form targets -> 400;
+* a fragment in the target; absolute-form targets other than ``http(s)://authority`` with
+  a non-empty authority and no userinfo -> 400 (valid ones are routed by their authority);
+* ``Host``: missing in HTTP/1.1, repeated, empty or not a valid ``host[:port]`` -> 400;
+* ``Transfer-Encoding`` in HTTP/1.0, or whose final coding is not ``chunked`` -> 400; other
+  codings before ``chunked`` (``gzip, chunked``) -> 501 (only chunked is implemented).
+
+Size and time limits (``limits`` in the config) are counted by the server as bytes arrive,
+so an oversized head is refused as soon as it crosses the limit, whether it came at once
+or dripped: :class:`HeadLimits` holds them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from gateway.dataplane.errors import Cause
+from gateway.settings import GatewayLimits
+
+_HOST = re.compile(rb"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~!$&'()*+,;=%-]+)(?::[0-9]{1,5})?$")
+_CODING = re.compile(rb"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+
+REQUEST_LINE_SLACK = 16
+"""Bytes of a request line besides the target (method, spaces, version, CRLF), roughly."""
+
+
+class RequestRejected(Exception):
+    def __init__(self, cause: Cause, detail: str = "") -> None:
+        super().__init__(f"{cause.code}: {detail}" if detail else cause.code)
+        self.cause = cause
+
+
+@dataclass(frozen=True, slots=True)
+class HeadLimits:
+    max_header_bytes: int = 32768
+    max_headers: int = 100
+    max_uri_bytes: int = 8192
+    header_timeout_s: float = 10.0
+    idle_timeout_s: float = 60.0
+
+    @classmethod
+    def from_settings(cls, limits: GatewayLimits) -> HeadLimits:
+        return cls(
+            limits.max_header_bytes,
+            limits.max_headers,
+            limits.max_uri_bytes,
+            limits.header_timeout_s,
+            limits.idle_timeout_s,
+        )
+
+
+def _check_target(method: bytes, target: bytes) -> None:
+    if b"#" in target:
+        raise RequestRejected(Cause.BAD_REQUEST, "fragment in the request target")
+    if target[:1] == b"/":
+        return
+    if method == b"CONNECT" or target == b"*":
+        raise RequestRejected(Cause.BAD_REQUEST, "authority- and asterisk-form are not served")
+    scheme, sep, rest = target.partition(b"://")
+    if not sep or scheme.lower() not in (b"http", b"https"):
+        raise RequestRejected(Cause.BAD_REQUEST, "absolute-form needs http(s)://")
+    end = len(rest)
+    for stop in (b"/", b"?"):
+        i = rest.find(stop)
+        if i != -1:
+            end = min(end, i)
+    authority = rest[:end]
+    if not authority or b"@" in authority or not _HOST.match(authority):
+        raise RequestRejected(Cause.BAD_REQUEST, "absolute-form needs a host and no userinfo")
+
+
+def _check_codings(values: list[bytes]) -> None:
+    codings = [c.strip().lower() for v in values for c in v.split(b",")]
+    if not codings or codings[-1] != b"chunked" or codings.count(b"chunked") != 1:
+        raise RequestRejected(Cause.BAD_REQUEST, "Transfer-Encoding must end with chunked once")
+    if len(codings) > 1:
+        if not all(_CODING.match(c) for c in codings):
+            raise RequestRejected(Cause.BAD_REQUEST, "malformed Transfer-Encoding")
+        raise RequestRejected(Cause.UNSUPPORTED_CODING, "only chunked is supported")
+
+
+def check_head(
+    method: bytes, target: bytes, version: str, headers: list[tuple[bytes, bytes]]
+) -> int | None:
+    """Refuse what llhttp accepts but HTTP/1.1 forbids; return the declared Content-Length."""
+    if version not in {"1.1", "1.0"}:
+        if version == "2.0":
+            raise RequestRejected(Cause.VERSION_NOT_SUPPORTED, "HTTP/2 is not served")
+        raise RequestRejected(Cause.BAD_REQUEST, f"HTTP/{version}")
+    _check_target(method, target)
+    host: bytes | None = None
+    hosts = 0
+    te: list[bytes] | None = None
+    length: int | None = None
+    for name, value in headers:
+        n = len(name)
+        if n == 4 and name.lower() == b"host":
+            hosts += 1
+            host = value
+        elif n == 17 and name.lower() == b"transfer-encoding":
+            if te is None:
+                te = []
+            te.append(value)
+        elif n == 14 and name.lower() == b"content-length":
+            length = int(value)  # llhttp has checked the digits and duplicates
+    if hosts > 1:
+        raise RequestRejected(Cause.BAD_REQUEST, "repeated Host")
+    if host is None:
+        if version == "1.1":
+            raise RequestRejected(Cause.BAD_REQUEST, "missing Host")
+    elif not _HOST.match(host):
+        raise RequestRejected(Cause.BAD_REQUEST, "invalid Host")
+    if te is not None:
+        if version == "1.0":
+            raise RequestRejected(Cause.BAD_REQUEST, "Transfer-Encoding in HTTP/1.0")
+        _check_codings(te)
+    return length

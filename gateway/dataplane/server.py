@@ -1,0 +1,519 @@
+"""Inbound HTTP/1.1: the data plane's listener and one :class:`ClientConnection` per client.
+
+A client connection is an ``asyncio.Protocol`` driving an ``httptools.HttpRequestParser``;
+each parsed request becomes an :class:`~gateway.dataplane.forward.Exchange`.  Keep-alive
+and pipelining are supported: a request that arrives while the previous response is still
+going out waits (its body buffered up to a bound, then reading pauses) and starts when the
+previous exchange ends, so responses leave in request order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import socket
+from collections import deque
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, NoReturn, Protocol, cast
+
+import httptools
+
+from gateway.dataplane.errors import Cause, HttpDate, error_response
+from gateway.dataplane.forward import PAUSE_BACKPRESSURE, PAUSE_BUFFER, Exchange
+from gateway.dataplane.headers import HeadCache
+from gateway.dataplane.limits import HeadLimits, RequestRejected, check_head
+from gateway.dataplane.upstream import WRITE_BUFFER_HIGH, WRITE_BUFFER_LOW, EndpointConnections
+from gateway.routing import RouteTable
+from gateway.service import Service
+
+if TYPE_CHECKING:
+    from gateway.telemetry.requests import RequestTracing
+
+log = logging.getLogger(__name__)
+
+ROUTE_CACHE_MAX = 4096
+"""Distinct (Host, path) pairs remembered per route table before the cache starts over."""
+SWEEP_S = 0.05
+"""How often in-flight exchanges are checked against their deadlines (timeout precision)."""
+IDLE_SWEEP_EVERY = 20
+"""Idle keep-alive connections are checked every this many sweeps (once a second)."""
+LINGER_S = 2.0
+"""After an error response, unread input is drained (not reset) for at most this long."""
+LINGER_MAX_BYTES = 1 << 20
+
+
+class Routing(Protocol):
+    """What the data plane reads per request (the runtime swaps ``routes`` whole)."""
+
+    @property
+    def routes(self) -> RouteTable: ...
+
+    @property
+    def services(self) -> Mapping[str, Service]: ...
+
+
+class ClientConnection(asyncio.Protocol):
+    __slots__ = (
+        "broken",
+        "closed",
+        "current",
+        "dp",
+        "error_cause",
+        "field_bytes",
+        "head_deadline",
+        "head_open",
+        "headers",
+        "last_active",
+        "line_bytes",
+        "lingering",
+        "nheaders",
+        "parser",
+        "parsing",
+        "pause_bits",
+        "peer_ip",
+        "pending",
+        "reject_cause",
+        "transport",
+        "trusted",
+        "upgraded",
+        "url",
+        "url_bytes",
+        "write_paused",
+    )
+
+    def __init__(self, dp: DataPlane) -> None:
+        self.dp = dp
+        self.parser = httptools.HttpRequestParser(self)
+        self.transport: asyncio.Transport = None  # type: ignore[assignment]  # set in connection_made
+        self.peer_ip = b""
+        self.trusted = False
+        self.current: Exchange | None = None
+        """The exchange whose response is being produced."""
+        self.parsing: Exchange | None = None
+        """The exchange whose request is being parsed (the same one unless pipelined)."""
+        self.pending: deque[Exchange] | None = None
+        self.url = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.pause_bits = 0
+        self.write_paused = False
+        self.closed = False
+        self.broken = False
+        self.upgraded = False
+        # -- issue 4: head limits, slow and idle clients, rejections
+        self.head_open = False
+        """A request head has begun and is not complete."""
+        self.url_bytes = 0
+        self.field_bytes = 0
+        self.line_bytes = 0
+        self.nheaders = 0
+        self.head_deadline = 0.0
+        self.last_active = 0.0
+        self.reject_cause: Cause | None = None
+        """Why a callback stopped the parser."""
+        self.error_cause: Cause | None = None
+        """A later pipelined request was refused: answered once the ones before it are done."""
+        self.lingering = False
+
+    # -- asyncio.Protocol ---------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport = cast(asyncio.Transport, transport)  # uvloop's transports are not subclasses
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        ip = peer[0] if isinstance(peer, tuple) else ""
+        self.peer_ip = ip.encode()
+        self.trusted = self.dp.is_trusted(ip)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        transport.set_write_buffer_limits(WRITE_BUFFER_HIGH, WRITE_BUFFER_LOW)
+        self.dp.connections.add(self)
+        self.last_active = self.dp.loop.time()
+
+    def data_received(self, data: bytes) -> None:
+        if self.closed or self.upgraded:
+            if self.lingering:
+                self._linger_read(len(data))
+            return
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            # Upgrade is hop-by-hop and not forwarded: serve this request as plain HTTP
+            # and close afterwards (the bytes after it are not HTTP).
+            self.upgraded = True
+            if self.current is None:
+                self.close()
+        except httptools.HttpParserError as e:
+            cause = self.reject_cause
+            if cause is None:
+                cause = Cause.VERSION_NOT_SUPPORTED if "PRI" in str(e) else Cause.BAD_REQUEST
+            self._reject(cause)
+            return
+        if self.head_open:
+            self._head_pending(data)
+
+    # -- issue 4: head size and time limits -------------------------------------------------
+
+    def _head_pending(self, data: bytes) -> None:
+        """A head is still incomplete after this read: bound its size and its time."""
+        i = data.rfind(b"\n")
+        self.line_bytes = self.line_bytes + len(data) if i == -1 else len(data) - i - 1
+        limits = self.dp.limits
+        if self.url_bytes + self.field_bytes + self.line_bytes > limits.max_header_bytes:
+            self._reject(Cause.HEADERS_TOO_LARGE)
+            return
+        if not self.head_deadline:
+            self.head_deadline = self.dp.loop.time() + limits.header_timeout_s
+            self.dp.slow_heads.add(self)
+
+    def head_timed_out(self) -> None:
+        self.dp.slow_heads.discard(self)
+        self.head_deadline = 0.0
+        if not self.closed:
+            self._reject(Cause.HEAD_TIMEOUT)
+
+    def _stop_parsing(self, cause: Cause) -> NoReturn:
+        self.reject_cause = cause
+        raise RequestRejected(cause)
+
+    def eof_received(self) -> bool | None:
+        if self.lingering:
+            self.transport.close()
+            return None
+        # Like nginx, a client EOF during an exchange is taken as the client leaving (499):
+        # the transport closes and connection_lost cancels the upstream request.
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.dp.connections.discard(self)
+        if self.head_deadline:
+            self.dp.slow_heads.discard(self)
+        self.pending = None
+        current = self.current
+        if current is not None:
+            current.client_gone()
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+        current = self.current
+        if current is not None and current.upstream is not None:
+            current.upstream.pause_reading()
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        current = self.current
+        if current is not None and current.upstream is not None:
+            current.upstream.resume_reading()
+
+    # -- httptools callbacks ---------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self.url = b""
+        self.headers = []
+        self.head_open = True
+        self.url_bytes = self.field_bytes = self.line_bytes = self.nheaders = 0
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+        self.url_bytes += len(url)
+        if self.url_bytes > self.dp.limits.max_uri_bytes:
+            self._stop_parsing(Cause.URI_TOO_LONG)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
+        self.nheaders += 1
+        self.field_bytes += len(name) + len(value) + 4
+        limits = self.dp.limits
+        if (
+            self.nheaders > limits.max_headers
+            or self.url_bytes + self.field_bytes > limits.max_header_bytes
+        ):
+            self._stop_parsing(Cause.HEADERS_TOO_LARGE)
+
+    def on_headers_complete(self) -> None:
+        self.head_open = False
+        if self.head_deadline:
+            self.head_deadline = 0.0
+            self.dp.slow_heads.discard(self)
+        if self.closed or self.broken:
+            return
+        parser = self.parser
+        method = parser.get_method()
+        version = parser.get_http_version()
+        try:
+            declared_length = check_head(method, self.url, version, self.headers)
+        except RequestRejected as e:
+            self._stop_parsing(e.cause)
+        exchange = Exchange(
+            self,
+            method,
+            self.url,
+            self.headers,
+            keep_alive=parser.should_keep_alive(),
+            http11=version == "1.1",
+        )
+        exchange.declared_length = declared_length
+        self.parsing = exchange
+        if self.current is None:
+            self.current = exchange
+            exchange.start()
+        else:
+            if self.pending is None:
+                self.pending = deque()
+            self.pending.append(exchange)
+
+    def on_body(self, body: bytes) -> None:
+        exchange = self.parsing
+        if exchange is not None:
+            exchange.on_request_body(body)
+
+    def on_message_complete(self) -> None:
+        exchange = self.parsing
+        if exchange is not None:
+            self.parsing = None
+            exchange.on_request_end()
+
+    # -- used by Exchange -------------------------------------------------------------------
+
+    def pause(self, bit: int) -> None:
+        if not self.pause_bits and not self.closed:
+            self.transport.pause_reading()
+        self.pause_bits |= bit
+
+    def unpause(self, bits: int) -> None:
+        old = self.pause_bits
+        if not old & bits:
+            return
+        self.pause_bits = new = old & ~bits
+        if not new and not self.closed:
+            self.transport.resume_reading()
+
+    def exchange_done(self, exchange: Exchange) -> None:
+        if self.current is exchange:
+            self.current = None
+        self.unpause(PAUSE_BUFFER | PAUSE_BACKPRESSURE)
+        if self.closed:
+            return
+        self.last_active = self.dp.loop.time()
+        if not exchange.keep_alive or self.dp.stopping:
+            if exchange.req_done:
+                self.close()
+            else:
+                self.linger_close()
+            return
+        pending = self.pending
+        if pending:
+            nxt = pending.popleft()
+            self.current = nxt
+            nxt.start()
+            return
+        if self.broken:
+            if self.error_cause is not None:
+                self._answer_and_close(self.error_cause)
+            else:
+                self.close()
+        elif self.upgraded:
+            self.close()
+
+    def close(self) -> None:
+        self.closed = True
+        self.transport.close()
+
+    def abort(self) -> None:
+        self.closed = True
+        self.transport.abort()
+
+    def _reject(self, cause: Cause) -> None:
+        """The request being parsed is refused (malformed, too big, too slow)."""
+        if self.broken:
+            return
+        self.broken = True
+        if self.head_deadline:
+            self.head_deadline = 0.0
+            self.dp.slow_heads.discard(self)
+        current = self.current
+        parsing = self.parsing
+        if current is None:
+            self._answer_and_close(cause)
+        elif parsing is current:
+            current.keep_alive = False
+            current.fail(cause)
+        else:
+            # A later pipelined request is refused: the ones before it complete first, then
+            # it is answered and the connection closes.
+            if parsing is not None and self.pending is not None and parsing in self.pending:
+                self.pending.remove(parsing)
+            self.parsing = None
+            self.error_cause = cause
+
+    def _answer_and_close(self, cause: Cause) -> None:
+        if not self.closed:
+            self.transport.write(error_response(cause, self.dp.date_value, close=True))
+            self.linger_close()
+
+    def linger_close(self) -> None:
+        """Close after a response while the client may still be sending: stop sending (FIN),
+        read and drop what arrives for a while, then close — so the client reads the
+        response instead of a reset."""
+        if self.closed:
+            return
+        self.closed = True
+        self.lingering = True
+        self.pause_bits = 0
+        transport = self.transport
+        try:
+            if transport.can_write_eof():
+                transport.write_eof()
+            transport.resume_reading()
+        except (OSError, RuntimeError):
+            transport.close()
+            return
+        self.dp.loop.call_later(LINGER_S, transport.close)
+
+    def _linger_read(self, n: int) -> None:
+        self.field_bytes += n
+        if self.field_bytes > LINGER_MAX_BYTES:
+            self.transport.close()
+
+    def __repr__(self) -> str:
+        return f"ClientConnection({self.peer_ip.decode()}, current={self.current!r})"
+
+
+class DataPlane:
+    """The proxy listener: owns client connections; reads routes and services per request."""
+
+    def __init__(
+        self,
+        routing: Routing,
+        trusted_proxies: Sequence[str] = (),
+        loop: asyncio.AbstractEventLoop | None = None,
+        tracing: RequestTracing | None = None,
+        limits: HeadLimits | None = None,
+    ) -> None:
+        self.routing = routing
+        self.tracing = tracing
+        """Request tracing when on (``gateway.telemetry``); None costs one branch per request."""
+        self.limits = limits or HeadLimits()
+        """Head size/time limits (``limits`` in the config; swapped whole on reload)."""
+        self.slow_heads: set[ClientConnection] = set()
+        """Connections whose request head spans reads (checked against header_timeout_s)."""
+        self.stopping = False
+        self._sweeps = 0
+        self.loop = loop or asyncio.get_running_loop()
+        self.date = HttpDate()
+        self.date_value = self.date.get()
+        """The ``Date`` header value, refreshed by the sweep (every ``SWEEP_S``)."""
+        self.heads = HeadCache()
+        """Memoised header rewriting (a repeated header set costs one dict lookup)."""
+        self._route_table: RouteTable | None = None
+        self._route_cache: dict[tuple[bytes, bytes], str | None] = {}
+        self.networks = [ipaddress.ip_network(n, strict=False) for n in trusted_proxies]
+        self.connections: set[ClientConnection] = set()
+        self.active: set[Exchange] = set()
+        """Exchanges that reached a service and have not finished (swept for deadlines)."""
+        self.server: asyncio.Server | None = None
+        self.drained: asyncio.Event | None = None
+        """Set while stopping, once no exchange is active."""
+        self._sweeper: asyncio.TimerHandle | None = None
+
+    def route(self, host: bytes, path: bytes) -> str | None:
+        """``routes.match`` for raw header bytes, memoised per route table (swaps reset it)."""
+        table = self.routing.routes
+        cache = self._route_cache
+        if table is not self._route_table:
+            self._route_table = table
+            cache.clear()
+        key = (host, path)
+        try:
+            return cache[key]
+        except KeyError:
+            pass
+        name = table.match(host.decode("latin-1"), path.decode("latin-1"))
+        if len(cache) >= ROUTE_CACHE_MAX:
+            cache.clear()
+        cache[key] = name
+        return name
+
+    def _sweep(self) -> None:
+        self.date_value = self.date.get()
+        now = self.loop.time()
+        due = [ex for ex in self.active if ex.deadline_next <= now]
+        for ex in due:
+            ex.check(now)
+        if self.slow_heads:
+            for conn in [c for c in self.slow_heads if c.head_deadline <= now]:
+                conn.head_timed_out()
+        self._sweeps += 1
+        if self._sweeps % IDLE_SWEEP_EVERY == 0:
+            idle_before = now - self.limits.idle_timeout_s
+            for conn in [
+                c
+                for c in self.connections
+                if c.current is None and not c.head_open and c.last_active < idle_before
+            ]:
+                conn.close()
+            for service in self.routing.services.values():
+                for ep in service.endpoints.endpoints:
+                    if isinstance(ep.pool, EndpointConnections):
+                        ep.pool.expire(now)
+        self._sweeper = self.loop.call_later(SWEEP_S, self._sweep)
+
+    def configure(self, trusted_proxies: Sequence[str], limits: HeadLimits) -> None:
+        """Hot reload: new trusted networks (for new connections) and head limits."""
+        self.networks = [ipaddress.ip_network(n, strict=False) for n in trusted_proxies]
+        self.limits = limits
+
+    def is_trusted(self, ip: str) -> bool:
+        if not self.networks or not ip:
+            return False
+        try:
+            addr = ipaddress.ip_address(ip)
+        except ValueError:
+            return False
+        return any(addr in net for net in self.networks)
+
+    async def start(self, host: str, port: int) -> tuple[str, int]:
+        """Listen; return the bound (host, port) (``port=0`` picks a free one)."""
+        self.server = await self.loop.create_server(
+            lambda: ClientConnection(self), host, port, backlog=2048, reuse_address=True
+        )
+        self._sweeper = self.loop.call_later(SWEEP_S, self._sweep)
+        bound = self.server.sockets[0].getsockname()
+        return str(bound[0]), int(bound[1])
+
+    @property
+    def active_exchanges(self) -> int:
+        return sum(1 for c in self.connections if c.current is not None)
+
+    def _stop_sweeping(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+
+    async def stop(self, grace_s: float = 1.0) -> None:
+        """Stop accepting, let in-flight exchanges finish for up to ``grace_s``, close the rest."""
+        self.stopping = True  # finished exchanges close their connection (no keep-alive)
+        if self.server is not None:
+            self.server.close()
+        for conn in list(self.connections):
+            if conn.current is None:
+                conn.close()
+        self.drained = asyncio.Event()
+        if not self.active:
+            self.drained.set()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.drained.wait(), grace_s)
+        for conn in list(self.connections):
+            conn.abort()
+        for service in self.routing.services.values():
+            for ep in service.endpoints.endpoints:
+                if ep.pool is not None:
+                    ep.pool.close()
+                    ep.pool = None
+        self._stop_sweeping()
+        if self.server is not None:
+            await self.server.wait_closed()

@@ -1,0 +1,3 @@
+from gateway.demo.server import main
+
+raise SystemExit(main())

@@ -1,0 +1,383 @@
+"""platform: kubernetes — routes from Ingresses, endpoints from EndpointSlices, peers, status.
+
+:class:`KubernetesPlatform` wires everything the platform needs for the composition root: the
+API client, this discovery, the Lease leader elector (running), the leader-gated actuator and
+the signals merged from every gateway replica.
+
+``KubernetesDiscovery`` is a :class:`~gateway.discovery.RouteSource` and an
+:class:`~gateway.discovery.EndpointSource`.  Used as an async context manager it runs three
+watches (through :mod:`scaler.kubeapi`): Ingresses and EndpointSlices in the configured
+namespaces (or all), and the gateway's own EndpointSlices (its peers).  Each change rebuilds
+the :class:`~gateway.discovery.ingress_rules.IngressTable`; problems (bad paths, bad
+``sluice.io/`` annotations) are logged and recorded once as Warning Events on the Ingress;
+the gateway's address is written into each served Ingress's ``status.loadBalancer``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import os
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from types import TracebackType
+
+import httpx
+
+from gateway.discovery import EndpointInfo, EndpointUpdate, RoutesUpdate
+from gateway.discovery.ingress_rules import Backend, IngressTable, Problem, build_table
+from gateway.settings import Settings
+from scaler.actuators.kubernetes import KubernetesActuator
+from scaler.kube_model import EndpointSlice, Ingress, KubeError, ObjectRef, SlicePort, Workload
+from scaler.kubeapi import KubeApi, Reflector
+from scaler.leader import LeaderElector
+from scaler.peer_signals import PeerSignals
+from scaler.policy import ScalingPolicy
+from scaler.signals import ServiceSignals
+
+log = logging.getLogger(__name__)
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+
+
+def default_identity() -> str:
+    """A gateway replica's identity: $POD_NAME when set (downward API), else the hostname."""
+    return os.environ.get("POD_NAME") or socket.gethostname()
+
+
+def _address(ip: str, port: int) -> str:
+    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+
+
+def endpoints_for(
+    backend: Backend, slices: Mapping[str, EndpointSlice], service_ports: Mapping[int, str] | None
+) -> tuple[EndpointInfo, ...] | None:
+    """The backend's endpoints from its Service's slices; None when the port cannot be resolved
+    without the Service's port list (``service_ports``: Service port number -> name)."""
+    mine = [
+        s
+        for s in slices.values()
+        if s.meta.namespace == backend.namespace and s.service_name == backend.name
+    ]
+    out: dict[str, EndpointInfo] = {}
+    for s in sorted(mine, key=lambda s: s.meta.name):
+        port = _slice_port(backend, s.ports, service_ports)
+        if port is None:
+            if backend.port_name is None and len(s.ports) > 1 and service_ports is None:
+                return None
+            continue
+        for e in s.endpoints:
+            for ip in e.addresses[:1]:  # addresses of one endpoint are fungible: use the first
+                addr = _address(ip, port)
+                out[addr] = EndpointInfo(addr, e.ready, e.serving, e.terminating)
+    return tuple(out[a] for a in sorted(out))
+
+
+def _slice_port(
+    backend: Backend, ports: tuple[SlicePort, ...], service_ports: Mapping[int, str] | None
+) -> int | None:
+    """EndpointSlice ports carry the Service port's *name*: match by name."""
+    if backend.port_name is not None:
+        name: str | None = backend.port_name
+    elif len(ports) == 1:
+        return ports[0].port
+    elif (
+        service_ports is not None
+        and backend.port_number is not None
+        and backend.port_number in service_ports
+    ):
+        name = service_ports[backend.port_number]
+    else:
+        return None
+    return next((p.port for p in ports if p.name == name), None)
+
+
+class KubernetesDiscovery:
+    def __init__(self, api: KubeApi, settings: Settings) -> None:
+        self.api = api
+        self.settings = settings
+        self.config = settings.kubernetes
+        namespaces: list[str | None] = list(self.config.namespaces) or [None]
+        self._ingress_watches = [api.watch_ingresses(ns) for ns in namespaces]
+        self._slice_watches = [api.watch_endpoint_slices(ns) for ns in namespaces]
+        gw = self.config.gateway_service
+        self._peer_watch = api.watch_endpoint_slices(
+            gw.namespace, label_selector=f"{SERVICE_NAME_LABEL}={gw.name}"
+        )
+        self._ingresses: list[dict[str, Ingress]] = [{} for _ in namespaces]
+        self._slices: list[dict[str, EndpointSlice]] = [{} for _ in namespaces]
+        self._synced_ingresses = [False] * len(namespaces)
+        self._synced_slices = [False] * len(namespaces)
+        self.table = IngressTable(RoutesUpdate(()))
+        self._service_ports: dict[tuple[str, str], dict[int, str]] = {}
+        self._peer_slices: dict[str, EndpointSlice] = {}
+        self._reported: set[tuple[str, str, str]] = set()
+        self._version = 0
+        self._changed = asyncio.Condition()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def __repr__(self) -> str:
+        return (
+            f"KubernetesDiscovery(class={self.config.ingress_class!r}, routes={len(self.table.routes.rules)}, "
+            f"services={len(self.table.backends)}, peers={len(self.peer_admin_addresses())})"
+        )
+
+    async def __aenter__(self) -> KubernetesDiscovery:
+        for i, iw in enumerate(self._ingress_watches):
+            self._supervise(f"ingresses[{i}]", functools.partial(self._follow_ingresses, i, iw))
+        for i, sw in enumerate(self._slice_watches):
+            self._supervise(f"endpointslices[{i}]", functools.partial(self._follow_slices, i, sw))
+        self._supervise("peers", self._follow_peers)
+        return self
+
+    def _supervise(self, name: str, follow: Callable[[], Awaitable[None]]) -> None:
+        async def guarded() -> None:
+            while True:
+                try:
+                    await follow()
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception(
+                        "kubernetes discovery: %s follower failed; restarting in 1s", name
+                    )
+                    await asyncio.sleep(1.0)
+
+        self._tasks.append(asyncio.create_task(guarded(), name=f"kube-discovery-{name}"))
+
+    async def __aexit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    # ---- what others read ----
+
+    def policies(self) -> dict[str, ScalingPolicy]:
+        """Scaling policy per Sluice service found through Ingresses (config, else annotations)."""
+        return dict(self.table.policies)
+
+    def workloads(self) -> dict[str, Workload]:
+        return dict(self.table.workloads)
+
+    def peer_admin_addresses(self) -> list[str]:
+        """``host:port`` of every ready gateway replica's admin server (this one included)."""
+        name = self.config.gateway_service.admin_port_name
+        out = set()
+        for s in self._peer_slices.values():
+            port = next((p.port for p in s.ports if p.name == name), None)
+            if port is None:
+                continue
+            for e in s.endpoints:
+                if e.ready and e.addresses:
+                    out.add(_address(e.addresses[0], port))
+        return sorted(out)
+
+    async def routes(self) -> AsyncIterator[RoutesUpdate]:
+        """The whole route set after the first sync, then after each change."""
+        seen, last = 0, None
+        while True:
+            seen = await self._wait(seen, lambda: all(self._synced_ingresses))
+            if self.table.routes != last:
+                last = self.table.routes
+                yield last
+
+    async def updates(self) -> AsyncIterator[EndpointUpdate]:
+        """Every backend's endpoints after the first sync, then each service whose set changed;
+        a service no Ingress references any more gets one empty set (its endpoints drain)."""
+        seen = 0
+        emitted: dict[str, tuple[EndpointInfo, ...]] = {}
+        while True:
+            seen = await self._wait(
+                seen, lambda: all(self._synced_ingresses) and all(self._synced_slices)
+            )
+            slices = {k: v for part in self._slices for k, v in part.items()}
+            current: dict[str, tuple[EndpointInfo, ...]] = {}
+            for service, backend in self.table.backends.items():
+                ports = self._service_ports.get((backend.namespace, backend.name))
+                eps = endpoints_for(backend, slices, ports)
+                if eps is None:
+                    ports = await self._lookup_service_ports(backend)
+                    eps = endpoints_for(backend, slices, ports) or ()
+                current[service] = eps
+            for service in sorted(set(emitted) - set(current)):
+                del emitted[service]
+                yield EndpointUpdate(service, ())
+            for service, eps in sorted(current.items()):
+                if emitted.get(service) != eps:
+                    emitted[service] = eps
+                    yield EndpointUpdate(service, eps)
+
+    # ---- internals ----
+
+    async def _wait(self, seen: int, ready: object) -> int:
+        async with self._changed:
+            await self._changed.wait_for(lambda: self._version > seen and ready())  # type: ignore[operator]
+            return self._version
+
+    async def _bump(self) -> None:
+        async with self._changed:
+            self._version += 1
+            self._changed.notify_all()
+
+    async def _lookup_service_ports(self, backend: Backend) -> dict[int, str] | None:
+        try:
+            svc = await self.api.get_service(backend.namespace, backend.name)
+        except KubeError as e:
+            log.warning(
+                "service %s: cannot read its ports to match port %s: %s",
+                backend.service,
+                backend.port_number,
+                e,
+            )
+            return None
+        ports = {p.port: p.name for p in svc.ports if p.port is not None}
+        self._service_ports[(backend.namespace, backend.name)] = ports
+        return ports
+
+    async def _follow_ingresses(self, i: int, watch: Reflector[Ingress]) -> None:
+        async for snapshot in watch.snapshots():
+            self._ingresses[i] = snapshot
+            self._synced_ingresses[i] = True
+            self._service_ports.clear()
+            everything = [ing for part in self._ingresses for ing in part.values()]
+            self.table = build_table(
+                everything, self.config.ingress_class, self.settings.services, self.settings.budget
+            )
+            await self._bump()
+            await self._report(self.table.problems, {ing.meta.key: ing for ing in everything})
+            await self._publish_status(everything)
+
+    async def _follow_slices(self, i: int, watch: Reflector[EndpointSlice]) -> None:
+        async for snapshot in watch.snapshots():
+            self._slices[i] = snapshot
+            self._synced_slices[i] = True
+            await self._bump()
+
+    async def _follow_peers(self) -> None:
+        async for snapshot in self._peer_watch.snapshots():
+            self._peer_slices = snapshot
+
+    async def _report(self, problems: tuple[Problem, ...], by_key: Mapping[str, Ingress]) -> None:
+        for p in problems:
+            ing = by_key.get(p.ingress)
+            ident = (p.ingress, ing.meta.resource_version if ing else "", p.message)
+            if ident in self._reported:
+                continue
+            self._reported.add(ident)
+            log.warning("ingress %s: %s", p.ingress, p.message)
+            if ing is None:
+                continue
+            ref = ObjectRef(
+                "Ingress", "networking.k8s.io/v1", ing.meta.namespace, ing.meta.name, ing.meta.uid
+            )
+            try:
+                await self.api.create_event(ref, "Warning", "InvalidIngress", p.message)
+            except KubeError as e:
+                log.warning("cannot record an event on ingress %s: %s", p.ingress, e)
+
+    async def _status_addresses(self) -> list[str]:
+        if self.config.status_addresses:
+            return list(self.config.status_addresses)
+        gw = self.config.gateway_service
+        try:
+            svc = await self.api.get_service(gw.namespace, gw.name)
+        except KubeError as e:
+            log.warning(
+                "gateway service %s/%s: %s; Ingress status not written", gw.namespace, gw.name, e
+            )
+            return []
+        if svc.load_balancer:
+            return list(svc.load_balancer)
+        return [svc.cluster_ip] if svc.cluster_ip and svc.cluster_ip != "None" else []
+
+    async def _publish_status(self, ingresses: list[Ingress]) -> None:
+        served = set(self.table.served)
+        stale = [i for i in ingresses if i.meta.key in served]
+        if not stale:
+            return
+        addresses = await self._status_addresses()
+        if not addresses:
+            return
+        for ing in stale:
+            if list(ing.load_balancer) == addresses:
+                continue
+            try:
+                await self.api.patch_ingress_status(ing.meta.namespace, ing.meta.name, addresses)
+            except KubeError as e:
+                log.warning("ingress %s: cannot write status.loadBalancer: %s", ing.meta.key, e)
+
+
+class KubernetesPlatform:
+    """API client + discovery + running leader election + gated actuator + merged signals.
+
+    ``async with KubernetesPlatform(settings, http) as k8s:`` then feed the gateway with
+    ``k8s.discovery.routes()`` / ``.updates()``, the scaler loop with ``await k8s.signals(now)``,
+    ``k8s.discovery.policies()``, ``k8s.actuator``.  Only the Lease holder gets signals and
+    actuates; on exit the Lease is released, the watches stop and the client closes.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        http: httpx.AsyncClient,
+        api: KubeApi | None = None,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        cfg = settings.kubernetes
+        self.api = api or KubeApi.connect(cfg.kubeconfig, max_concurrency=cfg.api_max_concurrency)
+        self.discovery = KubernetesDiscovery(self.api, settings)
+        self.elector = LeaderElector(
+            self.api,
+            cfg.lease.namespace,
+            cfg.lease.name,
+            cfg.identity or default_identity(),
+            lease_duration_s=cfg.lease.duration_s,
+            renew_deadline_s=cfg.lease.renew_deadline_s,
+            retry_period_s=cfg.lease.retry_period_s,
+            clock=clock,
+        )
+        self.actuator = KubernetesActuator(self.api, self.discovery.workloads, leader=self.elector)
+        token = settings.admin.token.get_secret_value() if settings.admin.token else None
+        self.peer_signals = PeerSignals(
+            http, self.discovery.peer_admin_addresses, cfg.peer_timeout_s, token
+        )
+        self._elector_task: asyncio.Task[None] | None = None
+
+    def __repr__(self) -> str:
+        return f"KubernetesPlatform({self.discovery!r}, {self.elector!r})"
+
+    async def signals(self, now: float) -> dict[str, ServiceSignals]:
+        """Signals merged from every gateway replica when leading; {} otherwise (frozen)."""
+        if not self.elector.is_leader():
+            return {}
+        merged, _ = await self.peer_signals.collect(now)
+        return merged
+
+    async def __aenter__(self) -> KubernetesPlatform:
+        await self.discovery.__aenter__()
+
+        async def elect() -> None:
+            while True:
+                try:
+                    await self.elector.run()
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("leader election failed; restarting in 1s")
+                    await asyncio.sleep(1.0)
+
+        self._elector_task = asyncio.create_task(elect(), name="kube-leader-election")
+        return self
+
+    async def __aexit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._elector_task is not None:
+            self._elector_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._elector_task
+        await self.discovery.__aexit__(t, e, tb)
+        await self.api.close()

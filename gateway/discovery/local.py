@@ -1,0 +1,59 @@
+"""Endpoint source for ``platform: local``: the pool's ready replicas as endpoint sets.
+
+A replica joins its service's set once its readiness probe passes and leaves it when it
+fails, crashes or is being retired (before it is drained and stopped).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from gateway.discovery import EndpointInfo, EndpointUpdate
+from gateway.settings import Settings
+from scaler.actuators.local import LocalActuator
+from scaler.localpool.pool import Drain, LocalPool
+
+
+class LocalEndpointSource:
+    """Adapts :meth:`LocalPool.updates` to the gateway's :class:`EndpointSource` protocol."""
+
+    def __init__(self, pool: LocalPool) -> None:
+        self.pool = pool
+
+    def __repr__(self) -> str:
+        return f"LocalEndpointSource({self.pool!r})"
+
+    async def updates(self) -> AsyncIterator[EndpointUpdate]:
+        async for update in self.pool.updates():
+            yield EndpointUpdate(
+                service=update.service,
+                endpoints=tuple(EndpointInfo(address=a) for a in update.addresses),
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class LocalPlatform:
+    """The three pieces ``platform: local`` needs, sharing one pool.
+
+    Use: ``async with platform.pool: ...`` around the gateway's lifetime; feed
+    ``platform.endpoints.updates()`` to the endpoint sets, hand ``platform.actuator`` to the
+    scaler loop, and pass each tick's signals through ``platform.actuator.add_cpu_signals``.
+    """
+
+    pool: LocalPool
+    actuator: LocalActuator
+    endpoints: LocalEndpointSource
+
+
+def local_platform(settings: Settings, drain: Drain | None = None) -> LocalPlatform:
+    """Build the pool from settings: every service at ``min_replicas`` with its initial CPU, and
+    the parent cgroup capped at the budget (the kernel enforces it even between two decisions)."""
+    specs = {}
+    for name, service in settings.services.items():
+        if service.replicas is None:
+            raise ValueError(f"services.{name}.replicas is required when platform is local")
+        specs[name] = service.replicas
+    pool = LocalPool(specs, drain=drain, total_cpu_cores=settings.budget.cpu)
+    actuator = LocalActuator(pool, {n: s.scaling for n, s in settings.services.items()})
+    return LocalPlatform(pool=pool, actuator=actuator, endpoints=LocalEndpointSource(pool))

@@ -1,0 +1,163 @@
+"""Prometheus metrics, read from the live stats at scrape time (nothing per request).
+
+A custom collector walks every service's :class:`~gateway.stats.ServiceStats` and
+endpoint set when ``/metrics`` is scraped, so the hot path pays only for the plain
+counters it already keeps.
+
+* ``sluice_requests_total{service,code}`` — completed requests by HTTP status (499: the
+  client left first; gateway errors use their own status, see docs/dataplane.md)
+* ``sluice_arrivals_total{service}`` — requests that reached the service
+* ``sluice_in_flight{service}`` — requests being forwarded now
+* ``sluice_request_duration_seconds{service}`` — histogram, arrival to completion
+* ``sluice_request_rate_rps{service}`` — arrivals per second over the sliding window
+* ``sluice_endpoints{service,state}`` — endpoints by state (ready, terminating,
+  not_ready, draining, ejected)
+* ``sluice_queue_depth{service}`` — requests waiting in the admission queue now
+* ``sluice_queue_wait_seconds{service}`` — histogram of the wait of requests that queued
+* ``sluice_admission_rejected_total{service,cause}`` — rate-limited, queue-full, queue-timeout
+* ``sluice_retries_total{service}`` / ``sluice_retries_denied_total{service}`` — retries
+  started, and refused by the retry budget
+* ``sluice_ejections_total{service}`` — outlier ejections
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from gateway.admission import QUEUE_WAIT_BUCKETS_S
+from gateway.endpoints import EndpointState
+from gateway.service import Service
+from gateway.stats import LATENCY_BUCKETS_S
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class ServiceCollector(Collector):
+    def __init__(
+        self, services: Callable[[], Mapping[str, Service]], clock: Callable[[], float]
+    ) -> None:
+        self._services = services
+        self._clock = clock
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        now = self._clock()
+        requests = CounterMetricFamily(
+            "sluice_requests",
+            "Completed requests by service and HTTP status.",
+            labels=["service", "code"],
+        )
+        arrivals = CounterMetricFamily(
+            "sluice_arrivals", "Requests that reached the service.", labels=["service"]
+        )
+        in_flight = GaugeMetricFamily(
+            "sluice_in_flight", "Requests being forwarded to the service now.", labels=["service"]
+        )
+        rate = GaugeMetricFamily(
+            "sluice_request_rate_rps",
+            "Arrivals per second over the gateway's sliding window.",
+            labels=["service"],
+        )
+        duration = HistogramMetricFamily(
+            "sluice_request_duration_seconds",
+            "Time from arrival to the end of the response.",
+            labels=["service"],
+        )
+        endpoints = GaugeMetricFamily(
+            "sluice_endpoints", "Endpoints by state.", labels=["service", "state"]
+        )
+        queue_depth = GaugeMetricFamily(
+            "sluice_queue_depth", "Requests waiting in the admission queue.", labels=["service"]
+        )
+        queue_wait = HistogramMetricFamily(
+            "sluice_queue_wait_seconds",
+            "Time queued requests waited for a slot (admitted or timed out).",
+            labels=["service"],
+        )
+        rejected = CounterMetricFamily(
+            "sluice_admission_rejected",
+            "Requests refused by admission control.",
+            labels=["service", "cause"],
+        )
+        retries = CounterMetricFamily(
+            "sluice_retries", "Requests retried on another endpoint.", labels=["service"]
+        )
+        retries_denied = CounterMetricFamily(
+            "sluice_retries_denied",
+            "Retries refused because the retry budget was spent.",
+            labels=["service"],
+        )
+        ejections = CounterMetricFamily(
+            "sluice_ejections", "Endpoints ejected by outlier detection.", labels=["service"]
+        )
+        for name, service in sorted(self._services().items()):
+            stats = service.stats
+            for code, n in sorted(stats.codes.items()):
+                requests.add_metric([name, str(code)], n)
+            arrivals.add_metric([name], stats.arrivals_total)
+            in_flight.add_metric([name], stats.in_flight - stats.queued)
+            rate.add_metric([name], stats.rps(now))
+            buckets: list[tuple[str, float]] = []
+            cumulative = 0
+            for bound, n in zip(LATENCY_BUCKETS_S, stats.latency_counts, strict=False):
+                cumulative += n
+                buckets.append((repr(bound), cumulative))
+            buckets.append(("+Inf", sum(stats.latency_counts)))
+            duration.add_metric([name], buckets, stats.latency_sum_s)
+            counts = dict.fromkeys([*(s.value for s in EndpointState), "ejected"], 0)
+            for ep in service.endpoints.endpoints:
+                counts["ejected" if ep.ejected else ep.state.value] += 1
+            for state, n in counts.items():
+                endpoints.add_metric([name, state], n)
+            adm = service.admission
+            queue_depth.add_metric([name], adm.queued)
+            wait_buckets: list[tuple[str, float]] = []
+            cumulative = 0
+            for bound, n in zip(QUEUE_WAIT_BUCKETS_S, adm.wait_counts, strict=False):
+                cumulative += n
+                wait_buckets.append((repr(bound), cumulative))
+            wait_buckets.append(("+Inf", sum(adm.wait_counts)))
+            queue_wait.add_metric([name], wait_buckets, adm.wait_sum_s)
+            for cause, n in sorted(adm.rejected.items()):
+                rejected.add_metric([name, cause], n)
+            retries.add_metric([name], service.retry_budget.started_total)
+            retries_denied.add_metric([name], service.retry_budget.denied_total)
+            ejections.add_metric([name], service.outlier.ejections_total)
+        return [
+            requests,
+            arrivals,
+            in_flight,
+            rate,
+            duration,
+            endpoints,
+            queue_depth,
+            queue_wait,
+            rejected,
+            retries,
+            retries_denied,
+            ejections,
+        ]
+
+
+def build_registry(
+    services: Callable[[], Mapping[str, Service]], clock: Callable[[], float]
+) -> CollectorRegistry:
+    """A registry of its own (not the global one) holding the service collector."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ServiceCollector(services, clock))
+    return registry
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    return generate_latest(registry)

@@ -1,0 +1,90 @@
+"""One service as the data plane sees it: endpoints, balancer, live stats and timeouts.
+
+Built by the composition root (``gateway.app``) and shared by the data plane (which reads
+it per request), the admin plane and discovery (which apply endpoint updates to it).
+Admission control (slots, queue, rate limit, body limit), the retry policy and budget and
+the outlier detector live here too, so a hot reload reconfigures them in place
+(:meth:`Service.configure`) without losing in-flight or queued requests.
+"""
+
+from __future__ import annotations
+
+from gateway.admission import Admission
+from gateway.balancers import Balancer, RandomSource, make_balancer
+from gateway.endpoints import EndpointSet
+from gateway.outlier import OutlierDetector
+from gateway.retry import RetryBudget
+from gateway.settings import ServiceConfig, TimeoutsConfig
+from gateway.stats import ServiceStats
+
+
+class Service:
+    __slots__ = (
+        "admission",
+        "balancer",
+        "balancer_name",
+        "config",
+        "connect_s",
+        "endpoints",
+        "name",
+        "outlier",
+        "response_header_s",
+        "retry_budget",
+        "retry_policy",
+        "rng",
+        "stats",
+        "total_s",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        balancer: str = "least_request",
+        timeouts: TimeoutsConfig | None = None,
+        rng: RandomSource | None = None,
+    ) -> None:
+        t = timeouts or TimeoutsConfig()
+        self.name = name
+        self.balancer_name = balancer
+        self.balancer: Balancer = make_balancer(balancer, rng)
+        self.endpoints = EndpointSet(name)
+        self.stats = ServiceStats(name)
+        self.connect_s = t.connect_s
+        self.response_header_s = t.response_header_s
+        self.total_s = t.total_s
+        self.rng = rng
+        self.config = ServiceConfig(balancer=balancer, timeouts=t)  # type: ignore[arg-type]
+        self.admission = Admission(name, self.config.limits, gauge=self.stats)
+        self.retry_policy = self.config.retries
+        self.retry_budget = RetryBudget(self.retry_policy)
+        self.outlier = OutlierDetector(name, self.config.outlier_detection, self.endpoints)
+        self.endpoints.on_change = self._endpoints_changed
+
+    @classmethod
+    def from_config(
+        cls, name: str, config: ServiceConfig, rng: RandomSource | None = None
+    ) -> Service:
+        service = cls(name, config.balancer, config.timeouts, rng)
+        service.configure(config)
+        return service
+
+    def configure(self, config: ServiceConfig) -> None:
+        """Apply a (reloaded) config; endpoints, stats, slots and queued requests are kept."""
+        if config.balancer != self.balancer_name:
+            self.balancer_name = config.balancer
+            self.balancer = make_balancer(config.balancer, self.rng)
+        t = config.timeouts
+        self.connect_s = t.connect_s
+        self.response_header_s = t.response_header_s
+        self.total_s = t.total_s
+        self.admission.configure(config.limits)
+        self.retry_policy = config.retries
+        self.retry_budget.configure(config.retries)
+        self.outlier.configure(config.outlier_detection)
+        self.config = config
+
+    def _endpoints_changed(self) -> None:
+        self.admission.set_replicas(len(self.endpoints.routable))
+
+    def __repr__(self) -> str:
+        return f"Service({self.name}, {self.balancer!r}, {self.endpoints!r})"

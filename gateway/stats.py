@@ -1,0 +1,201 @@
+"""Live per-service counters, recorded on the hot path and read by the scaler and /metrics.
+
+Hot-path cost (per request): :meth:`ServiceStats.arrive` is two increments and a ring slot
+check; :meth:`ServiceStats.complete` is a dict increment, one ``bisect`` over the latency
+bounds and three list increments.  No locks (single event loop), no allocation in the
+steady state.  Everything else — rates, percentiles, ``ServiceSignals`` — is computed at
+read time by :meth:`ServiceStats.snapshot`, which takes ``now`` (the event loop's clock).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+
+from scaler.signals import ServiceSignals
+
+LATENCY_BUCKETS_S: tuple[float, ...] = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+)
+"""Upper bounds of the latency histogram (Prometheus ``le``); one more bucket is +Inf."""
+
+DEFAULT_RATE_WINDOW_S = 10
+DEFAULT_LATENCY_WINDOW_S = 10.0
+
+
+def quantile(
+    counts: list[int], q: float, bounds: tuple[float, ...] = LATENCY_BUCKETS_S
+) -> float | None:
+    """The ``q`` quantile of a bucketed histogram (linear within a bucket); None when empty."""
+    total = sum(counts)
+    if total == 0:
+        return None
+    rank = q * total
+    seen = 0
+    for i, n in enumerate(counts):
+        if n and seen + n >= rank:
+            if i >= len(bounds):
+                return bounds[-1]
+            lower = bounds[i - 1] if i else 0.0
+            return lower + (bounds[i] - lower) * max(rank - seen, 0.0) / n
+        seen += n
+    return bounds[-1]
+
+
+class ServiceStats:
+    """One service's counters.  ``in_flight`` and ``queued`` are plain attributes."""
+
+    __slots__ = (
+        "_lat_current",
+        "_lat_epoch",
+        "_lat_previous",
+        "_slot_count",
+        "_slot_sec",
+        "arrivals_total",
+        "codes",
+        "errors_total",
+        "in_flight",
+        "latency_counts",
+        "latency_sum_s",
+        "latency_window_s",
+        "queued",
+        "rate_window_s",
+        "service",
+    )
+
+    def __init__(
+        self,
+        service: str,
+        rate_window_s: int = DEFAULT_RATE_WINDOW_S,
+        latency_window_s: float = DEFAULT_LATENCY_WINDOW_S,
+    ) -> None:
+        if rate_window_s < 1:
+            raise ValueError(f"rate_window_s must be >= 1, got {rate_window_s}")
+        if latency_window_s <= 0:
+            raise ValueError(f"latency_window_s must be > 0, got {latency_window_s}")
+        self.service = service
+        self.in_flight = 0
+        self.queued = 0
+        """Requests waiting in the gateway (admission queue, issue 4); 0 until then."""
+        self.arrivals_total = 0
+        self.errors_total = 0
+        self.codes: dict[int, int] = {}
+        """Completions by HTTP status (499 = the client went away first)."""
+        self.latency_counts = [0] * (len(LATENCY_BUCKETS_S) + 1)
+        self.latency_sum_s = 0.0
+        self.rate_window_s = rate_window_s
+        self._slot_sec = [-1] * (rate_window_s + 1)
+        self._slot_count = [0] * (rate_window_s + 1)
+        self.latency_window_s = latency_window_s
+        self._lat_epoch = -1
+        self._lat_current = [0] * (len(LATENCY_BUCKETS_S) + 1)
+        self._lat_previous = [0] * (len(LATENCY_BUCKETS_S) + 1)
+
+    # -- hot path -------------------------------------------------------------------------
+
+    def arrive(self, now: float) -> None:
+        """A request for this service arrived (and is being forwarded)."""
+        self.arrivals_total += 1
+        self.in_flight += 1
+        sec = int(now)
+        i = sec % len(self._slot_sec)
+        if self._slot_sec[i] == sec:
+            self._slot_count[i] += 1
+        else:
+            self._slot_sec[i] = sec
+            self._slot_count[i] = 1
+
+    def complete(self, status: int, latency_s: float, now: float, failed: bool = False) -> None:
+        """A request that :meth:`arrive` counted has finished with ``status``.
+
+        ``failed``: the exchange broke after the status was sent (e.g. a truncated body).
+        """
+        self.in_flight -= 1
+        codes = self.codes
+        codes[status] = codes.get(status, 0) + 1
+        if failed or status >= 500:
+            self.errors_total += 1
+        b = bisect_left(LATENCY_BUCKETS_S, latency_s)
+        self.latency_counts[b] += 1
+        self.latency_sum_s += latency_s
+        epoch = int(now / self.latency_window_s)
+        if epoch != self._lat_epoch:
+            self._rotate_latency(epoch)
+        self._lat_current[b] += 1
+
+    # -- read side ------------------------------------------------------------------------
+
+    def _rotate_latency(self, epoch: int) -> None:
+        if epoch == self._lat_epoch + 1:
+            self._lat_previous = self._lat_current
+        else:
+            self._lat_previous = [0] * len(self._lat_current)
+        self._lat_current = [0] * len(self._lat_current)
+        self._lat_epoch = epoch
+
+    def rps(self, now: float) -> float:
+        """Arrivals per second over the last ``rate_window_s`` whole seconds before ``now``."""
+        sec = int(now)
+        oldest = sec - self.rate_window_s
+        total = 0
+        for s, n in zip(self._slot_sec, self._slot_count, strict=True):
+            if oldest <= s < sec:
+                total += n
+        return total / self.rate_window_s
+
+    def recent_latency_counts(self, now: float) -> list[int]:
+        """Latency histogram of the current and previous latency windows (up to 2 windows old)."""
+        epoch = int(now / self.latency_window_s)
+        if epoch == self._lat_epoch:
+            return [a + b for a, b in zip(self._lat_current, self._lat_previous, strict=True)]
+        if epoch == self._lat_epoch + 1:
+            return list(self._lat_current)
+        return [0] * len(self._lat_current)
+
+    def completions_by_class(self) -> dict[str, int]:
+        """``{"2xx": n, ...}`` for every class seen."""
+        out: dict[str, int] = {}
+        for code, n in self.codes.items():
+            key = f"{code // 100}xx"
+            out[key] = out.get(key, 0) + n
+        return out
+
+    @property
+    def completions_total(self) -> int:
+        return sum(self.codes.values())
+
+    def snapshot(self, now: float, ready_replicas: int | None = None) -> ServiceSignals:
+        recent = self.recent_latency_counts(now)
+        return ServiceSignals(
+            service=self.service,
+            at=now,
+            in_flight=self.in_flight - self.queued,
+            queued=self.queued,
+            arrivals_total=self.arrivals_total,
+            completions_total=self.completions_total,
+            errors_total=self.errors_total,
+            rps=self.rps(now),
+            latency_p50_s=quantile(recent, 0.5),
+            latency_p99_s=quantile(recent, 0.99),
+            ready_replicas=ready_replicas,
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"ServiceStats({self.service}, in_flight={self.in_flight}, "
+            f"arrivals_total={self.arrivals_total}, completions_total={self.completions_total})"
+        )

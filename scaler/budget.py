@@ -1,0 +1,359 @@
+"""The shared-CPU arbiter: demands in, allocations out, never more than the budget (pure).
+
+``shared`` arbitration, each tick:
+
+1. every service's *low* bound is its hard minimum (``min_replicas × cpu.min``) raised to
+   ``min(demand, guaranteed_cpu)``: floors first (they always fit: config validation);
+2. the rest of the budget is water-filled by weight: ``allocation = clamp(λ × weight, low,
+   demand)`` with one λ for everyone, so CPU nobody demands goes to whoever wants more
+   (work-conserving) and nobody gets more than it asks for;
+3. hysteresis: a service keeps last tick's allocation when the new one is within the band
+   (``max(hysteresis_cores, hysteresis_ratio × previous)``), unless that would cost another
+   service its guarantee or overrun the budget;
+4. a service's *fair share* is what water-filling gives it when every service demands all
+   it could use; a service above it is borrowing, one below it lends the difference.
+   Because a demand rise lowers λ for everyone at once, a service whose demand rises gets
+   ``min(demand, fair share)`` in the very tick it asks — taken from the borrowers.
+
+``independent`` arbitration (the one-autoscaler-per-service baseline): replicas of a fixed
+size (``cpu.request``), first come first served in config order: running replicas are kept,
+new ones start only while the budget has room, nothing is ever reclaimed.
+
+:func:`split_allocation` turns cores into ``(replicas, cpu per replica)`` within the bounds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from scaler.decision import Explanation
+from scaler.policy import ScalingPolicy
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+_EPS = 1e-9
+
+
+def water_fill(
+    budget: float, lows: Sequence[float], highs: Sequence[float], weights: Sequence[float]
+) -> list[float]:
+    """Weighted max-min fair allocation: ``clamp(λ·w, low, high)`` summing to at most ``budget``.
+
+    ``lows`` must fit the budget and each ``low <= high``.  O(n log n).  The plain-Python
+    reference for :func:`water_fill_array` (the engine's version); tests hold them equal.
+    """
+    total_high = math.fsum(highs)
+    if total_high <= budget:
+        return list(highs)
+    total_low = math.fsum(lows)
+    if total_low >= budget:
+        return list(lows)
+    # total(λ) = Σ clamp(λ w, low, high) is piecewise linear and non-decreasing in λ.
+    events: list[tuple[float, float]] = []
+    for low, high, w in zip(lows, highs, weights, strict=True):
+        if high > low:
+            events.append((low / w, w))
+            events.append((high / w, -w))
+    events.sort()
+    total = total_low
+    slope = 0.0
+    lam = 0.0
+    target = budget
+    for at, dw in events:
+        if at > lam:
+            reach = total + slope * (at - lam)
+            if reach >= target:
+                lam = lam + (target - total) / slope if slope > 0 else lam
+                break
+            total = reach
+            lam = at
+        slope += dw
+    else:  # pragma: no cover - total_high > budget guarantees a break
+        lam = events[-1][0] if events else 0.0
+    out = [min(max(lam * w, low), high) for low, high, w in zip(lows, highs, weights, strict=True)]
+    # Floating point: never hand out more than the budget.
+    excess = math.fsum(out) - budget
+    if excess > 0:
+        for i in sorted(range(len(out)), key=lambda k: out[k] - lows[k], reverse=True):
+            give = min(excess, out[i] - lows[i])
+            out[i] -= give
+            excess -= give
+            if excess <= 0:
+                break
+    return out
+
+
+@dataclass(slots=True)
+class IndependentClaim:
+    """One service in the first-come-first-served baseline (replicas of ``cpu_ref`` cores)."""
+
+    name: str
+    policy: ScalingPolicy
+    cpu_ref: float
+    want_replicas: int
+    held_replicas: int
+    fixed: bool = False
+
+
+def arbitrate_independent(
+    budget: float,
+    claims: Sequence[IndependentClaim],
+    explain: Sequence[Explanation] | None = None,
+) -> list[tuple[int, float]]:
+    """First come first served on the budget, in the given order; nothing is reclaimed.
+
+    Returns ``(replicas, cpu per replica)`` per claim.
+    """
+    n = len(claims)
+    base = [c.policy.min_replicas * c.policy.cpu.min for c in claims]
+    free = budget - math.fsum(base)
+    # Top the minimum replicas up to the replica size, in order.
+    mins_cpu: list[float] = []
+    for c, b in zip(claims, base, strict=True):
+        need = c.policy.min_replicas * c.cpu_ref - b
+        top = min(max(0.0, need), max(0.0, free))
+        free -= top
+        mins_cpu.append((b + top) / c.policy.min_replicas if c.policy.min_replicas else c.cpu_ref)
+    extra = [0] * n
+
+    def grant(i: int, replicas: int) -> int:
+        nonlocal free
+        c = claims[i]
+        if mins_cpu[i] < c.cpu_ref - _EPS:
+            return 0
+        k = max(0, min(replicas, math.floor(free / c.cpu_ref + _EPS)))
+        free -= k * c.cpu_ref
+        return k
+
+    # Running replicas keep their place (no reclaim)...
+    for i, c in enumerate(claims):
+        keep = c.held_replicas if c.fixed else min(c.held_replicas, c.want_replicas)
+        keep = min(keep, c.policy.max_replicas) - c.policy.min_replicas
+        extra[i] = grant(i, keep)
+    # ...then new ones start while there is room.
+    for i, c in enumerate(claims):
+        if c.fixed:
+            continue
+        more = min(c.want_replicas, c.policy.max_replicas) - c.policy.min_replicas - extra[i]
+        if more > 0:
+            got = grant(i, more)
+            extra[i] += got
+            if got < more and explain is not None:
+                explain[i].add(
+                    "pending: %d more replicas of %g cores do not fit the budget "
+                    "(first come first served, nothing reclaimed)",
+                    more - got,
+                    c.cpu_ref,
+                )
+    out: list[tuple[int, float]] = []
+    for i, c in enumerate(claims):
+        replicas = c.policy.min_replicas + extra[i]
+        cpu = mins_cpu[i] if extra[i] == 0 else c.cpu_ref
+        out.append((replicas, cpu))
+    return out
+
+
+def split_allocation(  # the plain reference for split_arrays
+    cores: float,
+    policy: ScalingPolicy,
+    *,
+    cpu_ref: float,
+    current_replicas: int,
+    squeezed: bool,
+    fixed_cpu: float | None = None,
+    explain: Explanation | None = None,
+) -> tuple[int, float]:
+    """Turn ``cores`` into ``(replicas, cpu per replica)`` within the policy's bounds.
+
+    ``replicas × cpu`` never exceeds ``cores`` (given ``cores >= min_replicas × cpu.min``).
+    ``squeezed`` (the budget gives less than the demand): keep the current replicas and
+    shrink their CPU first, removing replicas only below ``cpu.min``.  Otherwise
+    ``prefer: vertical`` grows CPU per replica up to ``cpu.max`` before adding replicas,
+    ``horizontal`` adds replicas of ``cpu_ref`` cores.  ``fixed_cpu`` (a resize is blocked)
+    keeps the CPU per replica and changes only the replica count.
+    """
+    cpu_min = policy.cpu.min
+    cpu_max = policy.cpu.max
+    lo = policy.min_replicas
+    hi = policy.max_replicas
+    if fixed_cpu is not None:
+        cpu = min(max(fixed_cpu, cpu_min), cpu_max)
+        replicas = min(max(math.floor(cores / cpu + _EPS), lo), hi)
+        if replicas == 0:
+            return 0, policy.cpu.initial_cores
+        if replicas * cpu > cores + _EPS:
+            cpu = cores / replicas
+            if explain is not None:
+                explain.add(
+                    "resize blocked, but %d replicas need CPU cut to %.2f to fit", replicas, cpu
+                )
+        elif explain is not None:
+            explain.add("resize blocked: CPU stays %.2f, scaling replicas instead", cpu)
+        return replicas, cpu
+    if squeezed and current_replicas > 0:
+        replicas = min(max(current_replicas, lo, math.ceil(cores / cpu_max - _EPS)), hi)
+        if replicas and explain is not None:
+            explain.add(
+                "squeezed: shrinking CPU per replica in place, keeping %d replicas", replicas
+            )
+    elif policy.prefer == "horizontal":
+        replicas = min(max(math.ceil(cores / cpu_ref - _EPS), lo), hi)
+    else:
+        replicas = min(max(math.ceil(cores / cpu_max - _EPS), lo), hi)
+    if replicas and cores / replicas < cpu_min - _EPS:
+        fewer = max(lo, math.floor(cores / cpu_min + _EPS))
+        if explain is not None:
+            explain.add("only %d replicas fit at cpu.min %g (of %d)", fewer, cpu_min, replicas)
+        replicas = fewer
+    if replicas == 0:
+        return 0, policy.cpu.initial_cores
+    cpu = cores / replicas
+    if cpu > cpu_max:
+        cpu = cpu_max
+    elif cpu < cpu_min:
+        cpu = cpu_min if replicas * cpu_min <= cores + _EPS else cpu
+    return replicas, cpu
+
+
+def water_fill_array(
+    budget: float, lows: FloatArray, highs: FloatArray, weights: FloatArray
+) -> FloatArray:
+    """:func:`water_fill` on arrays: one sort, one cumulative sum."""
+    total_high = float(highs.sum())
+    if total_high <= budget:
+        return highs.copy()
+    total_low = float(lows.sum())
+    if total_low >= budget:
+        return lows.copy()
+    moving = highs > lows
+    w = weights[moving]
+    points = np.concatenate((lows[moving] / w, highs[moving] / w))
+    slopes = np.concatenate((w, -w))
+    order = np.argsort(points, kind="stable")
+    points = points[order]
+    slope_after = np.cumsum(slopes[order])
+    gains = slope_after[:-1] * np.diff(points)
+    totals = total_low + np.concatenate(([0.0], np.cumsum(gains)))
+    k = int(np.searchsorted(totals, budget, side="right")) - 1
+    k = min(max(k, 0), len(points) - 1)
+    slope = slope_after[k]
+    lam = points[k] + ((budget - totals[k]) / slope if slope > 0 else 0.0)
+    out: FloatArray = np.minimum(np.maximum(lam * weights, lows), highs)
+    excess = float(out.sum()) - budget
+    if excess > 0:  # floating point: never more than the budget
+        room = out - lows
+        order_desc = np.argsort(-room, kind="stable")
+        take = np.minimum(
+            room[order_desc],
+            np.maximum(0.0, excess - np.concatenate(([0.0], np.cumsum(room[order_desc])[:-1]))),
+        )
+        out[order_desc] -= take
+    return out
+
+
+def fair_shares(budget: float, policies: Sequence[ScalingPolicy]) -> FloatArray:
+    """Each service's share under full contention (everyone demands all it could use)."""
+    lows = np.array([max(p.min_replicas * p.cpu.min, p.floor_cores) for p in policies])
+    highs = np.maximum(lows, np.array([p.max_replicas * p.cpu.max for p in policies]))
+    return water_fill_array(budget, lows, highs, np.array([p.weight for p in policies]))
+
+
+def arbitrate_arrays(
+    budget: float,
+    *,
+    demand: FloatArray,
+    minimum: FloatArray,
+    floor: FloatArray,
+    cap: FloatArray,
+    weight: FloatArray,
+    fair: FloatArray,
+    previous: FloatArray,
+    hold: FloatArray,
+    hysteresis_cores: float,
+    hysteresis_ratio: float,
+) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """Shared arbitration (see the module docstring) on arrays.
+
+    ``hold``: cores a frozen service keeps (its replicas × cpu.min), floors permitting.
+    Returns ``(cores, ideal, taken_for_floors)``: the allocation, the water-filled ideal
+    before hysteresis, and cores taken from frozen services' holds for others' floors.
+    """
+    guarantee = np.maximum(minimum, np.minimum(demand, floor))
+    low = np.where(hold > guarantee, np.minimum(hold, np.maximum(demand, guarantee)), guarantee)
+    taken = np.zeros_like(low)
+    excess = float(low.sum()) - budget
+    if excess > 0:
+        # Frozen holds give way to floors, in order.
+        extra = low - guarantee
+        before = np.concatenate(([0.0], np.cumsum(extra)[:-1]))
+        taken = np.clip(excess - before, 0.0, extra)
+        low = low - taken
+    high = np.minimum(np.maximum(demand, low), np.maximum(cap, low))
+    ideal = water_fill_array(budget, low, high, weight)
+    band = np.maximum(hysteresis_cores, hysteresis_ratio * previous)
+    keep = (
+        (previous != ideal)
+        & (np.abs(ideal - previous) <= band)
+        & (low <= previous)
+        & (previous <= high)
+        & ~((previous < ideal) & (previous < np.minimum(demand, fair) - _EPS))
+    )
+    if not keep.any():
+        return ideal, ideal, taken
+    cores = np.where(keep, previous, ideal)
+    if float(cores.sum()) > budget:
+        cores = np.minimum(cores, ideal)
+    return cores, ideal, taken
+
+
+def split_arrays(
+    cores: FloatArray,
+    *,
+    cpu_min: FloatArray,
+    cpu_max: FloatArray,
+    cpu_ref: FloatArray,
+    min_r: IntArray,
+    max_r: IntArray,
+    horizontal: BoolArray,
+    current: IntArray,
+    squeezed: BoolArray,
+    fixed_cpu: FloatArray,
+) -> tuple[IntArray, FloatArray, IntArray]:
+    """:func:`split_allocation` on arrays; ``fixed_cpu`` is NaN where a resize is possible.
+
+    Returns ``(replicas, cpu per replica, note)`` with note codes 0 none, 1 squeezed,
+    2 fewer replicas fit at cpu.min, 3 resize blocked, 4 resize blocked and CPU cut.
+    """
+    eps = _EPS
+    r_vertical = np.ceil(cores / cpu_max - eps).astype(np.int64)
+    r_horizontal = np.ceil(cores / cpu_ref - eps).astype(np.int64)
+    r = np.where(horizontal, r_horizontal, r_vertical)
+    sq = squeezed & (current > 0)
+    r = np.where(sq, np.maximum(current, r_vertical), r)
+    r = np.minimum(np.maximum(r, min_r), max_r)
+    note = np.where(sq & (r > 0), 1, 0)
+    thin = (r > 0) & (cores / np.maximum(r, 1) < cpu_min - eps)
+    fewer = np.maximum(min_r, np.floor(cores / cpu_min + eps).astype(np.int64))
+    r = np.where(thin, fewer, r)
+    note = np.where(thin, 2, note)
+    per = cores / np.maximum(r, 1)
+    cpu = np.minimum(per, cpu_max)
+    cpu = np.where((cpu < cpu_min) & (r * cpu_min <= cores + eps), cpu_min, cpu)
+    cpu = np.where(r > 0, cpu, cpu_ref)
+    fixed = ~np.isnan(fixed_cpu)
+    if fixed.any():
+        fc = np.minimum(np.maximum(np.where(fixed, fixed_cpu, 1.0), cpu_min), cpu_max)
+        rf = np.minimum(np.maximum(np.floor(cores / fc + eps).astype(np.int64), min_r), max_r)
+        cut = (rf > 0) & (rf * fc > cores + eps)
+        cf = np.where(cut, cores / np.maximum(rf, 1), fc)
+        r = np.where(fixed, rf, r)
+        cpu = np.where(fixed, np.where(rf > 0, cf, cpu_ref), cpu)
+        note = np.where(fixed, np.where(cut, 4, 3), note)
+    return r, cpu, note

@@ -1,0 +1,284 @@
+"""The Kubernetes HPA's replica calculation and ``behavior``, for ``mode: hpa`` (pure).
+
+Two parts, mirroring the HPA controller:
+
+* :func:`calculate_replicas` — the replica calculator for a per-pod metric
+  (``replica_calculator.go``, plain metric path): ``ratio = average / target``
+  over ready pods that reported a value; within ``1 ± tolerance`` nothing changes;
+  pods that are *not ready* are left out, and on a scale-up counted as 0 (for per-pod
+  custom metrics the HPA calls a pod unready only while it is Pending; for CPU also during
+  its initialisation period — the caller decides, through ``PodSample.ready``);
+  ready pods *missing* a value count as ``target`` (100 %) on a scale-down and 0 on a
+  scale-up (at exactly 1.0 they are left out); if filling them in flips the direction or lands inside the tolerance, the
+  current count is kept; the result is ``ceil(new_ratio × pods counted)``.
+* :class:`HpaBehaviorState` — ``behavior`` (``horizontal.go``): the recommendation is
+  stabilised (scale-up uses the *lowest* recommendation of the last
+  ``scale_up.stabilization_window_s`` seconds, scale-down the *highest* of the last
+  ``scale_down.stabilization_window_s``), then limited by the rate policies — each
+  ``Pods``/``Percent`` policy allows a change relative to the replica count at the start
+  of its ``period_s`` (replicas added or removed within the period are taken into
+  account); ``select_policy: Max`` picks the policy allowing the biggest change, ``Min``
+  the smallest, ``Disabled`` forbids the direction — and finally clamped to
+  ``[min_replicas, max_replicas]``.  The default scale-up (100 % or 4 pods per 15 s, Max)
+  is the HPA's ``max(2×, +4)``; the default scale-down stabilises over 300 s.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from scaler.decision import Explanation
+from scaler.policy import HpaBehavior, HpaScalingRules
+
+
+@dataclass(frozen=True, slots=True)
+class PodSample:
+    """One pod as the HPA sees it: whether it is ready, and its metric value (``None`` = missing)."""
+
+    ready: bool
+    value: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class HpaResult:
+    """The replica calculator's answer."""
+
+    replicas: int
+    usage_ratio: float
+    """average of the ready pods' values / target, before missing/unready pods were filled in."""
+    reason: str
+
+
+class NoMetricsError(ValueError):
+    """No ready pod reported the metric (the HPA's 'did not receive metrics for any ready pods')."""
+
+
+def calculate_replicas(
+    samples: Sequence[PodSample],
+    current_replicas: int,
+    target: float,
+    tolerance: float = 0.1,
+) -> HpaResult:
+    """Desired replicas for a per-pod average-value metric, as the HPA's replica calculator.
+
+    ``samples`` holds one entry per pod of the workload; ``target`` is the per-pod target
+    value (``averageValue``); ``tolerance`` the HPA's 0.1 default.  Raises
+    :class:`NoMetricsError` when no ready pod has a value (the HPA then does not scale).
+
+    With ``current_replicas == 0`` (scale from zero) pass one aggregate sample holding the
+    total: the result is ``ceil(total / target)`` without tolerance, as the HPA's
+    object-metric path does for zero replicas.
+    """
+    if target <= 0:
+        raise ValueError(f"target must be > 0, got {target!r}")
+    if current_replicas == 0:
+        total = sum(s.value for s in samples if s.value is not None)
+        ratio = total / target
+        return HpaResult(math.ceil(ratio - 1e-9), ratio, f"from zero: ceil({total:g}/{target:g})")
+    values: list[float] = []
+    missing = 0
+    unready = 0
+    for sample in samples:
+        if not sample.ready:
+            unready += 1
+        elif sample.value is None:
+            missing += 1
+        else:
+            values.append(sample.value)
+    if not values:
+        raise NoMetricsError("did not receive metrics for any ready pods")
+    ratio = sum(values) / len(values) / target
+    rebalance_unready = unready > 0 and ratio > 1.0
+    if not rebalance_unready and missing == 0:
+        if abs(1.0 - ratio) <= tolerance:
+            return HpaResult(
+                current_replicas, ratio, f"ratio {ratio:.3f} within tolerance {tolerance:g}"
+            )
+        return HpaResult(
+            math.ceil(ratio * len(values) - 1e-9),
+            ratio,
+            f"ceil({ratio:.3f} × {len(values)} pods)",
+        )
+    filled = list(values)
+    if missing and ratio < 1.0:
+        filled.extend([target] * missing)
+    elif missing and ratio > 1.0:
+        filled.extend([0.0] * missing)
+    if rebalance_unready:
+        filled.extend([0.0] * unready)
+    new_ratio = sum(filled) / len(filled) / target
+    if abs(1.0 - new_ratio) <= tolerance or (ratio < 1.0 < new_ratio) or (ratio > 1.0 > new_ratio):
+        return HpaResult(
+            current_replicas,
+            ratio,
+            f"ratio {ratio:.3f} -> {new_ratio:.3f} with {missing} missing / {unready} unready pods "
+            "filled in: within tolerance or direction flips, keeping current",
+        )
+    replicas = math.ceil(new_ratio * len(filled) - 1e-9)
+    if (new_ratio < 1.0 and replicas > current_replicas) or (
+        new_ratio > 1.0 and replicas < current_replicas
+    ):
+        return HpaResult(
+            current_replicas, ratio, "pod count change would flip the direction, keeping current"
+        )
+    return HpaResult(
+        replicas,
+        ratio,
+        f"ceil({new_ratio:.3f} × {len(filled)} pods) with {missing} missing / {unready} unready filled in",
+    )
+
+
+def _change_in_period(events: deque[tuple[float, int]], now: float, period_s: float) -> int:
+    cutoff = now - period_s
+    return sum(change for at, change in events if at > cutoff)
+
+
+def scale_up_limit(
+    current: int,
+    now: float,
+    rules: HpaScalingRules,
+    up_events: deque[tuple[float, int]],
+    down_events: deque[tuple[float, int]],
+) -> int:
+    """Most replicas the scale-up policies allow now (``current`` when Disabled)."""
+    if rules.select_policy == "Disabled":
+        return current
+    pick = min if rules.select_policy == "Min" else max
+    result: int | None = None
+    for policy in rules.policies:
+        added = _change_in_period(up_events, now, policy.period_s)
+        removed = _change_in_period(down_events, now, policy.period_s)
+        start = current - added + removed
+        if policy.type == "Pods":
+            proposed = start + policy.value
+        else:
+            proposed = math.ceil(start * (1 + policy.value / 100) - 1e-9)
+        result = proposed if result is None else pick(result, proposed)
+    return max(current, result if result is not None else current)
+
+
+def scale_down_limit(
+    current: int,
+    now: float,
+    rules: HpaScalingRules,
+    up_events: deque[tuple[float, int]],
+    down_events: deque[tuple[float, int]],
+) -> int:
+    """Fewest replicas the scale-down policies allow now (``current`` when Disabled)."""
+    if rules.select_policy == "Disabled":
+        return current
+    # Min = the policy allowing the smallest change = the highest lower limit.
+    pick = max if rules.select_policy == "Min" else min
+    result: int | None = None
+    for policy in rules.policies:
+        added = _change_in_period(up_events, now, policy.period_s)
+        removed = _change_in_period(down_events, now, policy.period_s)
+        start = current - added + removed
+        if policy.type == "Pods":
+            proposed = start - policy.value
+        else:
+            proposed = math.floor(start * (1 - policy.value / 100) + 1e-9)
+        result = proposed if result is None else pick(result, proposed)
+    return min(current, result if result is not None else current)
+
+
+class HpaBehaviorState:
+    """Stabilisation windows and rate policies for one workload (the HPA controller's memory)."""
+
+    __slots__ = ("_down_events", "_longest_s", "_recommendations", "_up_events", "behavior")
+
+    def __init__(self, behavior: HpaBehavior) -> None:
+        self.behavior = behavior
+        self._recommendations: deque[tuple[float, int]] = deque()
+        self._up_events: deque[tuple[float, int]] = deque()
+        self._down_events: deque[tuple[float, int]] = deque()
+        periods = [p.period_s for p in behavior.scale_up.policies] + [
+            p.period_s for p in behavior.scale_down.policies
+        ]
+        self._longest_s = max(
+            [
+                *periods,
+                behavior.scale_up.stabilization_window_s,
+                behavior.scale_down.stabilization_window_s,
+                0.0,
+            ]
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"HpaBehaviorState(recommendations={len(self._recommendations)}, "
+            f"up_events={len(self._up_events)}, down_events={len(self._down_events)})"
+        )
+
+    def _trim(self, now: float) -> None:
+        cutoff = now - self._longest_s
+        for events in (self._recommendations, self._up_events, self._down_events):
+            while events and events[0][0] <= cutoff:
+                events.popleft()
+
+    def record_scale(self, now: float, old: int, new: int) -> None:
+        """Remember that the workload went from ``old`` to ``new`` replicas at ``now``."""
+        if new > old:
+            self._up_events.append((now, new - old))
+        elif new < old:
+            self._down_events.append((now, old - new))
+
+    def normalize(
+        self,
+        now: float,
+        *,
+        current: int,
+        desired: int,
+        min_replicas: int,
+        max_replicas: int,
+        reasons: Explanation,
+    ) -> int:
+        """Stabilise, rate-limit and clamp ``desired`` (the calculator's answer) as the HPA does."""
+        self._trim(now)
+        behavior = self.behavior
+        up_cutoff = now - behavior.scale_up.stabilization_window_s
+        down_cutoff = now - behavior.scale_down.stabilization_window_s
+        up_rec = desired
+        down_rec = desired
+        for at, rec in self._recommendations:
+            if at > up_cutoff and rec < up_rec:
+                up_rec = rec
+            if at > down_cutoff and rec > down_rec:
+                down_rec = rec
+        self._recommendations.append((now, desired))
+        stabilized = current
+        stabilized = max(stabilized, up_rec)
+        stabilized = min(stabilized, down_rec)
+        if stabilized != desired:
+            reasons.add(
+                "stabilized %d -> %d (scale-up window %gs, scale-down window %gs)",
+                desired,
+                stabilized,
+                behavior.scale_up.stabilization_window_s,
+                behavior.scale_down.stabilization_window_s,
+            )
+        result = stabilized
+        if result > current:
+            limit = scale_up_limit(
+                current, now, behavior.scale_up, self._up_events, self._down_events
+            )
+            if limit < max_replicas and result > limit:
+                reasons.add("rate-limited %d -> %d by behavior.scale_up policies", result, limit)
+                result = limit
+        elif result < current:
+            limit = scale_down_limit(
+                current, now, behavior.scale_down, self._up_events, self._down_events
+            )
+            if limit > min_replicas and result < limit:
+                reasons.add("rate-limited %d -> %d by behavior.scale_down policies", result, limit)
+                result = limit
+        if result > max_replicas:
+            reasons.add("clamped replicas %d -> %d by max_replicas", result, max_replicas)
+            result = max_replicas
+        elif result < min_replicas:
+            reasons.add("clamped replicas %d -> %d by min_replicas", result, min_replicas)
+            result = min_replicas
+        return result

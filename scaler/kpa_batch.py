@@ -1,0 +1,329 @@
+"""KPA windows and decisions for many services at once, on numpy arrays (pure).
+
+The engine keeps every KPA-mode service in one :class:`KpaBatch`, so a tick over a thousand
+services costs a few dozen array operations instead of a thousand Python objects' worth of
+work.  :class:`scaler.horizontal.KpaRecommender` is a batch of one, so the table tests and
+the engine run the same code.
+
+Windows: all services share the clock, so they share whole-second buckets.  A ring of
+``ring_buckets`` columns keeps, per service, the sum and count of the values recorded in each
+bucket; each service's stable and panic windows are running sums of the *bucket means* of
+its last ``stable_window_s`` / ``panic_window_s`` buckets, and an average is that sum over
+the number of buckets *with data* (missing data is not zero load).  See
+``scaler.horizontal`` for the decision rules.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from scaler.policy import ScalingPolicy
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+_EPS = 1e-9
+
+RULES = ("stable", "panic", "scale-to-zero", "idle-grace", "no-data")
+STABLE, PANIC, TO_ZERO, IDLE_GRACE, NO_DATA = range(5)
+
+
+@dataclass(slots=True)
+class KpaTick:
+    """One tick's KPA results for a batch (arrays indexed like the batch's policies).
+
+    Kept read-only after the tick: decisions render their reasons from it on demand.
+    """
+
+    replicas: IntArray
+    load: IntArray
+    """Replicas the load needs (before min_replicas and the idle hold)."""
+    rule: IntArray
+    """Index into :data:`RULES`."""
+    stable: FloatArray
+    panic: FloatArray
+    ready: FloatArray
+    want_stable: IntArray
+    want_panic: IntArray
+    desired_stable: IntArray
+    """want_stable after the scale-up/down rate limits."""
+    unclamped: IntArray
+    entered_panic: BoolArray
+    left_panic: BoolArray
+    held_in_panic: BoolArray
+    """In panic and the recommendation would have gone down: kept up."""
+    max_panic: IntArray
+    rate_limited: BoolArray
+    idle_for: FloatArray
+    active: BoolArray
+
+
+class KpaBatch:
+    """Knative-style stable/panic windows and decisions for ``len(policies)`` services."""
+
+    def __init__(self, policies: Sequence[ScalingPolicy], granularity_s: float = 1.0) -> None:
+        self.policies = list(policies)
+        n = len(self.policies)
+
+        def arr(values: list[float]) -> FloatArray:
+            return np.array(values, dtype=np.float64).reshape(n)
+
+        ps = self.policies
+        self.n = n
+        self.granularity_s = granularity_s
+        self.target_value = arr([p.target * p.target_utilization for p in ps])
+        self.stable_s = arr([p.stable_window_s for p in ps])
+        self.panic_s = arr([p.panic_window_s for p in ps])
+        self.threshold = arr([p.panic_threshold for p in ps])
+        self.up_rate = arr([p.max_scale_up_rate for p in ps])
+        self.down_rate = arr([p.max_scale_down_rate for p in ps])
+        self.min_r = np.array([p.min_replicas for p in ps], dtype=np.int64).reshape(n)
+        self.max_r = np.array([p.max_replicas for p in ps], dtype=np.int64).reshape(n)
+        self.zero_after_s = arr([p.stable_window_s + p.scale_to_zero_grace_s for p in ps])
+        self.stable_b = np.array(
+            [max(1, math.ceil(p.stable_window_s / granularity_s - _EPS)) for p in ps],
+            dtype=np.int64,
+        ).reshape(n)
+        self.panic_b = np.array(
+            [max(1, math.ceil(p.panic_window_s / granularity_s - _EPS)) for p in ps],
+            dtype=np.int64,
+        ).reshape(n)
+        width = int(self.stable_b.max()) + 1 if n else 1
+        self.width = width
+        self._rows = np.arange(n)
+        self._sum = np.zeros((n, width))
+        self._count = np.zeros((n, width), dtype=np.int64)
+        self._col_bucket = np.full(width, -(2**62), dtype=np.int64)
+        self._bucket: int | None = None
+        # running window state
+        self._stable_sum = np.zeros(n)
+        self._stable_n = np.zeros(n, dtype=np.int64)
+        self._stable_nz = np.zeros(n, dtype=np.int64)
+        self._panic_sum = np.zeros(n)
+        self._panic_n = np.zeros(n, dtype=np.int64)
+        self._panic_nz = np.zeros(n, dtype=np.int64)
+        # decision state
+        self.panic_since = np.full(n, np.nan)
+        self.max_panic = np.zeros(n, dtype=np.int64)
+        self.last_active = np.full(n, -np.inf)
+        self.first_at = np.full(n, np.inf)
+        """When each service was first observed (inf: never)."""
+
+    def __repr__(self) -> str:
+        return f"KpaBatch(services={self.n}, panicking={int((~np.isnan(self.panic_since)).sum())})"
+
+    # -- windows ---------------------------------------------------------------------
+
+    def _leave(
+        self, bucket: int, depth: IntArray, total: FloatArray, n: IntArray, nz: IntArray
+    ) -> None:
+        """Bucket ``bucket - depth`` leaves each window (per service)."""
+        leaving = bucket - depth
+        cols = leaving % self.width
+        valid = self._col_bucket[cols] == leaving
+        counts = self._count[self._rows, cols]
+        has = valid & (counts > 0)
+        if not has.any():
+            return
+        means = np.where(has, self._sum[self._rows, cols] / np.maximum(counts, 1), 0.0)
+        total -= means
+        n -= has
+        nz -= has & (means != 0.0)
+
+    def _advance(self, bucket: int) -> None:
+        last = self._bucket
+        if last is not None and bucket <= last:
+            return
+        start = bucket if last is None else last + 1
+        if bucket - start >= self.width:  # a long silence: everything has left every window
+            self._sum[:] = 0.0
+            self._count[:] = 0
+            self._col_bucket[:] = -(2**62)
+            for a in (self._stable_sum, self._panic_sum):
+                a[:] = 0.0
+            for counts in (self._stable_n, self._stable_nz, self._panic_n, self._panic_nz):
+                counts[:] = 0
+            start = bucket
+        for b in range(start, bucket + 1):
+            self._leave(b, self.stable_b, self._stable_sum, self._stable_n, self._stable_nz)
+            self._leave(b, self.panic_b, self._panic_sum, self._panic_n, self._panic_nz)
+            col = b % self.width
+            self._sum[:, col] = 0.0
+            self._count[:, col] = 0
+            self._col_bucket[col] = b
+        self._bucket = bucket
+        # An all-zero window averages to exactly 0: drop float dust.
+        self._stable_sum[self._stable_nz == 0] = 0.0
+        self._panic_sum[self._panic_nz == 0] = 0.0
+
+    def observe(self, now: float, values: FloatArray, fresh: BoolArray) -> None:
+        """Record ``values`` for the services where ``fresh`` is set."""
+        bucket = math.floor(now / self.granularity_s)
+        self._advance(bucket)
+        if not fresh.any():
+            return
+        col = (self._bucket if self._bucket is not None else bucket) % self.width
+        s = self._sum[:, col]
+        c = self._count[:, col]
+        had = c > 0
+        old = np.where(had, s / np.maximum(c, 1), 0.0)
+        s_new = np.where(fresh, s + values, s)
+        c_new = c + fresh
+        new = np.where(c_new > 0, s_new / np.maximum(c_new, 1), 0.0)
+        delta = np.where(fresh, new - old, 0.0)
+        added = fresh & ~had
+        nz_delta = np.where(fresh, (new != 0.0).astype(np.int64) - (had & (old != 0.0)), 0)
+        self._sum[:, col] = s_new
+        self._count[:, col] = c_new
+        self._stable_sum += delta
+        self._panic_sum += delta
+        self._stable_n += added
+        self._panic_n += added
+        self._stable_nz += nz_delta
+        self._panic_nz += nz_delta
+        self.first_at = np.where(fresh & (self.first_at == np.inf), now, self.first_at)
+        self.last_active = np.where(fresh & (values > 0), now, self.last_active)
+
+    def averages(self, now: float) -> tuple[FloatArray, FloatArray]:
+        """Stable and panic window averages at ``now`` (NaN where a window has no data)."""
+        self._advance(math.floor(now / self.granularity_s))
+        stable_n = self._stable_n
+        panic_n = self._panic_n
+        stable = np.where(self._stable_nz > 0, self._stable_sum / np.maximum(stable_n, 1), 0.0)
+        panic = np.where(self._panic_nz > 0, self._panic_sum / np.maximum(panic_n, 1), 0.0)
+        stable = np.where(stable_n > 0, np.maximum(stable, 0.0), np.nan)
+        panic = np.where(panic_n > 0, np.maximum(panic, 0.0), np.nan)
+        return stable, panic
+
+    # -- decisions -------------------------------------------------------------------
+
+    def recommend(
+        self, now: float, ready: FloatArray, current: IntArray, active: BoolArray
+    ) -> KpaTick:
+        """Replicas wanted for every service; state changes only where ``active`` is set."""
+        stable, panic = self.averages(now)
+        has_stable = ~np.isnan(stable)
+        valid = active & has_stable & ~np.isnan(panic)
+        st = np.where(has_stable, stable, 0.0)
+        pa = np.where(valid, panic, 0.0)
+        tv = self.target_value
+        ready_count = np.maximum(ready, 1.0)
+        max_up = np.ceil(self.up_rate * ready_count - _EPS).astype(np.int64)
+        max_down = np.floor(ready_count / self.down_rate + _EPS).astype(np.int64)
+        want_s = np.maximum(np.ceil(st / tv - _EPS), 0).astype(np.int64)
+        want_p = np.maximum(np.ceil(pa / tv - _EPS), 0).astype(np.int64)
+        des_s = np.minimum(np.maximum(want_s, max_down), max_up)
+        des_p = np.minimum(np.maximum(want_p, max_down), max_up)
+
+        over = valid & (want_p / ready_count >= self.threshold)
+        was_panicking = ~np.isnan(self.panic_since)
+        entered = over & ~was_panicking
+        left = valid & ~over & was_panicking & (now - self.panic_since > self.stable_s)
+        panic_since = np.where(over, now, np.where(left, np.nan, self.panic_since))
+        max_panic = np.where(left, 0, self.max_panic)
+        in_panic = valid & ~np.isnan(panic_since)
+
+        desired = np.where(in_panic, np.maximum(des_s, des_p), des_s)
+        held = in_panic & (desired < max_panic)
+        max_panic = np.where(in_panic, np.maximum(max_panic, desired), max_panic)
+        desired = np.where(in_panic, max_panic, desired)
+        rate_limited = ~in_panic & (desired != want_s)
+
+        load = np.minimum(desired, self.max_r)
+        zero = desired == 0
+        idle_for = now - self.last_active
+        covered = now - self.first_at
+        to_zero = (
+            zero
+            & (self.min_r == 0)
+            & (idle_for >= self.zero_after_s)
+            & (covered >= self.zero_after_s)
+        )
+        hold = zero & ~to_zero & (current > 0) & (self.min_r == 0)
+        desired = np.where(hold, 1, desired)
+        unclamped = desired
+        desired = np.minimum(np.maximum(desired, self.min_r), self.max_r)
+
+        rule = np.where(in_panic, PANIC, STABLE)
+        rule = np.where(to_zero, TO_ZERO, np.where(hold, IDLE_GRACE, rule))
+        rule = np.where(valid, rule, NO_DATA)
+        desired = np.where(valid, desired, current)
+
+        # commit state only where the service was evaluated with data
+        self.panic_since = np.where(valid, panic_since, self.panic_since)
+        self.max_panic = np.where(valid, max_panic, self.max_panic)
+        return KpaTick(
+            replicas=desired,
+            load=np.where(valid, load, current),
+            rule=rule,
+            stable=stable,
+            panic=panic,
+            ready=ready,
+            want_stable=want_s,
+            want_panic=want_p,
+            desired_stable=des_s,
+            unclamped=unclamped,
+            entered_panic=entered & valid,
+            left_panic=left & valid,
+            held_in_panic=held & valid,
+            max_panic=max_panic,
+            rate_limited=rate_limited & valid,
+            idle_for=idle_for,
+            active=valid,
+        )
+
+    def explain(self, tick: KpaTick, i: int, lines: list[str]) -> None:
+        """Append service ``i``'s KPA reasons for ``tick`` to ``lines``."""
+        p = self.policies[i]
+        if tick.rule[i] == NO_DATA:
+            lines.append("no metric data in the windows: holding")
+            return
+        tv = float(self.target_value[i])
+        ready = float(tick.ready[i])
+        lines.append(
+            f"{p.metric} stable {tick.stable[i]:.2f} over {p.stable_window_s:g}s, panic "
+            f"{tick.panic[i]:.2f} over {p.panic_window_s:g}s; target {p.target:g}×"
+            f"{p.target_utilization:g}={tv:g} per replica; capacity {ready:.2f} replicas"
+        )
+        if tick.entered_panic[i]:
+            lines.append(
+                f"panic: {tick.want_panic[i]} wanted over the panic window >= "
+                f"{p.panic_threshold:g}× capacity {max(ready, 1.0):g}"
+            )
+        if tick.left_panic[i]:
+            lines.append(
+                f"panic over: {p.stable_window_s:g}s since the last tick over the threshold"
+            )
+        rule = int(tick.rule[i])
+        if rule == PANIC:
+            if tick.held_in_panic[i]:
+                lines.append(f"panic: not scaling down from {tick.max_panic[i]}")
+            lines.append(f"panic: ceil({tick.panic[i]:.2f}/{tv:g}) = {tick.want_panic[i]}")
+        else:
+            lines.append(f"stable: ceil({tick.stable[i]:.2f}/{tv:g}) = {tick.want_stable[i]}")
+            if tick.rate_limited[i]:
+                wanted = int(tick.want_stable[i])
+                got = int(tick.desired_stable[i])
+                bound = "max_scale_up_rate" if got < wanted else "max_scale_down_rate"
+                lines.append(f"rate-limited {wanted} -> {got} by {bound}")
+        if rule == TO_ZERO:
+            lines.append(
+                f"scale to zero: idle {tick.idle_for[i]:.0f}s >= stable window "
+                f"{p.stable_window_s:g}s + grace {p.scale_to_zero_grace_s:g}s"
+            )
+        elif rule == IDLE_GRACE:
+            lines.append(
+                f"idle, holding 1 replica until idle for {self.zero_after_s[i]:g}s "
+                "(stable window + scale_to_zero_grace_s)"
+            )
+        unclamped = int(tick.unclamped[i])
+        if unclamped > p.max_replicas:
+            lines.append(f"clamped replicas {unclamped} -> {p.max_replicas} by max_replicas")
+        elif unclamped < p.min_replicas:
+            lines.append(f"clamped replicas {unclamped} -> {p.min_replicas} by min_replicas")

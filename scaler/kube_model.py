@@ -1,0 +1,366 @@
+"""Plain data of the Kubernetes objects Sluice reads, and converters from API JSON (pure).
+
+:mod:`scaler.kubeapi` (the one module that imports the ``kubernetes`` client) turns every
+typed result and watch event into these frozen dataclasses; everything else in Sluice codes
+against them and the small exception tree here, never against the client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+WorkloadKind = Literal["Deployment", "StatefulSet"]
+
+
+# ---- errors ----------------------------------------------------------------------------------
+
+
+class KubeError(Exception):
+    """A Kubernetes API call failed; ``status`` is the HTTP code (0 = no answer)."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+
+class NotFound(KubeError):
+    pass
+
+
+class Conflict(KubeError):
+    pass
+
+
+class Gone(KubeError):
+    pass
+
+
+class Invalid(KubeError):
+    pass
+
+
+BY_STATUS: dict[int, type[KubeError]] = {404: NotFound, 409: Conflict, 410: Gone, 422: Invalid}
+
+
+# ---- plain data --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Meta:
+    namespace: str
+    name: str
+    resource_version: str = ""
+    uid: str = ""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class IngressBackend:
+    service_name: str | None
+    """None for a ``resource`` backend (not supported by Sluice)."""
+    port_number: int | None = None
+    port_name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class IngressPath:
+    path: str
+    path_type: str
+    backend: IngressBackend
+
+
+@dataclass(frozen=True, slots=True)
+class IngressRule:
+    host: str | None
+    paths: tuple[IngressPath, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Ingress:
+    meta: Meta
+    ingress_class_name: str | None
+    rules: tuple[IngressRule, ...]
+    default_backend: IngressBackend | None
+    load_balancer: tuple[str, ...]
+    """IPs/hostnames currently in ``status.loadBalancer.ingress``."""
+
+
+@dataclass(frozen=True, slots=True)
+class SlicePort:
+    name: str
+    port: int | None
+    protocol: str = "TCP"
+
+
+@dataclass(frozen=True, slots=True)
+class SliceEndpoint:
+    addresses: tuple[str, ...]
+    ready: bool
+    serving: bool
+    terminating: bool
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointSlice:
+    meta: Meta
+    service_name: str | None
+    """The ``kubernetes.io/service-name`` label."""
+    address_type: str
+    ports: tuple[SlicePort, ...]
+    endpoints: tuple[SliceEndpoint, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Service:
+    meta: Meta
+    ports: tuple[SlicePort, ...]
+    """The Service's own ports (name, port)."""
+    cluster_ip: str | None
+    load_balancer: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Scale:
+    kind: WorkloadKind
+    namespace: str
+    name: str
+    spec_replicas: int
+    status_replicas: int
+    selector: str
+    """Label selector of the workload's pods (``k=v,k2=v2``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerResources:
+    name: str
+    requests: Mapping[str, str]
+    limits: Mapping[str, str]
+    cpu_restart_policy: str = "NotRequired"
+    """The container's ``resizePolicy`` for cpu."""
+
+
+@dataclass(frozen=True, slots=True)
+class Pod:
+    meta: Meta
+    phase: str
+    ready: bool
+    spec: tuple[ContainerResources, ...]
+    """Desired resources (spec.containers)."""
+    status: tuple[ContainerResources, ...]
+    """Resources the kubelet reports as in force (status.containerStatuses[].resources)."""
+    resize_pending: tuple[str, str] | None
+    """(reason, message) of a PodResizePending condition, e.g. ('Infeasible', ...)."""
+    deleting: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    namespace: str
+    name: str
+    holder_identity: str | None
+    lease_duration_s: int | None
+    acquire_time: datetime | None
+    renew_time: datetime | None
+    lease_transitions: int
+    resource_version: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """The object whose ``/scale`` subresource sets a service's replicas."""
+
+    kind: WorkloadKind
+    namespace: str
+    name: str
+
+    def ref(self) -> ObjectRef:
+        return ObjectRef(self.kind, "apps/v1", self.namespace, self.name)
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectRef:
+    """The object an Event is about."""
+
+    kind: str
+    api_version: str
+    namespace: str
+    name: str
+    uid: str = ""
+
+
+# ---- converters (camelCase JSON -> dataclasses) ----------------------------------------------
+
+
+def _meta(d: Mapping[str, Any]) -> Meta:
+    m = d.get("metadata") or {}
+    return Meta(
+        namespace=m.get("namespace") or "",
+        name=m.get("name") or "",
+        resource_version=m.get("resourceVersion") or "",
+        uid=m.get("uid") or "",
+        labels=dict(m.get("labels") or {}),
+        annotations=dict(m.get("annotations") or {}),
+    )
+
+
+def _lb(status: Mapping[str, Any] | None) -> tuple[str, ...]:
+    entries = ((status or {}).get("loadBalancer") or {}).get("ingress") or []
+    return tuple(e.get("ip") or e.get("hostname") or "" for e in entries)
+
+
+def _backend(d: Mapping[str, Any] | None) -> IngressBackend | None:
+    if not d:
+        return None
+    svc = d.get("service")
+    if not svc:
+        return IngressBackend(None)
+    port = svc.get("port") or {}
+    return IngressBackend(svc.get("name"), port.get("number"), port.get("name"))
+
+
+def ingress_from_json(d: Mapping[str, Any]) -> Ingress:
+    spec = d.get("spec") or {}
+    rules = []
+    for r in spec.get("rules") or []:
+        paths = tuple(
+            IngressPath(
+                p.get("path") or "/",
+                p.get("pathType") or "ImplementationSpecific",
+                _backend(p.get("backend")) or IngressBackend(None),
+            )
+            for p in (r.get("http") or {}).get("paths") or []
+        )
+        rules.append(IngressRule(r.get("host") or None, paths))
+    return Ingress(
+        _meta(d),
+        spec.get("ingressClassName"),
+        tuple(rules),
+        _backend(spec.get("defaultBackend")),
+        _lb(d.get("status")),
+    )
+
+
+def endpoint_slice_from_json(d: Mapping[str, Any]) -> EndpointSlice:
+    meta = _meta(d)
+    endpoints = []
+    for e in d.get("endpoints") or []:
+        c = e.get("conditions") or {}
+        # API: ready nil = true; serving nil = same as ready; terminating nil = false
+        ready = c.get("ready") is not False
+        serving = ready if c.get("serving") is None else bool(c["serving"])
+        endpoints.append(
+            SliceEndpoint(
+                tuple(e.get("addresses") or ()), ready, serving, bool(c.get("terminating"))
+            )
+        )
+    return EndpointSlice(
+        meta,
+        meta.labels.get("kubernetes.io/service-name"),
+        d.get("addressType") or "IPv4",
+        tuple(
+            SlicePort(p.get("name") or "", p.get("port"), p.get("protocol") or "TCP")
+            for p in d.get("ports") or []
+        ),
+        tuple(endpoints),
+    )
+
+
+def service_from_json(d: Mapping[str, Any]) -> Service:
+    spec = d.get("spec") or {}
+    return Service(
+        _meta(d),
+        tuple(SlicePort(p.get("name") or "", p.get("port")) for p in spec.get("ports") or []),
+        spec.get("clusterIP"),
+        _lb(d.get("status")),
+    )
+
+
+def _resources(name: str, r: Mapping[str, Any] | None, policy: Any = None) -> ContainerResources:
+    r = r or {}
+    cpu_policy = next(
+        (p.get("restartPolicy") for p in policy or [] if p.get("resourceName") == "cpu"),
+        "NotRequired",
+    )
+    return ContainerResources(
+        name,
+        {k: str(v) for k, v in (r.get("requests") or {}).items()},
+        {k: str(v) for k, v in (r.get("limits") or {}).items()},
+        cpu_policy or "NotRequired",
+    )
+
+
+def pod_from_json(d: Mapping[str, Any]) -> Pod:
+    spec, status = d.get("spec") or {}, d.get("status") or {}
+    conditions = {c.get("type"): c for c in status.get("conditions") or []}
+    pending = conditions.get("PodResizePending")
+    return Pod(
+        _meta(d),
+        status.get("phase") or "Unknown",
+        (conditions.get("Ready") or {}).get("status") == "True",
+        tuple(
+            _resources(c["name"], c.get("resources"), c.get("resizePolicy"))
+            for c in spec.get("containers") or []
+        ),
+        tuple(
+            _resources(c["name"], c.get("resources"))
+            for c in status.get("containerStatuses") or []
+            if c.get("resources") is not None
+        ),
+        (pending.get("reason") or "", pending.get("message") or "")
+        if pending and pending.get("status") == "True"
+        else None,
+        deleting=bool((d.get("metadata") or {}).get("deletionTimestamp")),
+    )
+
+
+def _time(v: Any) -> datetime | None:
+    if v is None or isinstance(v, datetime):
+        return v
+    return datetime.fromisoformat(str(v).replace("Z", "+00:00"))
+
+
+def lease_from_json(d: Mapping[str, Any]) -> Lease:
+    spec, meta = d.get("spec") or {}, _meta(d)
+    return Lease(
+        meta.namespace,
+        meta.name,
+        spec.get("holderIdentity") or None,
+        spec.get("leaseDurationSeconds"),
+        _time(spec.get("acquireTime")),
+        _time(spec.get("renewTime")),
+        int(spec.get("leaseTransitions") or 0),
+        meta.resource_version,
+    )
+
+
+def microtime(t: datetime | None) -> datetime | None:
+    # The client serialises with isoformat(), which drops the fraction when it is zero; the API
+    # server parses MicroTime as RFC3339 with exactly 6 fractional digits.  1 µs is harmless.
+    if t is None:
+        return None
+    t = t.astimezone(UTC)
+    return t.replace(microsecond=1) if t.microsecond == 0 else t
+
+
+def parse_cpu_cores(quantity: str) -> float:
+    """A Kubernetes CPU quantity ('250m', '1', '0.5', '2500u', '1e3m') in cores."""
+    q = quantity.strip()
+    for suffix, scale in (("n", 1e-9), ("u", 1e-6), ("m", 1e-3), ("k", 1e3)):
+        if q.endswith(suffix):
+            return float(q[: -len(suffix)]) * scale
+    return float(q)
+
+
+def format_cpu(cores: float) -> str:
+    """Cores as a millicore quantity ('250m'); at least 1m."""
+    return f"{max(1, round(cores * 1000))}m"

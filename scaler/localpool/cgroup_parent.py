@@ -1,0 +1,242 @@
+"""The Sluice-owned parent cgroup of one gateway process, and the sweep of dead ones' parents.
+
+Layout: ``<hierarchy root>/sluice-<pid namespace>-<pid>/<replica>``.  The parent is removed
+when Sluice stops.  A parent whose process is gone (Sluice was killed) is swept at the next
+start: its processes are killed and its directories removed, so nothing started by a dead
+Sluice survives it for long.  Parents of another pid namespace are never touched (their
+pids cannot be checked from here).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from scaler.localpool.cgroups import (
+    CgroupLayout,
+    CgroupUnavailable,
+    ReplicaCgroup,
+    detect_layout,
+    write_control,
+)
+
+log = logging.getLogger(__name__)
+
+_PARENT_PREFIX = "sluice-"
+_STALE_PARENT = re.compile(r"^sluice-(\d+)-(\d+)$")
+"""``sluice-<pid namespace inode>-<pid>``: the namespace keeps one container's Sluice from
+taking another's live parent (whose pid it cannot see) for a dead one."""
+_EMPTY_WAIT_S = 3.0
+"""Longest blocking wait for killed processes to leave a cgroup before removing it."""
+
+
+class CgroupParent:
+    """The Sluice-owned parent cgroup that holds every replica cgroup of one gateway process."""
+
+    def __init__(
+        self, layout: CgroupLayout, name: str, rmdir: Callable[[Path], None] = os.rmdir
+    ) -> None:
+        if not name or "/" in name or name in {".", ".."}:
+            raise ValueError(f"a cgroup name must be one path element, got {name!r}")
+        self.layout = layout
+        self.name = name
+        self.cpu_dir = layout.cpu_root / name
+        self.acct_dir = layout.cpuacct_root / name if layout.cpuacct_root is not None else None
+        self._rmdir = rmdir
+        self._children: dict[str, ReplicaCgroup] = {}
+
+    def __repr__(self) -> str:
+        return (
+            f"CgroupParent(v{self.layout.version}, {self.cpu_dir}, {len(self._children)} children)"
+        )
+
+    @property
+    def group(self) -> ReplicaCgroup:
+        """The parent itself, to cap (``set_cpu``) or measure every replica at once."""
+        return ReplicaCgroup(self.layout, self.cpu_dir, self.acct_dir)
+
+    def create(self) -> None:
+        """Make the parent directories; raise :class:`CgroupUnavailable` when that is not allowed."""
+        try:
+            if self.layout.version == 2:
+                _enable_cpu(self.layout.cpu_root)
+            for d in (self.cpu_dir, self.acct_dir):
+                if d is not None:
+                    d.mkdir(exist_ok=True)
+            if self.layout.version == 2:
+                _enable_cpu(self.cpu_dir)
+        except OSError as e:
+            raise CgroupUnavailable(
+                f"cannot create cgroup {self.cpu_dir}: {e.strerror or e}"
+            ) from None
+
+    def child(self, name: str) -> ReplicaCgroup:
+        """Create (or reuse) the replica cgroup ``name`` below this parent."""
+        if not name or "/" in name or name in {".", ".."}:
+            raise ValueError(f"a cgroup name must be one path element, got {name!r}")
+        cg = self._children.get(name)
+        if cg is None:
+            cpu_dir = self.cpu_dir / name
+            acct_dir = self.acct_dir / name if self.acct_dir is not None else None
+            cpu_dir.mkdir(exist_ok=True)
+            if acct_dir is not None:
+                acct_dir.mkdir(exist_ok=True)
+            cg = ReplicaCgroup(self.layout, cpu_dir, acct_dir)
+            self._children[name] = cg
+        return cg
+
+    def discard(self, cg: ReplicaCgroup) -> bool:
+        """Remove one (empty) replica cgroup."""
+        for name, known in list(self._children.items()):
+            if known is cg:
+                del self._children[name]
+        return cg.remove(self._rmdir)
+
+    def children(self) -> list[ReplicaCgroup]:
+        return list(self._children.values())
+
+    def destroy(self) -> bool:
+        """Kill whatever still runs below the parent, then remove every directory."""
+        return _destroy_tree(self.layout, self.cpu_dir, self.acct_dir, self._rmdir)
+
+
+def _enable_cpu(directory: Path) -> None:
+    control = directory / "cgroup.subtree_control"
+    try:
+        enabled = control.read_text().split()
+    except FileNotFoundError:
+        enabled = []
+    if "cpu" not in enabled:
+        write_control(control, "+cpu")
+
+
+def _subdirs(directory: Path | None) -> list[Path]:
+    if directory is None:
+        return []
+    try:
+        return [p for p in directory.iterdir() if p.is_dir()]
+    except FileNotFoundError:
+        return []
+
+
+def kill_and_wait(cg: ReplicaCgroup, timeout_s: float = _EMPTY_WAIT_S) -> bool:
+    """SIGKILL everything in ``cg`` and wait (bounded, blocking) until it is empty."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if cg.kill_all() == 0 and not cg.pids():
+                return True
+        except OSError:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+
+
+def _destroy_tree(
+    layout: CgroupLayout,
+    cpu_dir: Path,
+    acct_dir: Path | None,
+    rmdir: Callable[[Path], None],
+) -> bool:
+    acct_children = {p.name: p for p in _subdirs(acct_dir)}
+    ok = True
+    for child in _subdirs(cpu_dir):
+        cg = ReplicaCgroup(layout, child, acct_children.pop(child.name, None))
+        kill_and_wait(cg)
+        ok = cg.remove(rmdir) and ok
+    for orphan in acct_children.values():
+        kill_and_wait(ReplicaCgroup(layout, orphan, None))
+        ok = ReplicaCgroup(layout, orphan, None).remove(rmdir) and ok
+    for d in (cpu_dir, acct_dir):
+        if d is None:
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            kill_and_wait(ReplicaCgroup(layout, d, None))
+        try:
+            rmdir(d)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            log.warning("cannot remove cgroup %s: %s", d, e.strerror)
+            ok = False
+    return ok
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_stale(
+    layout: CgroupLayout,
+    pid_alive: Callable[[int], bool] = _pid_alive,
+    rmdir: Callable[[Path], None] = os.rmdir,
+    pid_namespace: int | None = None,
+) -> list[str]:
+    """Kill and remove the parents left by Sluice processes of this pid namespace that no
+    longer run (``sluice-<namespace>-<pid>``); return their names."""
+    if pid_namespace is None:
+        pid_namespace = current_pid_namespace()
+    swept = []
+    for d in _subdirs(layout.cpu_root):
+        m = _STALE_PARENT.match(d.name)
+        if m is None or int(m.group(1)) != pid_namespace or pid_alive(int(m.group(2))):
+            continue
+        acct = layout.cpuacct_root / d.name if layout.cpuacct_root is not None else None
+        _destroy_tree(layout, d, acct, rmdir)
+        swept.append(d.name)
+        log.warning("removed cgroup %s left by a Sluice process that is gone", d)
+    return swept
+
+
+def current_pid_namespace() -> int:
+    """The inode of this process's pid namespace (0 if it cannot be read)."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
+def parent_name_for(pid: int, pid_namespace: int | None = None) -> str:
+    """The parent cgroup name of the Sluice process ``pid``: ``sluice-<pid namespace>-<pid>``."""
+    ns = current_pid_namespace() if pid_namespace is None else pid_namespace
+    return f"{_PARENT_PREFIX}{ns}-{pid}"
+
+
+def default_parent_name() -> str:
+    return parent_name_for(os.getpid())
+
+
+def open_parent(
+    name: str | None = None,
+    mountinfo_path: Path = Path("/proc/self/mountinfo"),
+    sweep: bool = True,
+) -> CgroupParent:
+    """Detect the layout, sweep stale parents and create this process's parent cgroup.
+
+    Raise :class:`CgroupUnavailable` (with the reason) when CPU cgroups cannot be used.
+    """
+    try:
+        text = mountinfo_path.read_text()
+    except OSError as e:
+        raise CgroupUnavailable(f"cannot read {mountinfo_path}: {e.strerror}") from None
+    layout = detect_layout(text)
+    if sweep:
+        try:
+            sweep_stale(layout)
+        except OSError as e:
+            log.warning("could not sweep stale Sluice cgroups: %s", e)
+    parent = CgroupParent(layout, name or default_parent_name())
+    parent.create()
+    return parent

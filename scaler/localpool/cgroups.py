@@ -1,0 +1,290 @@
+"""CPU cgroups for local replicas: detection (v2 or v1), one cgroup per replica, limits, usage.
+
+One cgroup per replica (:class:`ReplicaCgroup`); the Sluice-owned parent that holds them,
+and the sweep of parents left by a dead Sluice, are in :mod:`scaler.localpool.cgroup_parent`.
+
+* cgroup v2: ``cpu.max`` ("<quota_us> <period_us>" or "max <period_us>"), ``cpu.weight``
+  (1..10000, default 100), ``cpu.stat`` (``usage_usec``, ``throttled_usec``); the ``cpu``
+  controller is enabled with ``+cpu`` in ``cgroup.subtree_control`` of the root and parent.
+* cgroup v1: ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` (-1 = unlimited), ``cpu.shares``
+  (2..262144, default 1024), ``cpu.stat`` ``throttled_time`` (ns) and ``cpuacct.usage`` (ns)
+  from the ``cpuacct`` hierarchy (the same directory when both are mounted together).
+
+A limit of ``c`` cores is a quota of ``c × period`` per period (period 100 ms) and a weight
+proportional to ``c``, so replicas share contended CPU in the ratio of their allocations.
+All file access is synchronous and tiny (cgroupfs is in memory).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+PERIOD_US = 100_000
+"""CFS period used for every replica (the kernel default)."""
+MIN_QUOTA_US = 1_000
+"""The kernel rejects quotas below 1 ms."""
+
+
+class CgroupUnavailable(Exception):
+    """CPU cgroups cannot be used here; ``str(e)`` says why in one sentence."""
+
+
+@dataclass(frozen=True, slots=True)
+class CgroupLayout:
+    """Where the kernel's CPU controller is mounted and which interface it speaks."""
+
+    version: int
+    """2 (unified hierarchy) or 1 (legacy per-controller hierarchies)."""
+    cpu_root: Path
+    """Root of the hierarchy that has the ``cpu`` controller."""
+    cpuacct_root: Path | None = None
+    """v1 only: root of a separately mounted ``cpuacct`` hierarchy (usage), if any."""
+
+
+@dataclass(frozen=True, slots=True)
+class CpuLimit:
+    """The CPU limit in force in one cgroup, as read back from its files."""
+
+    quota_us: int | None
+    """None = unlimited."""
+    period_us: int
+    weight: int
+    """cpu.weight (v2) or cpu.shares (v1), as written."""
+
+    @property
+    def cores(self) -> float | None:
+        return None if self.quota_us is None else self.quota_us / self.period_us
+
+
+@dataclass(frozen=True, slots=True)
+class CpuUsage:
+    """Cumulative CPU use of one cgroup since it was created."""
+
+    usage_s: float | None
+    """CPU time consumed (None when no accounting controller is available)."""
+    throttled_s: float
+    """Time the cgroup's tasks were held back by the quota."""
+    periods: int
+    throttled_periods: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Mount:
+    mount_point: Path
+    fstype: str
+    super_options: frozenset[str]
+
+
+def _parse_mountinfo(text: str) -> list[_Mount]:
+    mounts = []
+    for line in text.splitlines():
+        left, sep, right = line.partition(" - ")
+        if not sep:
+            continue
+        fields = left.split()
+        rest = right.split()
+        if len(fields) < 5 or len(rest) < 3:
+            continue
+        point = Path(fields[4].replace("\\040", " "))
+        mounts.append(_Mount(point, rest[0], frozenset(rest[2].split(","))))
+    return mounts
+
+
+def detect_layout(mountinfo_text: str) -> CgroupLayout:
+    """Pick the CPU cgroup interface from ``/proc/self/mountinfo`` text (v2 preferred).
+
+    v2 is used only when its hierarchy offers the ``cpu`` controller (``cgroup.controllers``);
+    otherwise a v1 hierarchy with ``cpu`` is used.  Raise :class:`CgroupUnavailable` if neither.
+    """
+    mounts = _parse_mountinfo(mountinfo_text)
+    reasons = []
+    for m in mounts:
+        if m.fstype != "cgroup2":
+            continue
+        try:
+            controllers = (m.mount_point / "cgroup.controllers").read_text().split()
+        except OSError as e:
+            reasons.append(f"cgroup2 at {m.mount_point}: unreadable ({e.strerror})")
+            continue
+        if "cpu" in controllers:
+            return CgroupLayout(version=2, cpu_root=m.mount_point)
+        reasons.append(f"cgroup2 at {m.mount_point} has no cpu controller")
+    v1 = [m for m in mounts if m.fstype == "cgroup"]
+    cpu = next((m for m in v1 if "cpu" in m.super_options), None)
+    if cpu is not None:
+        if "cpuacct" in cpu.super_options:
+            return CgroupLayout(version=1, cpu_root=cpu.mount_point, cpuacct_root=None)
+        acct = next((m for m in v1 if "cpuacct" in m.super_options), None)
+        return CgroupLayout(
+            version=1,
+            cpu_root=cpu.mount_point,
+            cpuacct_root=acct.mount_point if acct else None,
+        )
+    reasons.append("no cgroup v1 hierarchy with the cpu controller")
+    raise CgroupUnavailable("; ".join(reasons))
+
+
+def _read_int(path: Path) -> int:
+    return int(path.read_text().split()[0])
+
+
+def write_control(path: Path, value: str) -> None:
+    """Write one value to a cgroup control file."""
+    with open(path, "w", encoding="ascii") as f:
+        f.write(value)
+
+
+def _read_stat(path: Path) -> dict[str, int]:
+    out: dict[str, int] = {}
+    with contextlib.suppress(FileNotFoundError):
+        for line in path.read_text().splitlines():
+            key, _, value = line.partition(" ")
+            with contextlib.suppress(ValueError):
+                out[key] = int(value)
+    return out
+
+
+def quota_us_for(cores: float, period_us: int = PERIOD_US) -> int:
+    """The CFS quota giving ``cores`` CPUs per period (at least the kernel's 1 ms minimum)."""
+    if cores <= 0:
+        raise ValueError(f"cores must be > 0, got {cores!r}")
+    return max(MIN_QUOTA_US, round(cores * period_us))
+
+
+def weight_for(cores: float, version: int) -> int:
+    """cpu.weight (v2, default 100 = 1 core) or cpu.shares (v1, default 1024 = 1 core)."""
+    if version == 2:
+        return min(10_000, max(1, round(100 * cores)))
+    return min(262_144, max(2, round(1024 * cores)))
+
+
+class ReplicaCgroup:
+    """One replica's cgroup (a directory per hierarchy it lives in)."""
+
+    def __init__(self, layout: CgroupLayout, cpu_dir: Path, acct_dir: Path | None) -> None:
+        self.layout = layout
+        self.cpu_dir = cpu_dir
+        self.acct_dir = acct_dir
+        """v1 with a separate cpuacct hierarchy only."""
+
+    def __repr__(self) -> str:
+        return f"ReplicaCgroup(v{self.layout.version}, {self.cpu_dir})"
+
+    @property
+    def dirs(self) -> tuple[Path, ...]:
+        return (self.cpu_dir,) if self.acct_dir is None else (self.cpu_dir, self.acct_dir)
+
+    @property
+    def procs_files(self) -> tuple[Path, ...]:
+        """Write a pid into each of these to move that process into this cgroup."""
+        return tuple(d / "cgroup.procs" for d in self.dirs)
+
+    def set_cpu(self, cores: float | None) -> None:
+        """Limit to ``cores`` CPUs (None = unlimited), in place: running tasks are not disturbed."""
+        v = self.layout.version
+        weight = weight_for(cores if cores is not None else 1.0, v)
+        if v == 2:
+            quota = "max" if cores is None else str(quota_us_for(cores))
+            write_control(self.cpu_dir / "cpu.max", f"{quota} {PERIOD_US}")
+            write_control(self.cpu_dir / "cpu.weight", str(weight))
+            return
+        period_file = self.cpu_dir / "cpu.cfs_period_us"
+        try:
+            current_period = _read_int(period_file)
+        except (FileNotFoundError, ValueError):
+            current_period = None
+        if current_period != PERIOD_US:
+            write_control(period_file, str(PERIOD_US))
+        quota_v1 = -1 if cores is None else quota_us_for(cores)
+        write_control(self.cpu_dir / "cpu.cfs_quota_us", str(quota_v1))
+        write_control(self.cpu_dir / "cpu.shares", str(weight))
+
+    def read_limit(self) -> CpuLimit:
+        """The limit the kernel has in force (read back from the files)."""
+        if self.layout.version == 2:
+            quota, _, period = (self.cpu_dir / "cpu.max").read_text().partition(" ")
+            return CpuLimit(
+                quota_us=None if quota.strip() == "max" else int(quota),
+                period_us=int(period),
+                weight=_read_int(self.cpu_dir / "cpu.weight"),
+            )
+        quota_v1 = _read_int(self.cpu_dir / "cpu.cfs_quota_us")
+        return CpuLimit(
+            quota_us=None if quota_v1 < 0 else quota_v1,
+            period_us=_read_int(self.cpu_dir / "cpu.cfs_period_us"),
+            weight=_read_int(self.cpu_dir / "cpu.shares"),
+        )
+
+    def read_usage(self) -> CpuUsage:
+        stat = _read_stat(self.cpu_dir / "cpu.stat")
+        if self.layout.version == 2:
+            usage_us = stat.get("usage_usec")
+            return CpuUsage(
+                usage_s=None if usage_us is None else usage_us / 1e6,
+                throttled_s=stat.get("throttled_usec", 0) / 1e6,
+                periods=stat.get("nr_periods", 0),
+                throttled_periods=stat.get("nr_throttled", 0),
+            )
+        acct = self.acct_dir if self.acct_dir is not None else self.cpu_dir
+        try:
+            usage_s: float | None = _read_int(acct / "cpuacct.usage") / 1e9
+        except (FileNotFoundError, ValueError):
+            usage_s = None
+        return CpuUsage(
+            usage_s=usage_s,
+            throttled_s=stat.get("throttled_time", 0) / 1e9,
+            periods=stat.get("nr_periods", 0),
+            throttled_periods=stat.get("nr_throttled", 0),
+        )
+
+    def pids(self) -> list[int]:
+        pids: set[int] = set()
+        for f in self.procs_files:
+            with contextlib.suppress(FileNotFoundError):
+                pids.update(int(p) for p in f.read_text().split())
+        return sorted(pids)
+
+    def kill_all(self, sig: int = signal.SIGKILL) -> int:
+        """Signal every process in this cgroup; return how many were signalled."""
+        n = 0
+        for pid in self.pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+                n += 1
+        return n
+
+    def remove(self, rmdir: Callable[[Path], None] = os.rmdir) -> bool:
+        """Remove the directories (they must hold no process); True when all are gone."""
+        ok = True
+        for d in self.dirs:
+            try:
+                rmdir(d)
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                log.warning("cannot remove cgroup %s: %s", d, e.strerror)
+                ok = False
+        return ok
+
+
+__all__ = [
+    "MIN_QUOTA_US",
+    "PERIOD_US",
+    "CgroupLayout",
+    "CgroupUnavailable",
+    "CpuLimit",
+    "CpuUsage",
+    "ReplicaCgroup",
+    "detect_layout",
+    "quota_us_for",
+    "weight_for",
+    "write_control",
+]

@@ -1,0 +1,590 @@
+"""The local process pool: desired replicas and CPU per service, kept true by supervised tasks.
+
+Per service the pool holds a desired replica count and CPU per replica.  Each replica is a
+*slot* run by its own task: pick a free port, start the process in its own cgroup, probe
+readiness, publish the endpoint when ready, keep probing, restart after a crash with an
+exponential backoff.  Scale-down retires slots (not-ready ones first, then the newest):
+the endpoint is withdrawn first, ``drain(service, address)`` is awaited (the gateway's
+"its in-flight requests are done"), then SIGTERM, then SIGKILL after ``grace_s``.
+``close()`` (or leaving ``async with``) stops every replica and removes every cgroup.
+
+CPU changes are written to the running replicas' cgroups in place.  Where cgroups are not
+usable a warning is logged once, replicas still scale, and :class:`ServiceStatus` says
+``cpu_applied=False``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import Literal
+
+from scaler.localpool.cgroup_parent import CgroupParent, open_parent
+from scaler.localpool.cgroups import CgroupUnavailable, ReplicaCgroup
+from scaler.localpool.config import ReplicasConfig
+from scaler.localpool.probe import probe_http
+from scaler.localpool.replicas import ReplicaProcess
+from scaler.localpool.state import (
+    CpuTotals,
+    PoolUpdate,
+    ReplicaPhase,
+    ReplicaStatus,
+    ServiceEntry,
+    ServiceStatus,
+    Slot,
+    Subscriber,
+    restart_delay_s,
+)
+
+log = logging.getLogger(__name__)
+
+Drain = Callable[[str, str], Awaitable[object]]
+"""``await drain(service, address)`` returns once the gateway routes nothing new to the
+address and its in-flight requests have completed."""
+
+STABLE_RUN_S = 10.0
+"""A replica ready this long resets its slot's crash count (and so its restart backoff)."""
+_RMDIR_ATTEMPTS = 50
+_RMDIR_PAUSE_S = 0.02
+
+
+async def _no_drain(service: str, address: str) -> None:
+    return None
+
+
+class LocalPool:
+    """Runs every service's replicas as local child processes, under per-replica CPU cgroups.
+
+    ``cgroups``: ``"auto"`` detects and creates a parent named ``cgroup_parent_name``
+    (default ``sluice-<pid>``); ``None`` disables CPU limits; or a ready :class:`CgroupParent`.
+    """
+
+    def __init__(
+        self,
+        specs: Mapping[str, ReplicasConfig],
+        *,
+        drain: Drain | None = None,
+        cgroups: CgroupParent | Literal["auto"] | None = "auto",
+        cgroup_parent_name: str | None = None,
+        mountinfo_path: Path = Path("/proc/self/mountinfo"),
+        host: str = "127.0.0.1",
+        total_cpu_cores: float | None = None,
+    ) -> None:
+        if total_cpu_cores is not None and total_cpu_cores <= 0:
+            raise ValueError(f"total_cpu_cores must be > 0, got {total_cpu_cores!r}")
+        self._services = {name: ServiceEntry(name, spec, None) for name, spec in specs.items()}
+        self._drain = drain or _no_drain
+        self._cgroup_mode = cgroups
+        self._cgroup_parent_name = cgroup_parent_name
+        self._mountinfo_path = mountinfo_path
+        self.total_cpu_cores = total_cpu_cores
+        """Cap on the parent cgroup: all replicas together never use more (the budget)."""
+        self.cgroups: CgroupParent | None = None
+        self.cgroups_unavailable_reason: str | None = None
+        self.host = host
+        self._subscribers: list[Subscriber] = []
+        self._ports_in_use: set[int] = set()
+        self._started = False
+        self._closed = False
+        self._drain_on_close = True
+        self._killed = False
+
+    def __repr__(self) -> str:
+        parts = ", ".join(
+            f"{s.name}: {sum(sl.active for sl in s.slots)}/{s.desired}"
+            for s in self._services.values()
+        )
+        return f"LocalPool({parts}; cgroups={self.cgroups!r})"
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Set up cgroups (warning once if unusable) and start the initial replicas."""
+        if self._started:
+            return
+        self._started = True
+        if self._cgroup_mode == "auto":
+            try:
+                # Sweeping a dead Sluice's cgroups may wait for killed processes: not on the loop.
+                self.cgroups = await asyncio.to_thread(
+                    open_parent, self._cgroup_parent_name, self._mountinfo_path
+                )
+            except CgroupUnavailable as e:
+                self.cgroups_unavailable_reason = str(e)
+                log.warning(
+                    "CPU limits are NOT applied on this machine (%s): replicas still scale, "
+                    "CPU decisions are reported as not applied",
+                    e,
+                )
+        elif isinstance(self._cgroup_mode, CgroupParent):
+            self.cgroups = self._cgroup_mode
+        else:
+            self.cgroups_unavailable_reason = "cgroups disabled"
+        if self.cgroups is not None and self.total_cpu_cores is not None:
+            try:
+                self.cgroups.group.set_cpu(self.total_cpu_cores)
+            except OSError as e:
+                log.warning("cannot cap %r at %g cores: %s", self.cgroups, self.total_cpu_cores, e)
+        for svc in self._services.values():
+            self._reconcile(svc)
+
+    async def close(self, drain: bool = True) -> None:
+        """Stop every replica (withdraw, drain if asked, SIGTERM, SIGKILL) and remove the cgroups."""
+        if self._closed:
+            return
+        self._closed = True
+        self._drain_on_close = drain
+        for svc in self._services.values():
+            svc.desired = 0
+            for slot in svc.slots:
+                slot.retire.set()
+        tasks = [s.task for svc in self._services.values() for s in svc.slots if s.task]
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        if self.cgroups is not None and self._cgroup_mode == "auto":
+            await asyncio.to_thread(self.cgroups.destroy)
+        for sub in self._subscribers:
+            sub.wake.set()
+
+    def kill_now(self) -> None:
+        """Last resort, synchronous: SIGKILL every replica's process group and cgroup at once.
+
+        Nothing is restarted afterwards; ``close()`` still removes the cgroups.
+        """
+        self._killed = True
+        for svc in self._services.values():
+            svc.desired = 0
+            for slot in svc.slots:
+                slot.retire.set()
+                if slot.process is not None:
+                    slot.process.signal_group(signal.SIGKILL)
+                if slot.cgroup is not None:
+                    with contextlib.suppress(OSError):
+                        slot.cgroup.kill_all()
+
+    async def __aenter__(self) -> LocalPool:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # ---- desired state ---------------------------------------------------------------------
+
+    @property
+    def services(self) -> list[str]:
+        return list(self._services)
+
+    @property
+    def cpu_limits_applied(self) -> bool:
+        return self.cgroups is not None
+
+    def scale(self, service: str, replicas: int, cpu_per_replica_cores: float | None) -> None:
+        """Set the desired replicas and CPU per replica of ``service`` (CPU applied in place)."""
+        self.set_cpu(service, cpu_per_replica_cores)
+        self.set_replicas(service, replicas)
+
+    def set_replicas(self, service: str, replicas: int) -> None:
+        if replicas < 0:
+            raise ValueError(f"replicas must be >= 0, got {replicas}")
+        svc = self._service(service)
+        if svc.desired != replicas:
+            log.info("%s: replicas %d -> %d", service, svc.desired, replicas)
+        if self._killed or self._closed:
+            log.warning("%s: the pool is stopped; replicas stay at 0", service)
+            return
+        svc.desired = replicas
+        if self._started:
+            self._reconcile(svc)
+
+    def set_cpu(self, service: str, cores: float | None) -> None:
+        if cores is not None and cores <= 0:
+            raise ValueError(f"cpu per replica must be > 0 cores, got {cores}")
+        svc = self._service(service)
+        if svc.cpu_cores == cores:
+            return
+        log.info("%s: cpu per replica %s -> %s cores", service, svc.cpu_cores, cores)
+        svc.cpu_cores = cores
+        for slot in svc.slots:
+            if slot.cgroup is not None:
+                slot.cpu_ok = self._apply_cpu(slot.cgroup, cores)
+
+    def _service(self, service: str) -> ServiceEntry:
+        try:
+            return self._services[service]
+        except KeyError:
+            raise KeyError(f"the local pool runs no service {service!r}") from None
+
+    def _apply_cpu(self, cgroup: ReplicaCgroup, cores: float | None) -> bool:
+        if self.total_cpu_cores is not None and cores is not None:
+            cores = min(cores, self.total_cpu_cores)  # v1 refuses a child quota above its parent's
+        try:
+            cgroup.set_cpu(cores)
+        except OSError as e:
+            log.warning("cannot set CPU of %r to %s cores: %s", cgroup, cores, e)
+            return False
+        return True
+
+    # ---- what is ---------------------------------------------------------------------------
+
+    def status(self, service: str) -> ServiceStatus:
+        svc = self._service(service)
+        replicas = tuple(
+            ReplicaStatus(
+                name=s.name,
+                phase=s.phase,
+                address=s.process.address if s.process else None,
+                pid=s.process.pid if s.process else None,
+                restarts=s.restarts,
+            )
+            for s in svc.slots
+        )
+        return ServiceStatus(
+            service=service,
+            desired=svc.desired,
+            ready=sum(r.phase is ReplicaPhase.READY for r in replicas),
+            cpu_per_replica_cores=svc.cpu_cores,
+            cpu_applied=self.cgroups is not None and all(s.cpu_ok for s in svc.slots),
+            restarts_total=svc.restarts_total,
+            replicas=replicas,
+        )
+
+    def statuses(self) -> dict[str, ServiceStatus]:
+        return {name: self.status(name) for name in self._services}
+
+    def replica_cgroups(self, service: str) -> list[ReplicaCgroup]:
+        return [s.cgroup for s in self._service(service).slots if s.cgroup is not None]
+
+    def cpu_totals(self, service: str) -> CpuTotals:
+        """CPU used and time throttled by the service's replicas (cgroup counters, monotonic)."""
+        svc = self._service(service)
+        if self.cgroups is None:
+            return CpuTotals(None, None)
+        usage, throttled = svc.retired_usage_s, svc.retired_throttled_s
+        for slot in svc.slots:
+            if slot.cgroup is None:
+                continue
+            try:
+                u = slot.cgroup.read_usage()
+            except OSError:
+                continue
+            if u.usage_s is None:
+                return CpuTotals(None, throttled + u.throttled_s)
+            usage += u.usage_s
+            throttled += u.throttled_s
+        return CpuTotals(usage, throttled)
+
+    def endpoints(self, service: str) -> tuple[str, ...]:
+        return self._service(service).published
+
+    async def updates(self) -> AsyncIterator[PoolUpdate]:
+        """Every service's ready endpoints first, then each service's whole set when it changes."""
+        sub = Subscriber()
+        for svc in self._services.values():
+            sub.push(PoolUpdate(svc.name, svc.published))
+        self._subscribers.append(sub)
+        try:
+            while not self._closed or sub.pending:
+                await sub.wake.wait()
+                sub.wake.clear()
+                pending, sub.pending = sub.pending, {}
+                for update in pending.values():
+                    yield update
+        finally:
+            self._subscribers.remove(sub)
+
+    def _publish(self, svc: ServiceEntry) -> None:
+        addresses = tuple(
+            s.process.address
+            for s in svc.slots
+            if s.phase is ReplicaPhase.READY and s.process is not None
+        )
+        if addresses == svc.published:
+            return
+        svc.published = addresses
+        update = PoolUpdate(svc.name, addresses)
+        for sub in self._subscribers:
+            sub.push(update)
+
+    # ---- reconciliation ----------------------------------------------------------------------
+
+    def _reconcile(self, svc: ServiceEntry) -> None:
+        active = [s for s in svc.slots if s.active]
+        for _ in range(svc.desired - len(active)):
+            self._add_slot(svc)
+        if len(active) > svc.desired:
+            order = {
+                ReplicaPhase.BACKOFF: 0,
+                ReplicaPhase.STARTING: 1,
+                ReplicaPhase.UNREADY: 2,
+                ReplicaPhase.READY: 3,
+            }
+            # Not-ready replicas go first, then the newest ready ones.
+            victims = sorted(
+                active,
+                key=lambda s: (order.get(s.phase, 0), -svc.slots.index(s)),
+            )[: len(active) - svc.desired]
+            for slot in victims:
+                log.info("%s: retiring %s (%s)", svc.name, slot.name, slot.phase.value)
+                slot.retire.set()
+
+    def _add_slot(self, svc: ServiceEntry) -> None:
+        name = f"{svc.name.replace('/', '_')}-{svc.next_index}"
+        svc.next_index += 1
+        cgroup = None
+        cpu_ok = self.cgroups is not None
+        if self.cgroups is not None:
+            try:
+                cgroup = self.cgroups.child(name)
+            except OSError as e:
+                log.warning("%s: cannot create cgroup for %s: %s", svc.name, name, e)
+                cpu_ok = False
+            else:
+                cpu_ok = self._apply_cpu(cgroup, svc.cpu_cores)
+        slot = Slot(svc.name, name, cgroup, cpu_ok=cpu_ok)
+        svc.slots.append(slot)
+        slot.task = asyncio.create_task(self._supervise(svc, slot), name=f"replica {name}")
+
+    async def _supervise(self, svc: ServiceEntry, slot: Slot) -> None:
+        failed = False
+        try:
+            await self._run_slot(svc, slot)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            failed = True
+            log.exception("%s: supervisor of %s failed; replacing it", svc.name, slot.name)
+        finally:
+            slot.retire.set()
+            await asyncio.shield(self._finish_slot(svc, slot))
+        if failed and not self._closed:
+            asyncio.get_running_loop().call_later(1.0, self._reconcile_if_open, svc)
+
+    def _reconcile_if_open(self, svc: ServiceEntry) -> None:
+        if not self._closed and not self._killed:
+            self._reconcile(svc)
+
+    def _take_port(self, svc: ServiceEntry) -> int | None:
+        start, end = svc.spec.port_range
+        for port in range(start, end + 1):
+            if port in self._ports_in_use:
+                continue
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    s.bind((self.host, port))
+                except OSError:
+                    continue
+            self._ports_in_use.add(port)
+            return port
+        return None
+
+    async def _run_slot(self, svc: ServiceEntry, slot: Slot) -> None:
+        loop = asyncio.get_running_loop()
+        retire_task = asyncio.create_task(slot.retire.wait())
+        try:
+            while not slot.retire.is_set():
+                unstable = await self._run_once(svc, slot, retire_task, loop)
+                if slot.retire.is_set():
+                    break
+                slot.crashes = slot.crashes + 1 if unstable else 1
+                delay = restart_delay_s(
+                    slot.crashes, svc.spec.restart_backoff_s, svc.spec.restart_backoff_max_s
+                )
+                slot.phase = ReplicaPhase.BACKOFF
+                log.warning("%s: %s will restart in %.2fs", svc.name, slot.name, delay)
+                await asyncio.wait({retire_task}, timeout=delay)
+                if not slot.retire.is_set():
+                    slot.restarts += 1
+                    svc.restarts_total += 1
+        finally:
+            retire_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await retire_task
+
+    async def _run_once(
+        self,
+        svc: ServiceEntry,
+        slot: Slot,
+        retire_task: asyncio.Task[bool],
+        loop: asyncio.AbstractEventLoop,
+    ) -> bool:
+        """Run one process for the slot until it exits or the slot retires.
+
+        Return True when it crashed before running stably (the backoff keeps growing).
+        """
+        spec = svc.spec
+        slot.phase = ReplicaPhase.STARTING
+        port = self._take_port(svc)
+        if port is None:
+            log.warning("%s: no free port in %s for %s", svc.name, spec.port_range, slot.name)
+            return True
+        proc = ReplicaProcess(
+            svc.name, slot.name, port, spec.command, spec.env, cgroup=slot.cgroup, host=self.host
+        )
+        slot.process = proc
+        try:
+            if slot.cgroup is not None:
+                with contextlib.suppress(OSError):
+                    slot.cgroup.kill_all()
+            await proc.start()
+        except OSError as e:
+            log.warning("%s: cannot start %s: %s", svc.name, slot.name, e)
+            self._ports_in_use.discard(port)
+            return True
+        exit_task = asyncio.create_task(proc.wait())
+        ready_since: float | None = None
+        failures = 0
+        started_at = loop.time()
+        try:
+            while True:
+                probing = slot.phase is not ReplicaPhase.STARTING
+                period = spec.readiness.period_s if probing else spec.readiness.startup_period_s
+                probe = asyncio.create_task(
+                    probe_http(self.host, port, spec.readiness.path, spec.readiness.timeout_s)
+                )
+                done, _ = await asyncio.wait(
+                    {probe, exit_task, retire_task}, return_when=asyncio.FIRST_COMPLETED
+                )
+                if exit_task in done or retire_task in done:
+                    probe.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await probe
+                if retire_task in done:
+                    return False
+                if exit_task in done:
+                    break
+                ok = probe.result()
+                if ok:
+                    failures = 0
+                    if slot.phase is not ReplicaPhase.READY:
+                        slot.phase = ReplicaPhase.READY
+                        ready_since = loop.time()
+                        log.info("%s: %s ready at %s", svc.name, slot.name, proc.address)
+                        self._publish(svc)
+                else:
+                    failures += 1
+                    if (
+                        slot.phase is ReplicaPhase.READY
+                        and failures >= spec.readiness.failure_threshold
+                    ):
+                        slot.phase = ReplicaPhase.UNREADY
+                        log.warning("%s: %s failed %d probes", svc.name, slot.name, failures)
+                        self._publish(svc)
+                    elif (
+                        slot.phase is ReplicaPhase.STARTING
+                        and loop.time() - started_at > spec.readiness.startup_timeout_s
+                    ):
+                        log.warning(
+                            "%s: %s not ready after %gs: restarting it",
+                            svc.name,
+                            slot.name,
+                            spec.readiness.startup_timeout_s,
+                        )
+                        break
+                done, _ = await asyncio.wait(
+                    {exit_task, retire_task}, timeout=period, return_when=asyncio.FIRST_COMPLETED
+                )
+                if retire_task in done:
+                    return False
+                if exit_task in done:
+                    break
+            # The process exited by itself (or never became ready): a crash.
+            stable = ready_since is not None and loop.time() - ready_since >= STABLE_RUN_S
+            log.warning(
+                "%s: %s (pid %s) exited with %s",
+                svc.name,
+                slot.name,
+                proc.pid,
+                proc.returncode if exit_task.done() else "no readiness",
+            )
+            slot.phase = ReplicaPhase.BACKOFF
+            self._publish(svc)
+            await proc.stop(0.0 if exit_task.done() else spec.grace_s)
+            self._ports_in_use.discard(port)
+            slot.process = None
+            return not stable
+        finally:
+            if not exit_task.done():
+                exit_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await exit_task
+
+    async def _finish_slot(self, svc: ServiceEntry, slot: Slot) -> None:
+        """Withdraw the endpoint, drain, stop the process, account its CPU, remove its cgroup."""
+        try:
+            await self._retire_slot(svc, slot)
+        except Exception:
+            log.exception("%s: stopping %s failed; killing what is left", svc.name, slot.name)
+            if slot.process is not None:
+                slot.process.signal_group(signal.SIGKILL)
+            if slot.cgroup is not None:
+                with contextlib.suppress(OSError):
+                    slot.cgroup.kill_all()
+        finally:
+            slot.phase = ReplicaPhase.STOPPED
+            if slot in svc.slots:
+                svc.slots.remove(slot)
+            self._publish(svc)
+
+    async def _retire_slot(self, svc: ServiceEntry, slot: Slot) -> None:
+        proc = slot.process
+        was_routable = slot.phase in (ReplicaPhase.READY, ReplicaPhase.UNREADY)
+        slot.phase = ReplicaPhase.DRAINING if was_routable else ReplicaPhase.STOPPING
+        self._publish(svc)
+        drain_s = svc.spec.drain_timeout_s if self._drain_on_close and not self._killed else 0.0
+        if proc is not None and was_routable and proc.running and drain_s > 0:
+            try:
+                async with asyncio.timeout(drain_s):
+                    await self._drain(svc.name, proc.address)
+            except TimeoutError:
+                log.warning(
+                    "%s: %s still busy after %gs of draining: stopping it",
+                    svc.name,
+                    slot.name,
+                    drain_s,
+                )
+            except Exception:
+                log.exception("%s: draining %s failed: stopping it", svc.name, slot.name)
+        slot.phase = ReplicaPhase.STOPPING
+        if proc is not None:
+            rc = await proc.stop(svc.spec.grace_s)
+            log.info("%s: %s stopped (exit %s)", svc.name, slot.name, rc)
+            self._ports_in_use.discard(proc.port)
+        if slot.cgroup is not None and self.cgroups is not None:
+            await self._remove_cgroup(svc, slot.cgroup)
+
+    async def _remove_cgroup(self, svc: ServiceEntry, cgroup: ReplicaCgroup) -> None:
+        assert self.cgroups is not None
+        with contextlib.suppress(OSError):
+            final = cgroup.read_usage()
+            svc.retired_usage_s += final.usage_s or 0.0
+            svc.retired_throttled_s += final.throttled_s
+        for _ in range(_RMDIR_ATTEMPTS):
+            with contextlib.suppress(OSError):
+                cgroup.kill_all()
+            try:
+                if not cgroup.pids():
+                    break
+            except OSError:
+                break
+            await asyncio.sleep(_RMDIR_PAUSE_S)
+        self.cgroups.discard(cgroup)
+
+
+__all__ = [
+    "STABLE_RUN_S",
+    "CpuTotals",
+    "Drain",
+    "LocalPool",
+    "PoolUpdate",
+    "ReplicaPhase",
+    "ReplicaStatus",
+    "ServiceStatus",
+    "restart_delay_s",
+]

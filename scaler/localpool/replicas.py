@@ -1,0 +1,133 @@
+"""One replica process: launched in its own session and cgroup, stopped with SIGTERM then SIGKILL.
+
+The process is started through ``launch.py`` (joins the cgroup, sets PR_SET_PDEATHSIG so
+it dies with Sluice, then execs the command), in a new session so the replica leads its
+own process group: stopping signals the whole group, then anything left in its cgroup.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from scaler.localpool.cgroups import ReplicaCgroup
+
+log = logging.getLogger(__name__)
+
+LAUNCHER = Path(__file__).with_name("launch.py")
+
+
+def render_command(command: Sequence[str], port: int) -> list[str]:
+    """The command with ``{port}`` replaced by the replica's port and ``{python}`` by the
+    interpreter running Sluice (so a bundled app runs in Sluice's own environment)."""
+    return [arg.replace("{port}", str(port)).replace("{python}", sys.executable) for arg in command]
+
+
+class ReplicaProcess:
+    """A child process serving one replica on ``host:port``."""
+
+    def __init__(
+        self,
+        service: str,
+        name: str,
+        port: int,
+        command: Sequence[str],
+        env: Mapping[str, str],
+        *,
+        cgroup: ReplicaCgroup | None = None,
+        host: str = "127.0.0.1",
+    ) -> None:
+        self.service = service
+        self.name = name
+        self.host = host
+        self.port = port
+        self.argv = render_command(command, port)
+        self.env = {**os.environ, **env, "PORT": str(port)}
+        self.cgroup = cgroup
+        self._proc: asyncio.subprocess.Process | None = None
+
+    def __repr__(self) -> str:
+        state = "not started" if self._proc is None else f"pid {self.pid}, rc {self.returncode}"
+        return f"ReplicaProcess({self.name} {self.address}, {state})"
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self._proc is None else self._proc.returncode
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.returncode is None
+
+    async def start(self) -> None:
+        """Spawn the process (raise OSError if it cannot be spawned at all)."""
+        if self._proc is not None:
+            raise RuntimeError(f"{self!r} was already started")
+        procs: list[str] = []
+        if self.cgroup is not None:
+            for f in self.cgroup.procs_files:
+                procs += ["--procs", str(f)]
+        self._proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-I",
+            "-S",
+            str(LAUNCHER),
+            str(os.getpid()),
+            *procs,
+            "--",
+            *self.argv,
+            env=self.env,
+            stdin=asyncio.subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        log.info("started %s %s: pid %d: %s", self.service, self.name, self._proc.pid, self.argv)
+
+    async def wait(self) -> int:
+        if self._proc is None:
+            raise RuntimeError(f"{self!r} was never started")
+        return await self._proc.wait()
+
+    def signal_group(self, sig: int) -> None:
+        """Send ``sig`` to the replica's process group (everything it spawned in its session)."""
+        if self._proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._proc.pid, sig)
+
+    async def stop(self, grace_s: float) -> int | None:
+        """SIGTERM the process group, SIGKILL it after ``grace_s``; then kill leftovers in the cgroup."""
+        if self._proc is None:
+            return None
+        if self._proc.returncode is None:
+            self.signal_group(signal.SIGTERM)
+            try:
+                async with asyncio.timeout(grace_s):
+                    await self._proc.wait()
+            except TimeoutError:
+                log.warning(
+                    "%s %s did not exit %gs after SIGTERM: SIGKILL",
+                    self.service,
+                    self.name,
+                    grace_s,
+                )
+                self.signal_group(signal.SIGKILL)
+                await self._proc.wait()
+        # The leader is gone; its group or cgroup may still hold processes it spawned.
+        self.signal_group(signal.SIGKILL)
+        if self.cgroup is not None:
+            with contextlib.suppress(OSError):
+                self.cgroup.kill_all(signal.SIGKILL)
+        return self._proc.returncode

@@ -1,0 +1,129 @@
+"""The local pool's state, as plain data: phases, statuses, updates, and per-slot bookkeeping.
+
+The public types (:class:`ReplicaPhase`, :class:`PoolUpdate`, :class:`ReplicaStatus`,
+:class:`ServiceStatus`, :class:`CpuTotals`) are what :class:`~scaler.localpool.pool.LocalPool`
+reports; the private ones are what it keeps per service and per replica slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from dataclasses import dataclass, field
+
+from scaler.localpool.cgroups import ReplicaCgroup
+from scaler.localpool.config import ReplicasConfig
+from scaler.localpool.replicas import ReplicaProcess
+
+
+def restart_delay_s(crashes: int, base_s: float, max_s: float) -> float:
+    """Delay before restarting after the ``crashes``-th crash in a row: doubling, capped."""
+    if crashes < 1:
+        return 0.0
+    return float(min(base_s * 2 ** min(crashes - 1, 64), max_s))
+
+
+class ReplicaPhase(enum.Enum):
+    STARTING = "starting"
+    READY = "ready"
+    UNREADY = "unready"
+    """Was ready; now failing its probe: running, but gets no new requests."""
+    BACKOFF = "backoff"
+    """Crashed (or could not start); waiting before the next start."""
+    DRAINING = "draining"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+
+
+@dataclass(frozen=True, slots=True)
+class PoolUpdate:
+    """The routable (ready) endpoints of one service, whole."""
+
+    service: str
+    addresses: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaStatus:
+    name: str
+    phase: ReplicaPhase
+    address: str | None
+    pid: int | None
+    restarts: int
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceStatus:
+    """What the pool has for one service right now (plain data)."""
+
+    service: str
+    desired: int
+    ready: int
+    cpu_per_replica_cores: float | None
+    """The CPU limit per replica the pool applies (None = unlimited)."""
+    cpu_applied: bool
+    """False when cgroups are unavailable: the CPU figure is decided, not enforced."""
+    restarts_total: int
+    replicas: tuple[ReplicaStatus, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CpuTotals:
+    """Cumulative CPU of a service's replicas, past and present (monotonic)."""
+
+    usage_s: float | None
+    throttled_s: float | None
+
+
+@dataclass(eq=False)
+class Slot:
+    """One desired replica (pool-internal): the process running for it now, its cgroup,
+    its crash count; ``retire`` is set when the slot is to be stopped."""
+
+    service: str
+    name: str
+    cgroup: ReplicaCgroup | None
+    phase: ReplicaPhase = ReplicaPhase.STARTING
+    process: ReplicaProcess | None = None
+    crashes: int = 0
+    restarts: int = 0
+    cpu_ok: bool = True
+    """The last CPU limit was written to this replica's cgroup."""
+    retire: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+
+    @property
+    def active(self) -> bool:
+        """Counts toward the desired replicas (not on its way out)."""
+        return not self.retire.is_set()
+
+
+class ServiceEntry:
+    """What the pool keeps per service (pool-internal)."""
+
+    def __init__(self, name: str, spec: ReplicasConfig, cpu_cores: float | None) -> None:
+        self.name = name
+        self.spec = spec
+        self.desired = 0
+        self.cpu_cores = cpu_cores
+        self.slots: list[Slot] = []
+        self.next_index = 0
+        self.restarts_total = 0
+        self.retired_usage_s = 0.0
+        self.retired_throttled_s = 0.0
+        self.published: tuple[str, ...] = ()
+
+    def __repr__(self) -> str:
+        return f"ServiceEntry({self.name}, desired={self.desired}, slots={len(self.slots)})"
+
+
+class Subscriber:
+    """One reader of ``LocalPool.updates()``: the latest update per service, coalesced."""
+
+    def __init__(self) -> None:
+        self.pending: dict[str, PoolUpdate] = {}
+        self.wake = asyncio.Event()
+
+    def push(self, update: PoolUpdate) -> None:
+        self.pending[update.service] = update
+        self.wake.set()

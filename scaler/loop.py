@@ -1,0 +1,143 @@
+"""The scaler loop: every tick, signals -> ``Engine.tick`` -> actuator (the scaler's async edge).
+
+``ScalerLoop`` owns no policy logic.  It reads the time from an injected clock (default: the
+running event loop's ``time()``), asks a signals provider for the latest snapshots, asks the
+actuator what is in force, calls the pure engine, hands the decisions to the actuator and
+keeps the recent ones for the admin API.  It is supervised: an exception in a tick is logged
+and counted, and the loop carries on at the next tick.  ``wake()`` runs a tick at once (scale
+from zero: a request is waiting for a service at 0 replicas).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Protocol
+
+from scaler.actuators import Actuator
+from scaler.decision import Decision, ServiceState
+from scaler.signals import ServiceSignals
+
+log = logging.getLogger(__name__)
+
+SignalsProvider = Callable[
+    [], Mapping[str, ServiceSignals] | Awaitable[Mapping[str, ServiceSignals]]
+]
+Clock = Callable[[], float]
+Waiter = Callable[[asyncio.Event, float], Awaitable[None]]
+"""Waits until the event is set or the timeout passes (injected so tests need no real sleep)."""
+
+
+class TickEngine(Protocol):
+    """What the loop calls: ``scaler.engine.Engine``, or a wrapper around it (tracing)."""
+
+    def tick(
+        self,
+        now: float,
+        signals: Mapping[str, ServiceSignals],
+        states: Mapping[str, ServiceState],
+    ) -> dict[str, Decision]: ...
+
+
+async def wait_event(event: asyncio.Event, timeout_s: float) -> None:
+    """The default waiter: the event loop's own timer."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(event.wait(), timeout=timeout_s)
+
+
+class ScalerLoop:
+    """Runs ``engine`` every ``interval_s`` seconds (or at once when woken)."""
+
+    def __init__(
+        self,
+        engine: TickEngine,
+        signals: SignalsProvider,
+        actuator: Actuator,
+        *,
+        interval_s: float = 1.0,
+        clock: Clock | None = None,
+        history: int = 256,
+        on_decisions: Callable[[Mapping[str, Decision]], None] | None = None,
+        wait: Waiter = wait_event,
+    ) -> None:
+        if interval_s <= 0:
+            raise ValueError(f"interval_s must be > 0, got {interval_s!r}")
+        self.engine = engine
+        self.interval_s = interval_s
+        self._signals = signals
+        self._actuator = actuator
+        self._clock = clock
+        self._on_decisions = on_decisions
+        self._wait = wait
+        self._wake = asyncio.Event()
+        self.ticks = 0
+        self.errors = 0
+        self.last: dict[str, Decision] = {}
+        """The latest decision per service."""
+        self.recent: deque[Decision] = deque(maxlen=history)
+        """Recent decisions that changed something, newest last."""
+
+    def __repr__(self) -> str:
+        return (
+            f"ScalerLoop(interval_s={self.interval_s:g}, ticks={self.ticks}, errors={self.errors})"
+        )
+
+    def now(self) -> float:
+        return self._clock() if self._clock is not None else asyncio.get_running_loop().time()
+
+    def wake(self) -> None:
+        """Run the next tick now instead of at the end of the interval."""
+        self._wake.set()
+
+    async def tick(self) -> dict[str, Decision]:
+        """One evaluation: read signals and state, decide, apply.  Raises what they raise."""
+        provided = self._signals()
+        snapshot = await provided if inspect.isawaitable(provided) else provided
+        states = await self._actuator.current()
+        decisions = self.engine.tick(self.now(), snapshot, states)
+        await self._actuator.apply(decisions)
+        for name, decision in decisions.items():
+            before = self.last.get(name)
+            if (
+                before is None
+                or before.replicas != decision.replicas
+                or abs(before.cpu_per_replica_cores - decision.cpu_per_replica_cores) > 1e-9
+                or before.rule != decision.rule
+            ):
+                self.recent.append(decision)
+                log.info(
+                    "scaler decision %s: %s",
+                    decision.summary(),
+                    "; ".join(decision.reasons),
+                    extra={"service": name, "replicas": decision.replicas},
+                )
+        self.last = decisions
+        self.ticks += 1
+        if self._on_decisions is not None:
+            self._on_decisions(decisions)
+        return decisions
+
+    async def run(self, max_ticks: int | None = None) -> None:
+        """Tick forever (or ``max_ticks`` times); cancel the task to stop."""
+        done = 0
+        while max_ticks is None or done < max_ticks:
+            self._wake.clear()
+            try:
+                await self.tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                self.errors += 1
+                log.exception("scaler tick failed; carrying on at the next tick")
+            done += 1
+            if max_ticks is not None and done >= max_ticks:
+                break
+            await self._sleep()
+
+    async def _sleep(self) -> None:
+        if not self._wake.is_set():
+            await self._wait(self._wake, self.interval_s)

@@ -1,0 +1,135 @@
+"""Signals merged across gateway replicas: every replica sees only its share of the traffic.
+
+``PeerSignals.collect(now)`` asks each peer's admin server for ``GET /api/signals`` (shape in
+:mod:`scaler.signals_json`) in parallel with one timeout, and merges the answers with
+:class:`SignalMerger`:
+
+* in flight, queued and rps are summed over the peers that answered;
+* ``*_total`` counters stay monotonic: each peer's increase since its last answer is added
+  (a peer that restarted, whose counter went down, contributes its new value); a peer that does
+  not answer adds nothing this tick, and its past contribution is kept;
+* latency percentiles and ready replicas take the largest value (conservative);
+* the merged snapshot's ``at`` is ``now`` on the caller's clock (peers' clocks differ).
+
+Some peers not answering is tolerated; when none answers, ``collect`` returns no signals at
+all, so the engine freezes every service (never scales down on missing data).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import httpx
+
+from scaler.signals import ServiceSignals
+from scaler.signals_json import SignalsFormatError, signals_from_json
+
+log = logging.getLogger(__name__)
+_COUNTERS = ("arrivals_total", "completions_total", "errors_total")
+
+
+@dataclass(frozen=True, slots=True)
+class PeerReport:
+    answered: tuple[str, ...]
+    failed: Mapping[str, str] = field(default_factory=dict)
+    """peer -> why it gave nothing usable."""
+
+
+class SignalMerger:
+    """Pure merge of per-peer snapshots, with monotonic counters across peer churn."""
+
+    def __init__(self) -> None:
+        self._last: dict[tuple[str, str, str], int] = {}
+        self._totals: dict[tuple[str, str], int] = {}
+
+    def merge(
+        self, now: float, per_peer: Mapping[str, Sequence[ServiceSignals]]
+    ) -> dict[str, ServiceSignals]:
+        by_service: dict[str, list[ServiceSignals]] = {}
+        for peer, signals in sorted(per_peer.items()):
+            for s in signals:
+                by_service.setdefault(s.service, []).append(s)
+                for counter in _COUNTERS:
+                    value = getattr(s, counter)
+                    previous = self._last.get((peer, s.service, counter))
+                    increase = value if previous is None or value < previous else value - previous
+                    self._last[(peer, s.service, counter)] = value
+                    key = (s.service, counter)
+                    self._totals[key] = self._totals.get(key, 0) + increase
+        out = {}
+        for service, snaps in by_service.items():
+
+            def biggest(name: str, snaps: list[ServiceSignals] = snaps) -> float | None:
+                values = [getattr(s, name) for s in snaps if getattr(s, name) is not None]
+                return max(values) if values else None
+
+            ready = biggest("ready_replicas")
+            out[service] = ServiceSignals(
+                service=service,
+                at=now,
+                in_flight=sum(s.in_flight for s in snaps),
+                queued=sum(s.queued for s in snaps),
+                arrivals_total=self._totals[(service, "arrivals_total")],
+                completions_total=self._totals[(service, "completions_total")],
+                errors_total=self._totals[(service, "errors_total")],
+                rps=sum(s.rps for s in snaps),
+                latency_p50_s=biggest("latency_p50_s"),
+                latency_p99_s=biggest("latency_p99_s"),
+                ready_replicas=int(ready) if ready is not None else None,
+                cpu_seconds_total=biggest("cpu_seconds_total"),
+                cpu_throttled_seconds_total=biggest("cpu_throttled_seconds_total"),
+            )
+        return out
+
+
+class PeerSignals:
+    """Fetches and merges ``/api/signals`` from every peer gateway replica."""
+
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        peers: Callable[[], Sequence[str]],
+        timeout_s: float = 1.0,
+        admin_token: str | None = None,
+    ) -> None:
+        self.client = client
+        self.peers = peers
+        self.timeout_s = timeout_s
+        self._headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
+        self.merger = SignalMerger()
+        self.last_report = PeerReport(())
+
+    def __repr__(self) -> str:
+        return f"PeerSignals(answered={len(self.last_report.answered)}, failed={dict(self.last_report.failed)})"
+
+    async def _fetch(self, peer: str) -> list[ServiceSignals]:
+        response = await self.client.get(
+            f"http://{peer}/api/signals", headers=self._headers, timeout=self.timeout_s
+        )
+        response.raise_for_status()
+        return signals_from_json(response.json())
+
+    async def collect(self, now: float) -> tuple[dict[str, ServiceSignals], PeerReport]:
+        peers = sorted(set(self.peers()))
+        results = await asyncio.gather(*(self._fetch(p) for p in peers), return_exceptions=True)
+        answered: dict[str, list[ServiceSignals]] = {}
+        failed: dict[str, str] = {}
+        for peer, result in zip(peers, results, strict=True):
+            if isinstance(result, list):
+                answered[peer] = result
+            elif isinstance(result, httpx.HTTPError | SignalsFormatError | ValueError):
+                failed[peer] = f"{type(result).__name__}: {result}"
+            elif isinstance(result, BaseException):
+                raise result
+        self.last_report = PeerReport(tuple(sorted(answered)), failed)
+        if failed:
+            log.warning(
+                "signals: %d of %d peers did not answer: %s", len(failed), len(peers), failed
+            )
+        if not answered:
+            log.warning("signals: no peer answered; scaling is frozen")
+            return {}, self.last_report
+        return self.merger.merge(now, answered), self.last_report

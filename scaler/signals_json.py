@@ -1,0 +1,90 @@
+"""The JSON shape of ``GET /api/signals`` (one gateway replica's live signals), both ways.
+
+The data plane serves it, the leader's signal merger reads it from every peer::
+
+    {"version": 1,
+     "services": [{"service": "shop/web", "at": 12.5, "in_flight": 3, "queued": 0,
+                   "arrivals_total": 120, "completions_total": 117, "errors_total": 1,
+                   "rps": 8.2, "latency_p50_s": 0.012, "latency_p99_s": 0.09,
+                   "ready_replicas": 2, "cpu_seconds_total": null,
+                   "cpu_throttled_seconds_total": null}, ...]}
+
+Field names are :class:`~scaler.signals.ServiceSignals` fields.  Unknown fields are ignored
+(newer peers), missing optional ones take their defaults; ``at`` is the sender's own clock and
+is not comparable across replicas.  Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable
+from typing import Any
+
+from scaler.signals import ServiceSignals
+
+VERSION = 1
+_INT_FIELDS = ("in_flight", "queued", "arrivals_total", "completions_total", "errors_total")
+_FLOAT_FIELDS = ("rps",)
+_OPTIONAL_FLOAT = (
+    "latency_p50_s",
+    "latency_p99_s",
+    "cpu_seconds_total",
+    "cpu_throttled_seconds_total",
+)
+_OPTIONAL_INT = ("ready_replicas",)
+
+
+class SignalsFormatError(ValueError):
+    """A ``/api/signals`` document that does not have the shape above."""
+
+
+def signals_to_json(signals: Iterable[ServiceSignals]) -> dict[str, Any]:
+    return {"version": VERSION, "services": [dataclasses.asdict(s) for s in signals]}
+
+
+def _number(value: Any, where: str, integer: bool) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise SignalsFormatError(f"{where}: must be a number, got {value!r}")
+    if integer and not float(value).is_integer():
+        raise SignalsFormatError(f"{where}: must be an integer, got {value!r}")
+    if not math.isfinite(value) or value < 0:
+        raise SignalsFormatError(f"{where}: must be finite and >= 0, got {value!r}")
+    return value
+
+
+def signals_from_json(data: Any) -> list[ServiceSignals]:
+    """Parse and check a document; raise :class:`SignalsFormatError` naming the bad field."""
+    if not isinstance(data, dict):
+        raise SignalsFormatError(f"must be an object, got {type(data).__name__}")
+    if data.get("version") != VERSION:
+        raise SignalsFormatError(f"version: must be {VERSION}, got {data.get('version')!r}")
+    services = data.get("services")
+    if not isinstance(services, list):
+        raise SignalsFormatError("services: must be a list")
+    out = []
+    for i, item in enumerate(services):
+        where = f"services[{i}]"
+        if not isinstance(item, dict):
+            raise SignalsFormatError(f"{where}: must be an object")
+        name = item.get("service")
+        if not isinstance(name, str) or not name:
+            raise SignalsFormatError(f"{where}.service: must be a non-empty string, got {name!r}")
+        kw: dict[str, Any] = {
+            "service": name,
+            "at": float(_number(item.get("at"), f"{where}.at", False)),
+        }
+        for f in _INT_FIELDS:
+            if f in item:
+                kw[f] = int(_number(item[f], f"{where}.{f}", True))
+        for f in _FLOAT_FIELDS:
+            if f in item:
+                kw[f] = float(_number(item[f], f"{where}.{f}", False))
+        for f in _OPTIONAL_FLOAT:
+            if item.get(f) is not None:
+                kw[f] = float(_number(item[f], f"{where}.{f}", False))
+        for f in _OPTIONAL_INT:
+            if item.get(f) is not None:
+                kw[f] = int(_number(item[f], f"{where}.{f}", True))
+        out.append(ServiceSignals(**kw))
+    return out

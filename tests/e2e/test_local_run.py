@@ -1,0 +1,139 @@
+"""`sluice run` with `platform: local`: real replicas behind the real gateway, real cgroups.
+
+Started as a user would (``python -m gateway run --config FILE``); the checks read what a
+user could read: HTTP answers through the proxy, the cgroup files, and /proc.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from scaler.localpool.cgroup_parent import parent_name_for, sweep_stale
+from scaler.localpool.cgroups import CpuLimit, ReplicaCgroup, detect_layout
+from tests.support.localpool import ROOT, needs_cgroups
+from tests.support.processes import Gateway
+from tests.support.procs import MARKER_VAR, pids_with_marker, wait_until
+
+
+def local_config(marker: str) -> dict[str, Any]:
+    start = random.randrange(20000, 60000, 100)
+    return {
+        "platform": "local",
+        "budget": {"cpu": 2},
+        "services": {
+            "api": {
+                "routes": [{"path": "/", "path_type": "Prefix"}],
+                "replicas": {
+                    "command": ["{python}", "-m", "gateway.demo", "--port", "{port}"],
+                    "port_range": [start, start + 20],
+                    "env": {MARKER_VAR: marker, "PYTHONPATH": str(ROOT)},
+                    "grace_s": 5,
+                },
+                "scaling": {
+                    "target": 2,
+                    "min_replicas": 1,
+                    "max_replicas": 3,
+                    "cpu": {"min": 0.2, "max": 0.6, "request": 0.25},
+                },
+            }
+        },
+    }
+
+
+def limits(parent: Path) -> dict[str, CpuLimit]:
+    layout = detect_layout(Path("/proc/self/mountinfo").read_text())
+    out = {}
+    for d in sorted(parent.iterdir()) if parent.is_dir() else []:
+        if d.is_dir():
+            try:
+                out[d.name] = ReplicaCgroup(layout, d, None).read_limit()
+            except (OSError, ValueError):
+                continue  # being created or removed right now
+    return out
+
+
+@needs_cgroups
+def test_sluice_run_local_starts_scales_and_stops_replicas(tmp_path: Path) -> None:
+    marker = uuid.uuid4().hex
+    layout = detect_layout(Path("/proc/self/mountinfo").read_text())
+    gw = Gateway(local_config(marker), tmp_path / "local.yaml")
+    try:
+        parent = layout.cpu_root / parent_name_for(gw.pid)
+        # The first replica becomes an endpoint: requests through the proxy reach it.
+        with httpx.Client(base_url=gw.url, timeout=30) as client:
+            assert wait_until(lambda: client.get("/healthz").status_code == 200, timeout_s=30)
+            body = client.get("/work?cpu_ms=5").json()
+        assert body["cpu_ms"] == 5
+        assert body["pid"] in pids_with_marker(marker)
+        first = limits(parent)
+        assert list(first) == ["api-0"]
+        # Started at cpu.request (0.25); the scaler may already have moved it within its bounds.
+        assert 0.2 - 1e-6 <= (first["api-0"].cores or 0) <= 0.6 + 1e-6
+        assert ReplicaCgroup(layout, parent, None).read_limit().cores == pytest.approx(2.0)
+
+        # Load: more requests in flight than one replica's target -> more replicas and/or CPU.
+        failures: list[str] = []
+        stop = threading.Event()
+
+        def client_loop() -> None:
+            with httpx.Client(base_url=gw.url, timeout=60) as c:
+                while not stop.is_set():
+                    r = c.get("/work?cpu_ms=50")
+                    if r.status_code != 200:
+                        failures.append(f"{r.status_code} {r.text}")
+
+        threads = [threading.Thread(target=client_loop) for _ in range(8)]
+        for t in threads:
+            t.start()
+        try:
+            grew = wait_until(
+                lambda: (
+                    len(limits(parent)) > 1
+                    or any((v.cores or 0) > 0.25 + 1e-6 for v in limits(parent).values())
+                ),
+                timeout_s=40,
+            )
+            seen = limits(parent)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(60)
+        assert grew, f"neither replicas nor CPU grew under load: {seen}\n{gw.output()[-3000:]}"
+        assert failures == []
+        assert sum((v.cores or 0) for v in seen.values()) <= 2.0 + 1e-6
+        assert all(0.2 - 1e-6 <= (v.cores or 0) <= 0.6 + 1e-6 for v in seen.values())
+        assert len(pids_with_marker(marker)) >= 1
+    finally:
+        gw.signal(signal.SIGTERM)
+        code = gw.wait(30)
+    assert code == 0, gw.output()[-3000:]
+    # Every replica stopped with Sluice, and its cgroups are gone.
+    assert wait_until(lambda: pids_with_marker(marker) == [], timeout_s=10)
+    assert not parent.exists()
+
+
+@needs_cgroups
+def test_sluice_killed_takes_its_replicas_with_it(tmp_path: Path) -> None:
+    marker = uuid.uuid4().hex
+    gw = Gateway(local_config(marker), tmp_path / "local.yaml")
+    try:
+        with httpx.Client(base_url=gw.url, timeout=30) as client:
+            assert wait_until(lambda: client.get("/healthz").status_code == 200, timeout_s=30)
+        replicas = pids_with_marker(marker)
+        assert replicas
+    finally:
+        gw.signal(signal.SIGKILL)
+        gw.wait(30)
+    assert wait_until(lambda: pids_with_marker(marker) == [], timeout_s=10)
+    # A killed Sluice leaves its (now empty) cgroup; the next start sweeps it. Do it here.
+    layout = detect_layout(Path("/proc/self/mountinfo").read_text())
+    sweep_stale(layout)
+    assert not (layout.cpu_root / parent_name_for(gw.pid)).exists()

@@ -1,0 +1,548 @@
+"""charts/sluice, checked with the Helm v4 SDK (helm-python-sdk, no helm binary).
+
+Lint clean; rendered with the defaults and every charts/sluice/ci/*-values.yaml; each
+manifest parsed and checked: kinds, labels and selectors, probes on the admin port's real
+paths, security context, grace period, RBAC equal to the Kubernetes module's
+``RBAC_RULES``, and the ConfigMap accepted by ``sluice check``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+import subprocess
+import sys
+import tarfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import pytest
+import yaml
+
+from tests.support.dockerfile import parse_dockerfile
+from tests.support.k8s_fields import field_errors
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "sluice"
+VALUE_SETS = sorted((CHART / "ci").glob("*-values.yaml"))
+RELEASE, NAMESPACE = "gw", "edge"
+NAME_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance")
+COMMON_LABELS = (*NAME_LABELS, "app.kubernetes.io/managed-by", "helm.sh/chart")
+NAMESPACED = {
+    "ConfigMap",
+    "Deployment",
+    "PodDisruptionBudget",
+    "Role",
+    "RoleBinding",
+    "Service",
+    "ServiceAccount",
+    "ServiceMonitor",
+}
+Manifest = dict[str, Any]
+
+
+def _values(path: Path) -> dict[str, Any]:
+    data = yaml.safe_load(path.read_text())
+    return data or {}
+
+
+def _render(values: dict[str, Any]) -> list[Manifest]:
+    with helm.Chart.load(CHART) as chart:
+        rendered = chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    docs = []
+    for template, text in sorted(rendered.items()):
+        if template.endswith("NOTES.txt"):
+            continue
+        for doc in yaml.safe_load_all(text):
+            if doc is not None:
+                doc["__template__"] = template
+                docs.append(doc)
+    return docs
+
+
+@pytest.fixture(scope="module", params=VALUE_SETS, ids=lambda p: p.stem)
+def case(request: pytest.FixtureRequest) -> tuple[dict[str, Any], list[Manifest]]:
+    """(effective values, rendered manifests) for one ci value set."""
+    values = _values(request.param)
+    with helm.Chart.load(CHART) as chart:
+        merged = chart.merge_values(values)
+    return merged, _render(values)
+
+
+def _kind(docs: list[Manifest], kind: str) -> list[Manifest]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def _one(docs: list[Manifest], kind: str) -> Manifest:
+    found = _kind(docs, kind)
+    assert len(found) == 1, f"expected one {kind}, got {len(found)}"
+    return found[0]
+
+
+def _matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def _container(docs: list[Manifest]) -> Manifest:
+    (container,) = _one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+# ---------------------------------------------------------------- lint and the SDK
+
+
+def test_the_value_sets_exist() -> None:
+    assert len(VALUE_SETS) >= 4, [p.name for p in VALUE_SETS]
+
+
+@pytest.mark.parametrize("kube_version", ["v1.25.0", "v1.33.0"])  # oldest supported; pods/resize
+@pytest.mark.parametrize("path", VALUE_SETS, ids=lambda p: p.stem)
+def test_lint_is_clean(path: Path, kube_version: str) -> None:
+    """Strict lint (warnings are errors), including Helm's deprecated-API check."""
+    report = helm.lint(
+        CHART, _values(path), strict=True, namespace=NAMESPACE, kube_version=kube_version
+    )
+    assert report["errors"] == []
+    # severity 1 is INFO; only "icon is recommended" (the project has no icon) is accepted
+    findings = [m for m in report["messages"] if m["error"] != "icon is recommended"]
+    assert findings == []
+
+
+def test_the_packaged_chart_renders_the_same(tmp_path: Path) -> None:
+    archive = helm.package(CHART, destination=tmp_path)
+    with helm.Chart.load(archive) as packaged, helm.Chart.load(CHART) as source:
+        assert packaged.render({}, name=RELEASE, namespace=NAMESPACE) == source.render(
+            {}, name=RELEASE, namespace=NAMESPACE
+        )
+        assert packaged.schema == source.schema is not None
+    assert not [f for f in packaged_names(archive) if "/ci/" in f], ".helmignore keeps ci/ out"
+
+
+def packaged_names(archive: str) -> list[str]:
+    with tarfile.open(archive) as tar:
+        return tar.getnames()
+
+
+def test_schema_rejects_bad_values() -> None:
+    bad = [
+        ({"replicaCount": -1}, "/replicaCount"),
+        ({"replicas": 2}, "additional properties 'replicas' not allowed"),
+        ({"service": {"type": "Ingress"}}, "/service/type"),
+        ({"config": {"platform": "static"}}, "/config/platform"),
+        ({"serviceMonitor": {"interval": "often"}}, "/serviceMonitor/interval"),
+    ]
+    with helm.Chart.load(CHART) as chart:
+        for values, where in bad:
+            with pytest.raises(helm.HelmValuesError, match=re.escape(where)):
+                chart.render(values, name=RELEASE, namespace=NAMESPACE)
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (
+            {"config": {"admin": {"host": "127.0.0.1"}}},
+            "config.admin.host is 127.0.0.1: a pod must bind a reachable address",
+        ),
+        (
+            {"config": {"listen": {"host": "localhost"}}},
+            "config.listen.host is localhost",
+        ),
+        (
+            {"terminationGracePeriodSeconds": 30},
+            "terminationGracePeriodSeconds (30) must exceed preStopDelaySeconds (5) + the drain time (30 s)",
+        ),
+        (
+            {"ingressClass": {"name": "edge"}},
+            "ingressClass.name (edge) differs from config.kubernetes.ingress_class (sluice)",
+        ),
+        (
+            {"serviceAccount": {"create": False, "name": ""}},
+            "serviceAccount.name is required when serviceAccount.create is false",
+        ),
+    ],
+)
+def test_render_refuses_installs_that_cannot_work(values: dict[str, Any], message: str) -> None:
+    with helm.Chart.load(CHART) as chart, pytest.raises(helm.HelmRenderError) as info:
+        chart.render(values, name=RELEASE, namespace=NAMESPACE)
+    assert message in str(info.value)
+
+
+# ---------------------------------------------------------------- every value set
+
+
+def test_objects_and_kinds(case: tuple[dict[str, Any], list[Manifest]]) -> None:
+    values, docs = case
+    kinds = sorted(d["kind"] for d in docs)
+    expected = ["ConfigMap", "Deployment", "Service", "Service"]
+    if values["serviceAccount"]["create"]:
+        expected.append("ServiceAccount")
+    if values["rbac"]["create"]:
+        expected += ["Role", "RoleBinding"]
+        if values["rbac"]["clusterWide"]:
+            expected += ["ClusterRole", "ClusterRoleBinding"]
+    if values["ingressClass"]["enabled"]:
+        expected.append("IngressClass")
+    if values["podDisruptionBudget"]["enabled"]:
+        expected.append("PodDisruptionBudget")
+    if values["serviceMonitor"]["enabled"]:
+        expected.append("ServiceMonitor")
+    assert kinds == sorted(expected)
+    names = [(d["kind"], d["metadata"]["name"]) for d in docs]
+    assert len(names) == len(set(names)), "duplicate objects"
+    for doc in docs:
+        assert doc["apiVersion"] and doc["metadata"]["name"]
+        labels = doc["metadata"].get("labels", {})
+        for label in COMMON_LABELS:
+            assert label in labels, f"{doc['kind']} {doc['metadata']['name']} lacks {label}"
+        if doc["kind"] in NAMESPACED:
+            assert doc["metadata"]["namespace"] == NAMESPACE
+        else:
+            assert "namespace" not in doc["metadata"]
+
+
+def test_every_field_is_known_to_the_kubernetes_api(
+    case: tuple[dict[str, Any], list[Manifest]],
+) -> None:
+    for doc in case[1]:
+        if doc["kind"] == "ServiceMonitor":  # a CRD: not in the official client's models
+            assert doc["apiVersion"] == "monitoring.coreos.com/v1"
+            continue
+        manifest = {k: v for k, v in doc.items() if k != "__template__"}
+        assert field_errors(manifest) == [], doc["__template__"]
+
+
+def test_the_field_check_catches_typos_and_wrong_kinds() -> None:
+    deployment = _one(_render({}), "Deployment")
+    manifest = {k: v for k, v in deployment.items() if k != "__template__"}
+    (container,) = manifest["spec"]["template"]["spec"]["containers"]
+    container["readinesProbe"] = container.pop("readinessProbe")
+    container["ports"][0]["containerPort"] = "8080"
+    assert field_errors(manifest) == [
+        "Deployment.spec.template.spec.containers[0].ports[0].containerPort: expected int, got '8080'",
+        "Deployment.spec.template.spec.containers[0].readinesProbe: unknown field of V1Container",
+    ]
+
+
+def test_selectors_match_the_pods(case: tuple[dict[str, Any], list[Manifest]]) -> None:
+    values, docs = case
+    deployment = _one(docs, "Deployment")
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    selector = deployment["spec"]["selector"]["matchLabels"]
+    assert set(selector) == set(NAME_LABELS), "the selector is immutable: keep it minimal"
+    assert _matches(selector, pod_labels)
+    assert deployment["spec"]["replicas"] == values["replicaCount"]
+    ports = {p["name"]: p["containerPort"] for p in _container(docs)["ports"]}
+    services = {
+        s["metadata"]["labels"]["app.kubernetes.io/component"]: s for s in _kind(docs, "Service")
+    }
+    assert set(services) == {"gateway", "admin"}
+    for service in services.values():
+        assert _matches(service["spec"]["selector"], pod_labels)
+        for port in service["spec"]["ports"]:
+            assert port["targetPort"] in ports, f"{port['targetPort']} is no container port"
+    traffic, admin = services["gateway"], services["admin"]
+    assert traffic["spec"]["type"] == values["service"]["type"]
+    assert traffic["spec"]["ports"][0]["port"] == values["service"]["port"]
+    assert admin["spec"]["clusterIP"] == "None", "peers need one address per pod"
+    for pdb in _kind(docs, "PodDisruptionBudget"):
+        assert _matches(pdb["spec"]["selector"]["matchLabels"], pod_labels)
+        assert ("minAvailable" in pdb["spec"]) != ("maxUnavailable" in pdb["spec"])
+    for monitor in _kind(docs, "ServiceMonitor"):
+        assert _matches(monitor["spec"]["selector"]["matchLabels"], admin["metadata"]["labels"])
+        assert not _matches(
+            monitor["spec"]["selector"]["matchLabels"], traffic["metadata"]["labels"]
+        )
+        (endpoint,) = monitor["spec"]["endpoints"]
+        assert endpoint["port"] in {p["name"] for p in admin["spec"]["ports"]}
+        assert endpoint["path"] == "/metrics"
+    env = {e["name"]: e for e in _container(docs)["env"]}
+    assert env["SLUICE_PEERS_SERVICE"]["value"] == admin["metadata"]["name"]
+
+
+def test_ports_and_probes_follow_the_config(case: tuple[dict[str, Any], list[Manifest]]) -> None:
+    values, docs = case
+    container = _container(docs)
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {
+        "http": values["config"]["listen"]["port"],
+        "admin": values["config"]["admin"]["port"],
+    }
+    probes = {
+        name: container[name]["httpGet"]
+        for name in ("startupProbe", "livenessProbe", "readinessProbe")
+    }
+    assert probes["livenessProbe"] == {"path": "/healthz", "port": "admin"}
+    assert probes["startupProbe"] == {"path": "/healthz", "port": "admin"}
+    assert probes["readinessProbe"] == {"path": "/readyz", "port": "admin"}
+    # these two paths are served by the real admin plane: tests/e2e/test_chart_probes.py
+
+
+def test_pods_are_hardened_and_drain(case: tuple[dict[str, Any], list[Manifest]]) -> None:
+    values, docs = case
+    pod = _one(docs, "Deployment")["spec"]["template"]["spec"]
+    container = _container(docs)
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert {"mountPath": "/tmp", "name": "tmp"} in container["volumeMounts"]
+    sleep = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert sleep[0] == "sleep"
+    drain_s = values["config"].get("shutdown", {}).get("drain_s", values["drainSeconds"])
+    assert pod["terminationGracePeriodSeconds"] > float(sleep[1]) + drain_s
+
+
+def test_the_image_and_the_chart_agree(case: tuple[dict[str, Any], list[Manifest]]) -> None:
+    _, docs = case
+    runtime = parse_dockerfile((ROOT / "Dockerfile").read_text()).stage("runtime")
+    entrypoint = runtime.last("ENTRYPOINT")
+    assert entrypoint is not None and isinstance(entrypoint.args, list)
+    config_path = Path(entrypoint.args[entrypoint.args.index("--config") + 1])
+    pod = _one(docs, "Deployment")["spec"]["template"]["spec"]
+    container = _container(docs)
+    assert "command" not in container and "args" not in container, "use the image's entrypoint"
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == "config"]
+    assert mount["mountPath"] == str(config_path.parent)
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "config"]
+    configmap = _one(docs, "ConfigMap")
+    assert volume["configMap"]["name"] == configmap["metadata"]["name"]
+    assert volume["configMap"]["items"] == [{"key": config_path.name, "path": config_path.name}]
+    uid = next(a.words[0] for a in runtime.all("ARG") if a.words[0].startswith("SLUICE_UID="))
+    assert pod["securityContext"]["runAsUser"] == int(uid.split("=")[1])
+
+
+def test_configmap_passes_sluice_check(
+    case: tuple[dict[str, Any], list[Manifest]], tmp_path: Path
+) -> None:
+    values, docs = case
+    text = _one(docs, "ConfigMap")["data"]["sluice.yaml"]
+    assert yaml.safe_load(text) == values["config"]
+    config = tmp_path / "sluice.yaml"
+    config.write_text(text)
+    out = subprocess.run(
+        [sys.executable, "-m", "gateway", "check", "--config", str(config)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "ok: platform kubernetes" in out.stdout
+    assert f"{len(values['config']['services'])} service(s)" in out.stdout
+
+
+def test_service_account_is_bound(case: tuple[dict[str, Any], list[Manifest]]) -> None:
+    values, docs = case
+    account = _one(docs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
+    if values["serviceAccount"]["create"]:
+        assert _one(docs, "ServiceAccount")["metadata"]["name"] == account
+    else:
+        assert account == values["serviceAccount"]["name"]
+    roles = {
+        (d["kind"], d["metadata"]["name"]) for d in _kind(docs, "Role") + _kind(docs, "ClusterRole")
+    }
+    for binding in _kind(docs, "RoleBinding") + _kind(docs, "ClusterRoleBinding"):
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}
+        ]
+        ref = binding["roleRef"]
+        assert ref["apiGroup"] == "rbac.authorization.k8s.io"
+        assert (ref["kind"], ref["name"]) in roles
+        expected = "ClusterRole" if binding["kind"] == "ClusterRoleBinding" else "Role"
+        assert ref["kind"] == expected
+
+
+# ---------------------------------------------------------------- RBAC
+
+
+def _rule_triples(rules: Iterable[dict[str, Any]]) -> set[tuple[str, str, str]]:
+    return {
+        (group, resource, verb)
+        for rule in rules
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+def _chart_rules(docs: list[Manifest]) -> dict[str, set[tuple[str, str, str]]]:
+    return {
+        kind: _rule_triples(r for d in _kind(docs, kind) for r in d["rules"])
+        for kind in ("Role", "ClusterRole")
+    }
+
+
+def _code_rule_triples(rules: object) -> set[tuple[str, str, str]]:
+    """Normalise ``RBAC_RULES`` to (apiGroup, resource[/subresource], verb) triples.
+
+    Accepts (group, resource, verbs) tuples, mappings with apiGroup(s)/resource(s)/verbs
+    (the RBAC PolicyRule shape), or objects with api_group/resource/verbs attributes.
+    """
+
+    def listify(value: object) -> list[str]:
+        if isinstance(value, str):
+            return [value]
+        assert isinstance(value, Iterable), value
+        return [str(v) for v in value]
+
+    out: set[tuple[str, str, str]] = set()
+    assert isinstance(rules, Iterable), type(rules)
+    for rule in rules:
+        if isinstance(rule, tuple) and len(rule) == 3:
+            groups, resources, verbs = rule
+        elif isinstance(rule, dict):
+            groups = rule.get(
+                "apiGroups", rule.get("api_groups", rule.get("apiGroup", rule.get("api_group")))
+            )
+            resources = rule.get("resources", rule.get("resource"))
+            verbs = rule["verbs"]
+        else:
+            groups = getattr(rule, "api_groups", None) or getattr(rule, "api_group")  # noqa: B009
+            resources = getattr(rule, "resources", None) or getattr(rule, "resource")  # noqa: B009
+            verbs = getattr(rule, "verbs")  # noqa: B009
+        for group in listify(groups):
+            for resource in listify(resources):
+                for verb in listify(verbs):
+                    out.add((group, resource, verb))
+    return out
+
+
+def test_rule_normaliser_reads_every_supported_shape() -> None:
+    class Rule:
+        api_groups = ("apps",)
+        resources = ("deployments/scale",)
+        verbs = ("get", "patch")
+
+    expected = {("apps", "deployments/scale", "get"), ("apps", "deployments/scale", "patch")}
+    assert _code_rule_triples([("apps", "deployments/scale", ("get", "patch"))]) == expected
+    assert (
+        _code_rule_triples(
+            [("apps", "deployments/scale", "get"), ("apps", "deployments/scale", "patch")]
+        )
+        == expected
+    )
+    assert (
+        _code_rule_triples(
+            [{"apiGroups": ["apps"], "resources": ["deployments/scale"], "verbs": ["get", "patch"]}]
+        )
+        == expected
+    )
+    assert _code_rule_triples(frozenset({Rule()})) == expected
+
+
+def _kubernetes_module_rules() -> set[tuple[str, str, str]]:
+    try:
+        kubeapi = importlib.import_module("scaler.kubeapi")
+    except ModuleNotFoundError as e:
+        if e.name != "scaler.kubeapi":
+            raise
+        pytest.skip(
+            "scaler/kubeapi.py (issue 6, the Kubernetes platform) has not landed: "
+            "nothing to compare the chart's RBAC rules with yet"
+        )
+    return _code_rule_triples(kubeapi.RBAC_RULES)
+
+
+def _rbac_docs(cluster_wide: bool) -> list[Manifest]:
+    return _render({"rbac": {"create": True, "clusterWide": cluster_wide}})
+
+
+@pytest.mark.parametrize("cluster_wide", [True, False], ids=["cluster", "namespace"])
+def test_rbac_rules_equal_what_the_kubernetes_module_calls(cluster_wide: bool) -> None:
+    code = _kubernetes_module_rules()
+    rules = _chart_rules(_rbac_docs(cluster_wide))
+    chart = rules["Role"] | rules["ClusterRole"]
+    assert chart - code == set(), "the chart grants more than the code uses"
+    assert code - chart == set(), "the code calls the API beyond what the chart grants"
+
+
+@pytest.mark.parametrize("cluster_wide", [True, False], ids=["cluster", "namespace"])
+def test_rbac_shape(cluster_wide: bool) -> None:
+    docs = _rbac_docs(cluster_wide)
+    rules = _chart_rules(docs)
+    everything = rules["Role"] | rules["ClusterRole"]
+    assert everything, "no RBAC rendered"
+    assert not [t for t in everything if "*" in t], "no wildcards"
+    assert not [
+        t
+        for t in everything
+        if t[2] in {"delete", "deletecollection", "escalate", "bind", "impersonate"}
+    ]
+    leases = {t for t in everything if t[1] == "leases"}
+    assert leases and {t[0] for t in leases} == {"coordination.k8s.io"}
+    assert leases <= rules["Role"], "the Lease lives in the release namespace: a Role"
+    assert not leases & rules["ClusterRole"]
+    if cluster_wide:
+        assert rules["ClusterRole"] == everything - leases
+    else:
+        assert rules["ClusterRole"] == set()
+        assert not _kind(docs, "ClusterRoleBinding")
+
+
+def test_rbac_off_renders_no_rbac() -> None:
+    docs = _render({"rbac": {"create": False, "clusterWide": True}})
+    assert not [
+        d for d in docs if d["kind"] in {"Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}
+    ]
+
+
+# ---------------------------------------------------------------- NOTES and documentation
+
+
+def test_notes_render_with_the_real_names() -> None:
+    with helm.Chart.load(CHART) as chart:
+        rendered = chart.render({}, name=RELEASE, namespace=NAMESPACE)
+    notes = rendered["sluice/templates/NOTES.txt"]
+    assert "ingressClassName: sluice" in notes
+    assert f"svc/{RELEASE}-sluice-admin 9901:9901" in notes
+    assert "/api/decisions" in notes
+
+
+def _value_keys() -> Iterator[tuple[str, bool]]:
+    """(dotted key, documented) for every key line of values.yaml."""
+    stack: list[tuple[int, str]] = []
+    previous = ""
+    for line in (CHART / "values.yaml").read_text().splitlines():
+        match = re.match(r"^(\s*)([A-Za-z][\w]*):", line)
+        if match:
+            indent = len(match.group(1))
+            while stack and stack[-1][0] >= indent:
+                stack.pop()
+            stack.append((indent, match.group(2)))
+            yield ".".join(k for _, k in stack), previous.lstrip().startswith("#")
+        if line.strip():
+            previous = line
+
+
+def _schema_node(schema: dict[str, Any], dotted: str) -> dict[str, Any] | None:
+    """The schema node for a key, or None below a free-form object (no 'properties')."""
+    node = schema
+    for part in dotted.split("."):
+        if "properties" not in node:
+            return None
+        node = node["properties"].get(part, {"__missing__": True})
+    return node
+
+
+def test_every_value_is_documented_typed_and_in_the_readme() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    readme = (CHART / "README.md").read_text()
+    keys = list(_value_keys())
+    assert len(keys) > 60
+    for dotted, documented in keys:
+        node = _schema_node(schema, dotted)
+        if node is None:
+            continue  # inside a free-form map (resources, securityContext, config.services...)
+        assert documented, f"values.yaml: {dotted} has no comment"
+        assert "__missing__" not in node or dotted.startswith("config."), (
+            f"values.schema.json does not know {dotted}"
+        )
+        assert f"`{dotted}`" in readme, f"charts/sluice/README.md does not document {dotted}"
+    top = {k for k, _ in keys if "." not in k}
+    assert set(schema["properties"]) - {"global"} == top

@@ -1,0 +1,214 @@
+"""/scale and in-place /resize through the real client against the fake API server."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from scaler.actuators.kubernetes import KubernetesActuator
+from scaler.decision import Decision
+from scaler.kube_model import Workload
+from scaler.kubeapi import KubeApi
+from tests.support.fake_kube import FakeKube, qos_class
+from tests.support.kube_objects import deployment, pod
+
+WEB = Workload("Deployment", "shop", "web")
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeKube]:
+    with FakeKube() as f:
+        yield f
+
+
+def decision(replicas: int, cpu: float, rule: str = "stable") -> Decision:
+    return Decision(
+        service="shop/web",
+        at=1.0,
+        replicas=replicas,
+        cpu_per_replica_cores=cpu,
+        allocated_cores=replicas * cpu,
+        rule=rule,
+        reasons=("concurrency 14 over target 7 per replica",),
+    )
+
+
+def events(fake: FakeKube, reason: str) -> list[dict[str, Any]]:
+    return [e for e in fake.list("events") if e["reason"] == reason]
+
+
+def cpu_of(fake: FakeKube, name: str, where: str = "spec") -> dict[str, Any]:
+    p = fake.get("pods", "shop", name)
+    assert p is not None
+    if where == "spec":
+        return p["spec"]["containers"][0]["resources"]
+    return p["status"]["containerStatuses"][0]["resources"]
+
+
+async def test_scale_and_resize_applied_only_when_status_shows_it(fake: FakeKube) -> None:
+    guaranteed = {
+        "requests": {"cpu": "500m", "memory": "128Mi"},
+        "limits": {"cpu": "500m", "memory": "128Mi"},
+    }
+    burstable = {"requests": {"cpu": "250m"}, "limits": {"cpu": "500m"}}
+    fake.put(deployment("web", 2))
+    fake.put(pod("web-1", "web", guaranteed))
+    fake.put(pod("web-2", "web", burstable))
+    fake.put(pod("other", "other", guaranteed))
+    api = KubeApi.connect(host=fake.url)
+    try:
+        act = KubernetesActuator(api, lambda: {"shop/web": WEB})
+        before = (await act.current())["shop/web"]
+        assert (before.replicas, before.ready_replicas, before.cpu_per_replica_cores) == (2, 2, 0.5)
+
+        await act.apply({"shop/web": decision(3, 1.0)})
+        assert fake.get("deployments", "shop", "web")["spec"]["replicas"] == 3  # type: ignore[index]
+        # desired resources changed in place, QoS kept
+        assert cpu_of(fake, "web-1") == {
+            "requests": {"cpu": "1000m", "memory": "128Mi"},
+            "limits": {"cpu": "1000m", "memory": "128Mi"},
+        }
+        assert cpu_of(fake, "web-2") == {"requests": {"cpu": "500m"}, "limits": {"cpu": "1000m"}}
+        assert qos_class(fake.get("pods", "shop", "web-1") or {}) == "Guaranteed"
+        assert cpu_of(fake, "other")["limits"]["cpu"] == "500m"
+        # not applied until the kubelet reports it
+        state = (await act.current())["shop/web"]
+        assert state.replicas == 3
+        assert state.cpu_per_replica_cores == 0.5
+        fake.kubelet_resize("shop", "web-1")
+        assert (await act.current())["shop/web"].cpu_per_replica_cores == 0.5  # web-2 still old
+        fake.kubelet_resize("shop", "web-2")
+        state = (await act.current())["shop/web"]
+        assert state.cpu_per_replica_cores == 1.0
+        assert not state.resize_blocked
+
+        (scaled,) = events(fake, "Scaled")
+        assert scaled["involvedObject"] == {
+            "kind": "Deployment",
+            "apiVersion": "apps/v1",
+            "namespace": "shop",
+            "name": "web",
+        }
+        assert "replicas 2 -> 3" in scaled["message"]
+        assert "concurrency 14 over target 7 per replica" in scaled["message"]
+        (resized,) = events(fake, "Resized")
+        assert "cpu per replica -> 1000m on 2 pod(s)" in resized["message"]
+
+        # the same decision again changes nothing and records nothing
+        writes = len([c for c in fake.requests if c.verb == "patch"])
+        await act.apply({"shop/web": decision(3, 1.0)})
+        assert len([c for c in fake.requests if c.verb == "patch"]) == writes
+        # resize went through pods/resize only, as strategic merge patches
+        patches = {(c.resource, c.content_type) for c in fake.requests if c.verb == "patch"}
+        assert patches == {
+            ("deployments/scale", "application/merge-patch+json"),
+            ("pods/resize", "application/strategic-merge-patch+json"),
+        }
+    finally:
+        await api.close()
+
+
+@pytest.mark.parametrize("reason", ["Infeasible", "Deferred"])
+async def test_resize_pending_blocks_and_is_reported(fake: FakeKube, reason: str) -> None:
+    res = {"requests": {"cpu": "500m"}, "limits": {"cpu": "500m"}}
+    fake.put(deployment("web", 1))
+    fake.put(pod("web-1", "web", res))
+    api = KubeApi.connect(host=fake.url)
+    try:
+        act = KubernetesActuator(api, lambda: {"shop/web": WEB})
+        await act.apply({"shop/web": decision(1, 4.0)})
+        fake.kubelet_resize("shop", "web-1", outcome=reason)
+        state = (await act.current())["shop/web"]
+        assert state.resize_blocked
+        assert state.cpu_per_replica_cores == 0.5
+        (warning,) = events(fake, "ResizeBlocked")
+        assert warning["type"] == "Warning"
+        assert f"resize {reason}" in warning["message"]
+        await act.current()
+        assert len(events(fake, "ResizeBlocked")) == 1  # reported once
+    finally:
+        await api.close()
+
+
+async def test_besteffort_pods_are_never_resized(fake: FakeKube) -> None:
+    fake.put(deployment("web", 1))
+    fake.put(pod("web-1", "web", {}))
+    api = KubeApi.connect(host=fake.url)
+    try:
+        act = KubernetesActuator(api, lambda: {"shop/web": WEB})
+        await act.apply({"shop/web": decision(1, 1.0)})
+        assert cpu_of(fake, "web-1") == {}
+        assert not [c for c in fake.requests if c.resource == "pods/resize"]
+        assert (await act.current())["shop/web"].resize_blocked
+    finally:
+        await api.close()
+
+
+async def test_statefulset_scale_and_frozen_decisions_untouched(fake: FakeKube) -> None:
+    fake.put(deployment("db", 1, kind="StatefulSet"))
+    api = KubeApi.connect(host=fake.url)
+    try:
+        target = Workload("StatefulSet", "shop", "db")
+        act = KubernetesActuator(api, lambda: {"shop/web": target})
+        frozen = Decision("shop/web", 1.0, 0, 0.1, 0.0, "frozen: stale signals", frozen=True)
+        await act.apply({"shop/web": frozen})
+        assert fake.get("statefulsets", "shop", "db")["spec"]["replicas"] == 1  # type: ignore[index]
+        await act.apply({"shop/web": decision(4, 0.5)})
+        assert fake.get("statefulsets", "shop", "db")["spec"]["replicas"] == 4  # type: ignore[index]
+    finally:
+        await api.close()
+
+
+async def test_a_plain_pod_patch_of_resources_is_rejected_by_the_api(fake: FakeKube) -> None:
+    """The fake enforces what the real API does, so the actuator cannot cheat."""
+    import kubernetes
+
+    guaranteed = {
+        "requests": {"cpu": "500m", "memory": "64Mi"},
+        "limits": {"cpu": "500m", "memory": "64Mi"},
+    }
+    fake.put(pod("web-1", "web", guaranteed))
+    api = KubeApi.connect(host=fake.url)
+    try:
+        body = {
+            "spec": {
+                "containers": [
+                    {"name": "app", "resources": {"limits": {"cpu": "1"}, "requests": {"cpu": "1"}}}
+                ]
+            }
+        }
+        with pytest.raises(kubernetes.client.ApiException) as info:
+            await asyncio.to_thread(
+                api.core.patch_namespaced_pod,
+                "web-1",
+                "shop",
+                body,
+                _content_type="application/strategic-merge-patch+json",
+            )
+        assert info.value.status == 422
+        # and the resize subresource refuses to change the QoS class
+        body = {
+            "spec": {
+                "containers": [
+                    {
+                        "name": "app",
+                        "resources": {"limits": {"cpu": "1"}, "requests": {"cpu": "500m"}},
+                    }
+                ]
+            }
+        }
+        with pytest.raises(kubernetes.client.ApiException) as info:
+            await asyncio.to_thread(
+                api.core.patch_namespaced_pod_resize,
+                "web-1",
+                "shop",
+                body,
+                _content_type="application/strategic-merge-patch+json",
+            )
+        assert info.value.status == 422
+        assert "QOS" in (info.value.body or "")
+    finally:
+        await api.close()

@@ -1,0 +1,109 @@
+"""The fake API server speaks the real API's semantics, as the official client understands them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import kubernetes
+import pytest
+
+from scaler.kubeapi import KubeApi
+from tests.support.fake_kube import FakeKube
+from tests.support.kube_objects import deployment, ingress
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeKube]:
+    with FakeKube(bookmark_interval_s=0.1) as f:
+        yield f
+
+
+@pytest.fixture
+def api(fake: FakeKube) -> Iterator[KubeApi]:
+    a = KubeApi.connect(host=fake.url)
+    yield a
+    a.client.close()
+
+
+def test_the_official_watch_helper_sees_events_bookmarks_and_410(
+    fake: FakeKube, api: KubeApi
+) -> None:
+    fake.put(ingress("a", [("a.test", "/", "Prefix", "a", 80)]))
+    listed = api.networking.list_namespaced_ingress("shop")
+    rv = listed.metadata.resource_version
+    fake.put(ingress("b", [("b.test", "/", "Prefix", "b", 80)]))
+    w = kubernetes.watch.Watch()
+    seen = []
+    for ev in w.stream(
+        api.networking.list_namespaced_ingress,
+        "shop",
+        resource_version=rv,
+        allow_watch_bookmarks=True,
+        timeout_seconds=2,
+    ):
+        seen.append(ev["type"])
+        if ev["type"] == "BOOKMARK":
+            w.stop()
+    assert seen[0] == "ADDED" and "BOOKMARK" in seen
+    assert ev["raw_object"]["metadata"]["resourceVersion"]
+
+    fake.compact()
+    with pytest.raises(kubernetes.client.ApiException) as info:
+        for _ in kubernetes.watch.Watch().stream(
+            api.networking.list_namespaced_ingress, "shop", resource_version=rv, timeout_seconds=2
+        ):
+            pass
+    assert info.value.status == 410
+
+
+def test_conflict_not_found_and_invalid(fake: FakeKube, api: KubeApi) -> None:
+    fake.put(deployment("web", 1))
+    stale = fake.get("deployments", "shop", "web")
+    assert stale is not None
+    api.apps.patch_namespaced_deployment_scale(
+        "web", "shop", {"spec": {"replicas": 2}}, _content_type="application/merge-patch+json"
+    )
+    with pytest.raises(kubernetes.client.ApiException) as info:
+        api.apps.patch_namespaced_deployment(
+            "web",
+            "shop",
+            {
+                "metadata": {"resourceVersion": stale["metadata"]["resourceVersion"]},
+                "spec": {"replicas": 5},
+            },
+            _content_type="application/merge-patch+json",
+        )
+    assert info.value.status == 409
+    with pytest.raises(kubernetes.client.ApiException) as info:
+        api.apps.read_namespaced_deployment_scale("nope", "shop")
+    assert info.value.status == 404
+    with pytest.raises(kubernetes.client.ApiException) as info:
+        api.apps.patch_namespaced_deployment_scale(
+            "web", "shop", {"spec": {"replicas": -1}}, _content_type="application/merge-patch+json"
+        )
+    assert info.value.status == 422
+    scale = api.apps.read_namespaced_deployment_scale("web", "shop")
+    assert (scale.spec.replicas, scale.status.selector) == (2, "app=web")
+
+
+async def test_kubeconfig_is_honoured(fake: FakeKube, tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "config"
+    kubeconfig.write_text(
+        f"""
+apiVersion: v1
+kind: Config
+clusters: [{{name: fake, cluster: {{server: "{fake.url}"}}}}]
+users: [{{name: sluice, user: {{token: s3cr3t-token}}}}]
+contexts: [{{name: fake, context: {{cluster: fake, user: sluice}}}}]
+current-context: fake
+"""
+    )
+    fake.put(deployment("web", 3))
+    api = KubeApi.connect(kubeconfig=str(kubeconfig))
+    try:
+        scale = await api.read_scale("Deployment", "shop", "web")
+        assert scale.spec_replicas == 3
+        assert fake.requests[-1].authorization == "Bearer s3cr3t-token"
+    finally:
+        await api.close()

@@ -1,0 +1,68 @@
+"""RBAC_RULES is exactly what Sluice asks of the API server: drive every feature, compare."""
+
+from __future__ import annotations
+
+import asyncio
+
+from gateway.discovery.kubernetes import KubernetesDiscovery
+from gateway.settings import parse_settings
+from scaler.actuators.kubernetes import KubernetesActuator
+from scaler.decision import Decision
+from scaler.kube_model import Workload
+from scaler.kubeapi import RBAC_RULES, KubeApi
+from scaler.leader import LeaderElector
+from tests.support.fake_kube import FakeKube
+from tests.support.kube_objects import deployment, endpoint_slice, ingress, pod, service
+
+
+async def test_every_call_is_covered_by_rbac_rules_and_every_rule_is_used() -> None:
+    with FakeKube() as fake:
+        fake.put(
+            ingress(
+                "web",
+                [("shop.test", "/", "Prefix", "web", 80)],
+                annotations={"sluice.io/max-replicas": "0"},
+            )
+        )
+        fake.put(service("web", [("http", 80), ("metrics", 9090)]))
+        fake.put(
+            service(
+                "sluice", [("http", 80), ("admin", 9901)], namespace="sluice", lb=["198.51.100.1"]
+            )
+        )
+        fake.put(
+            endpoint_slice(
+                "web-1", "web", [("10.0.0.1", {"ready": True})], [("http", 8080), ("metrics", 9090)]
+            )
+        )
+        fake.put(deployment("web", 1))
+        fake.put(deployment("db", 1, kind="StatefulSet"))
+        fake.put(pod("web-1", "web", {"requests": {"cpu": "100m"}, "limits": {"cpu": "200m"}}))
+        fake.put(pod("db-1", "db", {"requests": {"cpu": "100m"}, "limits": {"cpu": "200m"}}))
+        settings = parse_settings({"platform": "kubernetes"})
+        api = KubeApi.connect(host=fake.url)
+        try:
+            async with KubernetesDiscovery(api, settings) as disco:
+                updates = disco.updates()
+                async with asyncio.timeout(10):
+                    first = await anext(updates)
+                    assert first.endpoints
+                    while not any(
+                        c.resource == "ingresses/status" for c in fake.requests
+                    ) or not fake.list("events"):
+                        await asyncio.sleep(0.02)
+            targets = {
+                "shop/web": Workload("Deployment", "shop", "web"),
+                "shop/db": Workload("StatefulSet", "shop", "db"),
+            }
+            leader = LeaderElector(api, "sluice", "sluice-scaler", "gw-a")
+            assert await leader.try_acquire_or_renew()
+            assert await leader.try_acquire_or_renew()
+            act = KubernetesActuator(api, lambda: targets, leader=leader)
+            await act.apply({s: Decision(s, 0.0, 2, 0.5, 1.0, "stable") for s in targets})
+            await act.current()
+        finally:
+            await api.close()
+        used = {(c.api_group, c.resource, c.verb) for c in fake.requests}
+    allowed = {(r.api_group, r.resource, v) for r in RBAC_RULES for v in r.verbs}
+    assert used == allowed

@@ -1,0 +1,55 @@
+"""The reflector (list+watch in a thread) backs off on errors and resumes without relisting."""
+
+from __future__ import annotations
+
+import asyncio
+
+from scaler.kubeapi import KubeApi
+from tests.support.fake_kube import FakeKube
+from tests.support.kube_objects import ingress
+
+
+async def test_errors_back_off_exponentially_then_list_and_watch_resume() -> None:
+    with FakeKube() as fake:
+        fake.put(ingress("a", [("a.test", "/", "Prefix", "a", 80)]))
+        fake.fail("list", "ingresses", 500, times=3)
+        api = KubeApi.connect(host=fake.url)
+        try:
+            reflector = api.watch_ingresses("shop")
+            snapshots = reflector.snapshots()
+            async with asyncio.timeout(15):
+                first = await anext(snapshots)
+            assert list(first) == ["shop/a"]
+            waits = list(reflector.backoffs_s)
+            assert len(waits) == 3
+            for wait_s, ceiling_s in zip(waits, (0.2, 0.4, 0.8), strict=True):
+                assert ceiling_s / 2 <= wait_s <= ceiling_s
+            assert "500" in (reflector.last_error or "")
+
+            # a failing watch is retried from the same resourceVersion: no relist
+            fake.fail("watch", "ingresses", 503, times=1)
+            fake.drop_watches()
+            fake.put(ingress("b", [("b.test", "/", "Prefix", "b", 80)]))
+            async with asyncio.timeout(15):
+                second = await anext(snapshots)
+            assert sorted(second) == ["shop/a", "shop/b"]
+            assert reflector.relists == 1
+            lists = [c for c in fake.requests if c.verb == "list"]
+            assert len(lists) == 4  # three failures and one success
+            assert "503" in (reflector.last_error or "")
+        finally:
+            await api.close()
+
+
+async def test_close_stops_watch_threads_promptly() -> None:
+    with FakeKube() as fake:
+        api = KubeApi.connect(host=fake.url)
+        reflector = api.watch_ingresses()
+        snapshots = reflector.snapshots()
+        async with asyncio.timeout(10):
+            assert await anext(snapshots) == {}
+        await api.close()
+        assert reflector._thread is not None
+        reflector.join(5)
+        assert not reflector._thread.is_alive()
+        await snapshots.aclose()

@@ -1,0 +1,135 @@
+"""Builders for the Kubernetes objects tests put into the fake API server (camelCase JSON)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+Obj = dict[str, Any]
+
+
+def ingress(
+    name: str,
+    rules: list[tuple[str | None, str, str, str, int | str]],
+    namespace: str = "shop",
+    ingress_class: str | None = "sluice",
+    annotations: dict[str, str] | None = None,
+    default_backend: tuple[str, int | str] | None = None,
+) -> Obj:
+    """``rules``: (host, path, pathType, service, port number or name)."""
+
+    def backend(svc: str, port: int | str) -> Obj:
+        return {
+            "service": {
+                "name": svc,
+                "port": {"number": port} if isinstance(port, int) else {"name": port},
+            }
+        }
+
+    by_host: dict[str | None, list[Obj]] = {}
+    for host, path, path_type, svc, port in rules:
+        by_host.setdefault(host, []).append(
+            {"path": path, "pathType": path_type, "backend": backend(svc, port)}
+        )
+    spec: Obj = {
+        "rules": [
+            ({"host": h} if h else {}) | {"http": {"paths": paths}} for h, paths in by_host.items()
+        ]
+    }
+    if ingress_class:
+        spec["ingressClassName"] = ingress_class
+    if default_backend:
+        spec["defaultBackend"] = backend(*default_backend)
+    return {
+        "kind": "Ingress",
+        "apiVersion": "networking.k8s.io/v1",
+        "metadata": {"name": name, "namespace": namespace, "annotations": annotations or {}},
+        "spec": spec,
+    }
+
+
+def endpoint_slice(
+    name: str,
+    service: str,
+    endpoints: list[tuple[str, dict[str, bool]]],
+    ports: list[tuple[str, int]],
+    namespace: str = "shop",
+) -> Obj:
+    """``endpoints``: (ip, conditions); ``ports``: (name, port)."""
+    return {
+        "kind": "EndpointSlice",
+        "apiVersion": "discovery.k8s.io/v1",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {"kubernetes.io/service-name": service},
+        },
+        "addressType": "IPv4",
+        "ports": [{"name": n, "port": p, "protocol": "TCP"} for n, p in ports],
+        "endpoints": [{"addresses": [ip], "conditions": c} for ip, c in endpoints],
+    }
+
+
+def service(
+    name: str,
+    ports: list[tuple[str, int]],
+    namespace: str = "shop",
+    cluster_ip: str = "10.0.0.10",
+    lb: list[str] | None = None,
+) -> Obj:
+    return {
+        "kind": "Service",
+        "apiVersion": "v1",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"clusterIP": cluster_ip, "ports": [{"name": n, "port": p} for n, p in ports]},
+        "status": {"loadBalancer": {"ingress": [{"ip": a} for a in lb or []]}},
+    }
+
+
+def deployment(name: str, replicas: int, namespace: str = "shop", kind: str = "Deployment") -> Obj:
+    return {
+        "kind": kind,
+        "apiVersion": "apps/v1",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}}},
+        "status": {"replicas": replicas},
+    }
+
+
+def pod(
+    name: str,
+    app: str,
+    resources: dict[str, dict[str, str]],
+    namespace: str = "shop",
+    ready: bool = True,
+    container: str = "app",
+) -> Obj:
+    """A running pod whose status shows ``resources`` in force."""
+    return {
+        "kind": "Pod",
+        "apiVersion": "v1",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"app": app}},
+        "spec": {
+            "containers": [
+                {
+                    "name": container,
+                    "image": "example/app:1",
+                    "resources": resources,
+                    "resizePolicy": [{"resourceName": "cpu", "restartPolicy": "NotRequired"}],
+                }
+            ]
+        },
+        "status": {
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+            "containerStatuses": [
+                {
+                    "name": container,
+                    "ready": ready,
+                    "image": "example/app:1",
+                    "imageID": "example/app@sha256:0",
+                    "restartCount": 0,
+                    "resources": resources,
+                }
+            ],
+        },
+    }

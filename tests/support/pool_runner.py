@@ -1,0 +1,39 @@
+"""Runs a LocalPool of demo replicas and prints READY; the test then SIGKILLs this process.
+
+usage: pool_runner.py <port_start> <port_end> <marker> <replicas> [grandchild]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from scaler.localpool.config import ReplicasConfig  # noqa: E402
+from scaler.localpool.pool import LocalPool  # noqa: E402
+
+
+async def main(start: int, end: int, marker: str, replicas: int, grandchild: bool) -> None:
+    demo = "{python} -m gateway.demo --port {port}"
+    command = ["sh", "-c", f"sleep 300 & exec {demo}"] if grandchild else demo.split()
+    spec = ReplicasConfig(
+        command=command,
+        port_range=(start, end),
+        env={"SLUICE_TEST_MARKER": marker, "PYTHONPATH": str(ROOT)},
+    )
+    pool = LocalPool({"api": spec})
+    await pool.start()
+    pool.scale("api", replicas, 0.5)
+    while pool.status("api").ready < replicas:
+        await asyncio.sleep(0.02)
+    parent = pool.cgroups.name if pool.cgroups else "-"
+    print("READY", parent, *(r.pid for r in pool.status("api").replicas), flush=True)
+    await asyncio.Event().wait()
+
+
+if __name__ == "__main__":
+    a = sys.argv[1:]
+    asyncio.run(main(int(a[0]), int(a[1]), a[2], int(a[3]), len(a) > 4 and a[4] == "grandchild"))

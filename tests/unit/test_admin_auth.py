@@ -1,0 +1,58 @@
+"""The admin token: constant-time bearer check, probes stay open."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
+
+from gateway.admin_auth import AdminTokenMiddleware
+
+TOKEN = "t" * 40
+
+
+def make_app() -> AdminTokenMiddleware:
+    async def ok(request: object) -> PlainTextResponse:
+        return PlainTextResponse("ok")
+
+    app = Starlette(
+        routes=[Route(p, ok) for p in ("/healthz", "/readyz", "/metrics", "/api/services")]
+    )
+    return AdminTokenMiddleware(app, TOKEN)
+
+
+async def get(path: str, headers: dict[str, str] | None = None) -> httpx.Response:
+    transport = httpx.ASGITransport(app=make_app())
+    async with httpx.AsyncClient(transport=transport, base_url="http://admin") as client:
+        return await client.get(path, headers=headers)
+
+
+@pytest.mark.parametrize("path", ["/metrics", "/api/services"])
+async def test_without_token_401(path: str) -> None:
+    r = await get(path)
+    assert r.status_code == 401
+    assert r.headers["www-authenticate"].startswith("Bearer")
+
+
+@pytest.mark.parametrize(
+    "auth", ["Bearer wrong", f"Bearer {TOKEN}x", f"bearer {TOKEN}", TOKEN, f"Basic {TOKEN}"]
+)
+async def test_wrong_token_401(auth: str) -> None:
+    assert (await get("/metrics", {"Authorization": auth})).status_code == 401
+
+
+async def test_right_token_passes() -> None:
+    r = await get("/metrics", {"Authorization": f"Bearer {TOKEN}"})
+    assert r.status_code == 200 and r.text == "ok"
+
+
+@pytest.mark.parametrize("path", ["/healthz", "/readyz"])
+async def test_probes_stay_open(path: str) -> None:
+    assert (await get(path)).status_code == 200
+
+
+def test_empty_token_refused() -> None:
+    with pytest.raises(ValueError):
+        AdminTokenMiddleware(make_app(), "")

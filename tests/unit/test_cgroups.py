@@ -1,0 +1,254 @@
+"""cgroup file logic against temp directories laid out like cgroup v2 and v1 hierarchies."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+
+from scaler.localpool.cgroup_parent import CgroupParent, open_parent, parent_name_for, sweep_stale
+from scaler.localpool.cgroups import (
+    CgroupLayout,
+    CgroupUnavailable,
+    ReplicaCgroup,
+    detect_layout,
+    quota_us_for,
+    weight_for,
+)
+
+
+def mountinfo(*mounts: tuple[Path, str, str]) -> str:
+    """Lines shaped like /proc/self/mountinfo: (mount point, fstype, super options)."""
+    lines = ["22 1 0:21 / / rw,relatime - overlay overlay rw"]
+    for i, (point, fstype, options) in enumerate(mounts):
+        lines.append(
+            f"{30 + i} 22 0:{40 + i} / {point} rw,relatime shared:{i} - {fstype} cgroup {options}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture
+def v2(tmp_path: Path) -> CgroupLayout:
+    root = tmp_path / "unified"
+    root.mkdir()
+    (root / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    (root / "cgroup.subtree_control").write_text("")
+    return detect_layout(mountinfo((root, "cgroup2", "rw,nsdelegate")))
+
+
+@pytest.fixture
+def v1(tmp_path: Path) -> CgroupLayout:
+    cpu, acct = tmp_path / "cpu", tmp_path / "cpuacct"
+    cpu.mkdir()
+    acct.mkdir()
+    unified = tmp_path / "unified"
+    unified.mkdir()
+    (unified / "cgroup.controllers").write_text("\n")
+    return detect_layout(
+        mountinfo(
+            (unified, "cgroup2", "rw"),
+            (cpu, "cgroup", "rw,cpu"),
+            (acct, "cgroup", "rw,cpuacct"),
+            (tmp_path / "memory", "cgroup", "rw,memory"),
+        )
+    )
+
+
+def test_detect_prefers_v2_with_the_cpu_controller(v2: CgroupLayout, tmp_path: Path) -> None:
+    assert v2 == CgroupLayout(version=2, cpu_root=tmp_path / "unified")
+
+
+def test_detect_falls_back_to_v1_when_v2_lacks_cpu(v1: CgroupLayout, tmp_path: Path) -> None:
+    # This machine's shape: cgroup2 without cpu, v1 cpu and cpuacct mounted apart.
+    assert v1 == CgroupLayout(
+        version=1, cpu_root=tmp_path / "cpu", cpuacct_root=tmp_path / "cpuacct"
+    )
+
+
+def test_detect_v1_with_cpu_and_cpuacct_mounted_together(tmp_path: Path) -> None:
+    point = tmp_path / "cpu,cpuacct"
+    layout = detect_layout(mountinfo((point, "cgroup", "rw,cpu,cpuacct")))
+    assert layout == CgroupLayout(version=1, cpu_root=point, cpuacct_root=None)
+
+
+def test_detect_reports_why_nothing_is_usable(tmp_path: Path) -> None:
+    unified = tmp_path / "unified"
+    unified.mkdir()
+    (unified / "cgroup.controllers").write_text("memory pids\n")
+    with pytest.raises(CgroupUnavailable) as info:
+        detect_layout(
+            mountinfo((unified, "cgroup2", "rw"), (tmp_path / "m", "cgroup", "rw,memory"))
+        )
+    assert "has no cpu controller" in str(info.value)
+    assert "no cgroup v1 hierarchy with the cpu controller" in str(info.value)
+
+
+def test_quota_and_weight_conversions() -> None:
+    assert quota_us_for(0.5) == 50_000
+    assert quota_us_for(2.0) == 200_000
+    assert quota_us_for(0.001) == 1_000  # the kernel's minimum
+    with pytest.raises(ValueError, match="cores must be > 0"):
+        quota_us_for(0)
+    assert weight_for(1.0, 2) == 100
+    assert weight_for(0.25, 2) == 25
+    assert weight_for(500.0, 2) == 10_000
+    assert weight_for(0.001, 2) == 1
+    assert weight_for(1.0, 1) == 1024
+    assert weight_for(0.001, 1) == 2
+
+
+def test_v2_parent_enables_cpu_and_child_limits_are_written_in_place(v2: CgroupLayout) -> None:
+    parent = CgroupParent(v2, "sluice-test", rmdir=shutil.rmtree)
+    parent.create()
+    assert (v2.cpu_root / "cgroup.subtree_control").read_text() == "+cpu"
+    assert (parent.cpu_dir / "cgroup.subtree_control").read_text() == "+cpu"
+    cg = parent.child("api-0")
+    assert cg.procs_files == (v2.cpu_root / "sluice-test" / "api-0" / "cgroup.procs",)
+
+    cg.set_cpu(0.5)
+    assert (cg.cpu_dir / "cpu.max").read_text() == "50000 100000"
+    assert (cg.cpu_dir / "cpu.weight").read_text() == "50"
+    assert cg.read_limit().cores == 0.5
+    assert cg.read_limit().weight == 50
+
+    cg.set_cpu(1.5)
+    assert (cg.cpu_dir / "cpu.max").read_text() == "150000 100000"
+    assert cg.read_limit().cores == 1.5
+
+    cg.set_cpu(None)
+    assert (cg.cpu_dir / "cpu.max").read_text() == "max 100000"
+    assert cg.read_limit().quota_us is None
+    assert cg.read_limit().cores is None
+
+
+def test_v2_usage_and_throttling_from_cpu_stat(v2: CgroupLayout) -> None:
+    cg = ReplicaCgroup(v2, v2.cpu_root, None)
+    (v2.cpu_root / "cpu.stat").write_text(
+        "usage_usec 2500000\nuser_usec 2000000\nsystem_usec 500000\n"
+        "nr_periods 40\nnr_throttled 7\nthrottled_usec 350000\n"
+    )
+    usage = cg.read_usage()
+    assert usage.usage_s == 2.5
+    assert usage.throttled_s == 0.35
+    assert (usage.periods, usage.throttled_periods) == (40, 7)
+
+
+def test_v2_usage_without_the_cpu_controller_has_no_throttling(v2: CgroupLayout) -> None:
+    cg = ReplicaCgroup(v2, v2.cpu_root, None)
+    (v2.cpu_root / "cpu.stat").write_text("usage_usec 10\nuser_usec 6\nsystem_usec 4\n")
+    usage = cg.read_usage()
+    assert usage.usage_s == 10e-6
+    assert usage.throttled_s == 0.0
+
+
+def test_v1_limits_usage_and_both_hierarchies(v1: CgroupLayout) -> None:
+    assert v1.cpuacct_root is not None
+    parent = CgroupParent(v1, "sluice-test", rmdir=shutil.rmtree)
+    parent.create()
+    cg = parent.child("api-0")
+    assert cg.procs_files == (
+        v1.cpu_root / "sluice-test" / "api-0" / "cgroup.procs",
+        v1.cpuacct_root / "sluice-test" / "api-0" / "cgroup.procs",
+    )
+    cg.set_cpu(0.25)
+    assert (cg.cpu_dir / "cpu.cfs_period_us").read_text() == "100000"
+    assert (cg.cpu_dir / "cpu.cfs_quota_us").read_text() == "25000"
+    assert (cg.cpu_dir / "cpu.shares").read_text() == "256"
+    assert cg.read_limit().cores == 0.25
+
+    cg.set_cpu(None)
+    assert (cg.cpu_dir / "cpu.cfs_quota_us").read_text() == "-1"
+    assert cg.read_limit().cores is None
+
+    (cg.cpu_dir / "cpu.stat").write_text(
+        "nr_periods 12\nnr_throttled 5\nthrottled_time 750000000\nnr_bursts 0\nburst_time 0\n"
+    )
+    assert cg.acct_dir is not None
+    (cg.acct_dir / "cpuacct.usage").write_text("1250000000\n")
+    usage = cg.read_usage()
+    assert usage.usage_s == 1.25
+    assert usage.throttled_s == 0.75
+    assert (usage.periods, usage.throttled_periods) == (12, 5)
+
+
+def test_v1_period_written_only_when_it_differs(v1: CgroupLayout) -> None:
+    cg = CgroupParent(v1, "p", rmdir=shutil.rmtree)
+    cg.create()
+    child = cg.child("a")
+    (child.cpu_dir / "cpu.cfs_period_us").write_text("100000\n")  # the kernel's own format
+    child.set_cpu(1.0)
+    assert (child.cpu_dir / "cpu.cfs_period_us").read_text() == "100000\n"
+    assert (child.cpu_dir / "cpu.cfs_quota_us").read_text() == "100000"
+
+
+def test_v1_usage_is_none_without_cpuacct(tmp_path: Path) -> None:
+    layout = detect_layout(mountinfo((tmp_path, "cgroup", "rw,cpu")))
+    cg = ReplicaCgroup(layout, tmp_path, None)
+    (tmp_path / "cpu.stat").write_text("nr_periods 1\nnr_throttled 0\nthrottled_time 0\n")
+    assert cg.read_usage().usage_s is None
+
+
+def test_destroy_removes_children_and_parent_in_every_hierarchy(v1: CgroupLayout) -> None:
+    assert v1.cpuacct_root is not None
+    parent = CgroupParent(v1, "sluice-test", rmdir=shutil.rmtree)
+    parent.create()
+    parent.child("a-0")
+    parent.child("a-1")
+    assert parent.destroy()
+    assert not (v1.cpu_root / "sluice-test").exists()
+    assert not (v1.cpuacct_root / "sluice-test").exists()
+
+
+def test_names_must_be_one_path_element(v2: CgroupLayout) -> None:
+    with pytest.raises(ValueError, match="one path element"):
+        CgroupParent(v2, "../escape")
+    parent = CgroupParent(v2, "ok", rmdir=shutil.rmtree)
+    parent.create()
+    with pytest.raises(ValueError, match="one path element"):
+        parent.child("a/b")
+
+
+def test_sweep_removes_only_parents_of_dead_sluice_processes(v1: CgroupLayout) -> None:
+    assert v1.cpuacct_root is not None
+    names = (
+        "sluice-7-111",
+        "sluice-7-222",
+        "sluice-8-111",
+        "sluice-111",
+        "sluice-test-abc",
+        "other",
+    )
+    for name in names:
+        CgroupParent(v1, name).create()
+    swept = sweep_stale(v1, pid_alive=lambda pid: pid == 222, rmdir=shutil.rmtree, pid_namespace=7)
+    assert swept == ["sluice-7-111"]
+    left = sorted(p.name for p in v1.cpu_root.iterdir())
+    # Alive, another pid namespace's (whose pids we cannot see), or not Sluice's naming: kept.
+    assert left == ["other", "sluice-111", "sluice-7-222", "sluice-8-111", "sluice-test-abc"]
+    assert not (v1.cpuacct_root / "sluice-7-111").exists()
+
+
+def test_parent_names_carry_the_pid_namespace() -> None:
+    assert parent_name_for(1234, pid_namespace=4026531836) == "sluice-4026531836-1234"
+    assert parent_name_for(1234).startswith("sluice-")
+
+
+def test_open_parent_reports_unwritable_hierarchy(tmp_path: Path) -> None:
+    missing = tmp_path / "not-mounted"
+    info = tmp_path / "mountinfo"
+    info.write_text(mountinfo((missing, "cgroup", "rw,cpu,cpuacct")))
+    with pytest.raises(CgroupUnavailable, match="cannot create cgroup"):
+        open_parent("sluice-test", mountinfo_path=info, sweep=False)
+
+
+def test_open_parent_creates_the_parent(
+    v2: CgroupLayout, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    info = tmp_path / "mountinfo"
+    info.write_text(mountinfo((v2.cpu_root, "cgroup2", "rw")))
+    with caplog.at_level(logging.WARNING):
+        parent = open_parent("sluice-test", mountinfo_path=info)
+    assert parent.cpu_dir == v2.cpu_root / "sluice-test"
+    assert parent.cpu_dir.is_dir()

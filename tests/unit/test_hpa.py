@@ -1,0 +1,163 @@
+"""The HPA-compatible calculator and behaviour, on the HPA's documented rules and examples."""
+
+from __future__ import annotations
+
+import pytest
+
+from scaler.decision import Explanation
+from scaler.hpa import (
+    HpaBehaviorState,
+    NoMetricsError,
+    PodSample,
+    calculate_replicas,
+)
+from scaler.policy import HpaBehavior, HpaScalingRules
+
+
+def ready(*values: float | None) -> list[PodSample]:
+    return [PodSample(True, v) for v in values]
+
+
+@pytest.mark.parametrize(
+    ("samples", "current", "target", "expected"),
+    [
+        # docs: metric 200m against a 100m target doubles the replicas ...
+        (ready(200, 200), 2, 100, 4),
+        # ... and 50m against 100m halves them
+        (ready(50, 50, 50, 50), 4, 100, 2),
+        # plain per-pod metric, scale up: average 20000 / 15000 × 3 pods -> 4
+        (ready(20000, 10000, 30000), 3, 15000, 4),
+        # scale down: 12000 / 20000 × 5 pods -> 3
+        (ready(12000, 12000, 12000, 12000, 12000), 5, 20000, 3),
+        # within the 0.1 tolerance: nothing changes
+        (ready(20000, 21000, 21000), 3, 20000, 3),
+        # an unready pod scales up less: its value is ignored and it counts as 0
+        # (the HPA's "unready pod scales less" case: 300/500/700 mCPU at a 300 target -> 4, not 5)
+        ([PodSample(False, 300), *ready(500, 700)], 3, 300, 4),
+        # missing metrics at exactly the target: the missing pods are left out, no change
+        (ready(20000, 19000, 21000, None, None), 5, 20000, 5),
+        # missing on a scale-down count as the target: 3 × 40 + 1 × 50 = 42.5 / 50 -> 0.85 × 4 -> 4
+        (ready(40, 40, 40, None), 4, 50, 4),
+        # missing on a scale-up count as 0: (90 + 90 + 0) / 3 / 50 = 1.2 -> ceil(1.2 × 3) = 4
+        (ready(90, 90, None), 3, 50, 4),
+        # filling in flips the direction -> keep current: (60 + 0 + 0) / 3 / 50 = 0.4 after 1.2
+        (ready(60, None, None), 3, 50, 3),
+        # unready pods on a scale-down are simply ignored: 10 / 50 × 1 -> 1
+        ([PodSample(False, None), *ready(10)], 2, 50, 1),
+    ],
+)
+def test_replica_calculation(
+    samples: list[PodSample], current: int, target: float, expected: int
+) -> None:
+    assert calculate_replicas(samples, current, target, 0.1).replicas == expected
+
+
+def test_no_ready_pod_with_a_metric_is_an_error_the_hpa_does_not_scale_on() -> None:
+    with pytest.raises(NoMetricsError, match="did not receive metrics"):
+        calculate_replicas([PodSample(False, 5.0), PodSample(True, None)], 2, 10)
+
+
+def test_from_zero_uses_the_total() -> None:
+    assert calculate_replicas([PodSample(True, 35.0)], 0, 10).replicas == 4
+    assert calculate_replicas([PodSample(True, 0.0)], 0, 10).replicas == 0
+
+
+def normalize(
+    state: HpaBehaviorState, now: float, current: int, desired: int, lo: int = 1, hi: int = 1000
+) -> int:
+    return state.normalize(
+        now,
+        current=current,
+        desired=desired,
+        min_replicas=lo,
+        max_replicas=hi,
+        reasons=Explanation(),
+    )
+
+
+def run(
+    state: HpaBehaviorState, current: int, desired: int, steps: int, every_s: float
+) -> list[int]:
+    seen = []
+    for i in range(steps):
+        now = i * every_s
+        new = normalize(state, now, current, desired)
+        state.record_scale(now, current, new)
+        current = new
+        seen.append(current)
+    return seen
+
+
+def test_default_scale_up_is_max_of_double_and_plus_four_per_15s() -> None:
+    assert run(HpaBehaviorState(HpaBehavior()), 1, 100, 4, 15.0) == [5, 10, 20, 40]
+    # within one 15 s period the limit counts what was already added
+    state = HpaBehaviorState(HpaBehavior())
+    assert normalize(state, 0.0, 10, 100) == 20
+    state.record_scale(0.0, 10, 20)
+    assert normalize(state, 5.0, 20, 100) == 20, "period start was 10: at most 20 until 15 s"
+    assert normalize(state, 15.0, 20, 100) == 40
+
+
+def test_default_scale_down_waits_for_the_300s_stabilization_window() -> None:
+    state = HpaBehaviorState(HpaBehavior())
+    assert normalize(state, 0.0, 10, 10) == 10
+    for t in range(15, 300, 15):
+        assert normalize(state, float(t), 10, 2) == 10, t
+    assert normalize(state, 300.0, 10, 2) == 2, "the 10 recommended at t=0 has left the window"
+
+
+def test_documented_scale_down_policy_example() -> None:
+    # docs: Percent 10 and Pods 5 per 60 s, select Max (the bigger change wins):
+    # from 80 towards 10 -> 8 first (10 % > 5 pods), later 5 pods once 10 % is smaller.
+    behavior = HpaBehavior(
+        scale_down=HpaScalingRules(
+            stabilization_window_s=0,
+            policies=[
+                {"type": "Percent", "value": 10, "period_s": 60},  # type: ignore[list-item]
+                {"type": "Pods", "value": 5, "period_s": 60},  # type: ignore[list-item]
+            ],
+        )
+    )
+    seen = run(HpaBehaviorState(behavior), 80, 10, 14, 60.0)
+    assert seen == [72, 64, 57, 51, 45, 40, 35, 30, 25, 20, 15, 10, 10, 10]
+
+
+def test_select_policy_min_and_disabled() -> None:
+    rules = {
+        "stabilization_window_s": 0,
+        "policies": [
+            {"type": "Percent", "value": 10, "period_s": 60},
+            {"type": "Pods", "value": 5, "period_s": 60},
+        ],
+    }
+    minimal = HpaBehavior(
+        scale_down=HpaScalingRules.model_validate({**rules, "select_policy": "Min"})
+    )
+    assert run(HpaBehaviorState(minimal), 80, 10, 2, 60.0) == [75, 70]
+    disabled = HpaBehavior(
+        scale_down=HpaScalingRules.model_validate({**rules, "select_policy": "Disabled"})
+    )
+    assert run(HpaBehaviorState(disabled), 80, 10, 2, 60.0) == [80, 80]
+
+
+def test_scale_up_stabilization_uses_the_lowest_recent_recommendation() -> None:
+    behavior = HpaBehavior(
+        scale_up=HpaScalingRules(
+            stabilization_window_s=60,
+            policies=[{"type": "Pods", "value": 100, "period_s": 15}],  # type: ignore[list-item]
+        )
+    )
+    state = HpaBehaviorState(behavior)
+    assert normalize(state, 0.0, 2, 2) == 2
+    assert normalize(state, 15.0, 2, 8) == 2, "2 was recommended within the last 60 s"
+    assert normalize(state, 61.0, 2, 8) == 8
+
+
+def test_bounds_clamp_and_say_so() -> None:
+    state = HpaBehaviorState(HpaBehavior())
+    reasons = Explanation()
+    assert (
+        state.normalize(0.0, current=3, desired=3, min_replicas=4, max_replicas=10, reasons=reasons)
+        == 4
+    )
+    assert "clamped replicas 3 -> 4 by min_replicas" in reasons.render()

@@ -1,0 +1,162 @@
+"""The ``replicas:`` config of the local platform: good configs load, bad ones name the key."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import pytest
+
+from gateway.settings import ConfigError, parse_settings
+from scaler.localpool.replicas import render_command
+
+
+def local(services: dict[str, Any]) -> dict[str, Any]:
+    return {"platform": "local", "services": services}
+
+
+def replicas(**over: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {"command": ["app", "--port", "{port}"], "port_range": [9100, 9119]}
+    spec.update(over)
+    return spec
+
+
+def problems(data: object) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        parse_settings(data, "cfg.yaml")
+    return info.value.problems
+
+
+def test_a_local_service_loads_with_defaults() -> None:
+    settings = parse_settings(local({"api": {"replicas": replicas()}}))
+    spec = settings.services["api"].replicas
+    assert spec is not None
+    assert spec.port_range == (9100, 9119)
+    assert spec.readiness.path == "/healthz"
+    assert spec.grace_s == 10.0
+    assert spec.port_count == 20
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        (
+            local({"api": {}}),
+            "cfg.yaml: services.api.replicas: is required when platform is local "
+            "(command and port_range of the replicas)",
+        ),
+        (
+            local({"api": {"replicas": replicas(command=[])}}),
+            "cfg.yaml: services.api.replicas.command: must name a program to run, got an empty command",
+        ),
+        (
+            local({"api": {"replicas": replicas(command=[" "])}}),
+            "cfg.yaml: services.api.replicas.command: must name a program to run, got an empty command",
+        ),
+        (
+            local({"api": {"replicas": replicas(port_range=[9200, 9100])}}),
+            "cfg.yaml: services.api.replicas.port_range: end must be >= start (9200), got 9100",
+        ),
+        (
+            local({"api": {"replicas": replicas(port_range=[0, 9100])}}),
+            "cfg.yaml: services.api.replicas.port_range: start must be in 1..65535, got 0",
+        ),
+        (
+            local({"api": {"replicas": replicas(port_range=[9100, 70000])}}),
+            "cfg.yaml: services.api.replicas.port_range: end must be in 1..65535, got 70000",
+        ),
+        (
+            local({"api": {"replicas": replicas(port_range=[9100])}}),
+            "cfg.yaml: services.api.replicas.port_range[1]: is required",
+        ),
+        (
+            local({"api": {"replicas": replicas(port_range=[9100, 9101])}}),
+            "cfg.yaml: services.api.replicas.port_range: holds 2 port(s), fewer than "
+            "scaling.max_replicas (10)",
+        ),
+        (
+            local(
+                {
+                    "a": {"replicas": replicas(port_range=[9100, 9119])},
+                    "b": {"replicas": replicas(port_range=[9110, 9139])},
+                }
+            ),
+            "cfg.yaml: services.b.replicas.port_range: [9110, 9139] overlaps "
+            "services.a.replicas.port_range [9100, 9119]",
+        ),
+        (
+            local({"api": {"replicas": replicas(), "endpoints": ["127.0.0.1:9001"]}}),
+            "cfg.yaml: services.api.endpoints: must be empty when platform is local "
+            "(Sluice starts the replicas itself)",
+        ),
+        (
+            local({"api": {"replicas": replicas(readiness={"path": "healthz"})}}),
+            "cfg.yaml: services.api.replicas.readiness.path: must start with '/', got 'healthz'",
+        ),
+        (
+            local({"api": {"replicas": replicas(readiness={"timeout_s": 0})}}),
+            "cfg.yaml: services.api.replicas.readiness.timeout_s: must be > 0.0, got 0",
+        ),
+        (
+            local({"api": {"replicas": replicas(grace_s=-1)}}),
+            "cfg.yaml: services.api.replicas.grace_s: must be >= 0.0, got -1",
+        ),
+        (
+            local({"api": {"replicas": replicas(restart_backoff_s=5, restart_backoff_max_s=1)}}),
+            "cfg.yaml: services.api.replicas.restart_backoff_max_s: must be >= restart_backoff_s (5), got 1",
+        ),
+        (
+            local({"api": {"replicas": replicas(env={"A=B": "x"})}}),
+            "cfg.yaml: services.api.replicas.env.A=B: is not a valid environment variable name",
+        ),
+        (
+            local({"api": {"replicas": replicas(comand=["x"])}}),
+            "cfg.yaml: services.api.replicas.comand: unknown key",
+        ),
+    ],
+)
+def test_bad_replicas_config_names_the_key(data: object, expected: str) -> None:
+    assert expected in problems(data)
+
+
+def test_static_platform_does_not_require_replicas() -> None:
+    settings = parse_settings({"services": {"api": {"endpoints": ["127.0.0.1:9001"]}}})
+    assert settings.services["api"].replicas is None
+
+
+def test_command_substitutes_port_and_python() -> None:
+    argv = render_command(["{python}", "-m", "app", "--port={port}", "{port}"], 9123)
+    assert argv == [sys.executable, "-m", "app", "--port=9123", "9123"]
+
+
+def test_the_local_example_builds_a_platform_at_min_replicas_and_initial_cpu() -> None:
+    from pathlib import Path
+
+    from gateway.discovery.local import local_platform
+    from gateway.settings import load_settings
+
+    root = Path(__file__).resolve().parents[2]
+    settings = load_settings(root / "config" / "examples" / "local.yaml")
+    platform = local_platform(settings)
+    statuses = platform.pool.statuses()
+    assert sorted(statuses) == ["api", "reports"]
+    assert (statuses["api"].desired, statuses["api"].cpu_per_replica_cores) == (1, 0.25)
+    assert (statuses["reports"].desired, statuses["reports"].cpu_per_replica_cores) == (0, 0.25)
+    assert platform.endpoints.pool is platform.pool is platform.actuator.pool
+    assert platform.pool.total_cpu_cores == settings.budget.cpu == 2
+
+
+def test_local_platform_refuses_a_service_without_replicas() -> None:
+    from gateway.discovery.local import local_platform
+
+    settings = parse_settings({"services": {"api": {}}})
+    with pytest.raises(ValueError, match=r"services\.api\.replicas is required"):
+        local_platform(settings)
+
+
+def test_problems_in_several_replicas_keys_are_reported_together() -> None:
+    found = problems(local({"b": {"replicas": replicas(command=[], port_range=[9000, 8000])}}))
+    assert found == [
+        "cfg.yaml: services.b.replicas.command: must name a program to run, got an empty command",
+        "cfg.yaml: services.b.replicas.port_range: end must be >= start (9000), got 8000",
+    ]

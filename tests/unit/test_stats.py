@@ -1,0 +1,86 @@
+"""ServiceStats: counters, sliding rate, latency histogram and the ServiceSignals snapshot."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.stats import LATENCY_BUCKETS_S, ServiceStats, quantile
+
+
+def test_counts_in_flight_arrivals_and_completions_by_code() -> None:
+    s = ServiceStats("api")
+    s.arrive(0.1)
+    s.arrive(0.2)
+    s.arrive(0.3)
+    assert (s.in_flight, s.arrivals_total) == (3, 3)
+    s.complete(200, 0.01, 0.4)
+    s.complete(503, 0.02, 0.5)
+    assert s.in_flight == 1
+    assert s.codes == {200: 1, 503: 1}
+    assert s.completions_by_class() == {"2xx": 1, "5xx": 1}
+    assert s.errors_total == 1
+    s.complete(200, 0.01, 0.6, failed=True)
+    assert s.errors_total == 2
+    assert s.completions_total == 3
+
+
+def test_latency_histogram_uses_prometheus_le_buckets() -> None:
+    s = ServiceStats("api")
+    for latency in (0.0005, 0.0006, 0.001, 100.0):
+        s.arrive(0)
+        s.complete(200, latency, 0)
+    assert s.latency_counts[0] == 1  # <= 0.0005
+    assert s.latency_counts[1] == 2  # <= 0.001
+    assert s.latency_counts[len(LATENCY_BUCKETS_S)] == 1  # +Inf
+    assert s.latency_sum_s == pytest.approx(100.0021)
+
+
+def test_rate_over_the_sliding_window_of_whole_seconds() -> None:
+    s = ServiceStats("api", rate_window_s=10)
+    for sec in range(20):
+        for _ in range(sec):  # sec arrivals during second sec
+            s.arrive(sec + 0.5)
+    # At t=20.2 the window is seconds 10..19: 10+11+...+19 = 145.
+    assert s.rps(20.2) == pytest.approx(14.5)
+    # The current partial second does not count; long-idle slots expire.
+    assert s.rps(25.0) == pytest.approx((15 + 16 + 17 + 18 + 19) / 10)
+    assert s.rps(100.0) == 0.0
+
+
+def test_quantiles_interpolate_within_buckets() -> None:
+    counts = [0] * (len(LATENCY_BUCKETS_S) + 1)
+    assert quantile(counts, 0.5) is None
+    counts[4] = 100  # all in (0.005, 0.01]
+    assert quantile(counts, 0.5) == pytest.approx(0.0075)
+    assert quantile(counts, 0.99) == pytest.approx(0.005 + 0.005 * 0.99)
+    counts[-1] = 1000  # mostly beyond the last bound: reported as the last bound
+    assert quantile(counts, 0.99) == LATENCY_BUCKETS_S[-1]
+
+
+def test_snapshot_reports_recent_latency_only() -> None:
+    s = ServiceStats("api", latency_window_s=10)
+    for _ in range(50):
+        s.arrive(1.0)
+        s.complete(200, 0.2, 1.0)
+    snap = s.snapshot(5.0, ready_replicas=2)
+    assert snap.service == "api"
+    assert snap.at == 5.0
+    assert snap.arrivals_total == 50
+    assert snap.completions_total == 50
+    assert snap.in_flight == 0
+    assert snap.queued == 0
+    assert snap.ready_replicas == 2
+    assert snap.latency_p50_s is not None and 0.1 < snap.latency_p50_s <= 0.25
+    assert s.snapshot(15.0).latency_p50_s is not None  # previous window still counts
+    assert s.snapshot(25.0).latency_p50_s is None  # two windows later: no recent samples
+    s.arrive(31.0)
+    s.complete(200, 0.002, 31.0)  # a gap of windows resets the previous one
+    p50 = s.snapshot(31.0).latency_p50_s
+    assert p50 is not None and p50 <= 0.0025
+
+
+def test_bad_windows_rejected() -> None:
+    with pytest.raises(ValueError, match="rate_window_s must be >= 1"):
+        ServiceStats("x", rate_window_s=0)
+    with pytest.raises(ValueError, match="latency_window_s must be > 0"):
+        ServiceStats("x", latency_window_s=0)
