@@ -173,7 +173,7 @@ class ServiceModel:
         oldest = self.queue[0][0] if self.queue else math.inf
         for r in self.replicas:
             if r.tags:
-                oldest = min(oldest, min(a for _, a in r.tags))
+                oldest = min(oldest, *(a for _, a in r.tags))
         return None if oldest == math.inf else oldest
 
     def signals(self, now: float) -> ServiceSignals:
@@ -294,8 +294,7 @@ class ServiceModel:
                     continue
                 r.advance(tc, cap)
                 tag, arrived = heappop(r.tags)
-                if r.v < tag:
-                    r.v = tag
+                r.v = max(r.v, tag)
                 lat.append(tc - arrived)
                 if r.tags:
                     r.ver += 1

@@ -187,7 +187,7 @@ def run(
     )
 
 
-def _record(
+def _record(  # noqa: PLR0917
     out: dict[str, FloatArray],
     k: int,
     m: ServiceModel,

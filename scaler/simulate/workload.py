@@ -209,7 +209,9 @@ def _format_error(err: dict[str, Any]) -> tuple[str, str]:
     }
     if kind in bounds:
         op, key = bounds[kind]
-        return _format_loc(loc), f"must be {op} {ctx.get(key)}, got {value!r}"
+        bound = ctx.get(key)
+        shown = f"{bound:g}" if isinstance(bound, float) else bound
+        return _format_loc(loc), f"must be {op} {shown}, got {value!r}"
     if kind == "too_short":
         return _format_loc(loc), f"must have at least {ctx.get('min_length')} item(s)"
     if kind == "value_error":
