@@ -28,6 +28,7 @@ import heapq
 import math
 from collections import deque
 from collections.abc import Iterable
+from itertools import chain
 
 from scaler.decision import ServiceState
 from scaler.signals import ServiceSignals
@@ -178,7 +179,8 @@ class ServiceModel:
 
     def signals(self, now: float) -> ServiceSignals:
         """The snapshot the gateway (and the platform's CPU accounting) would hand the scaler."""
-        recent = sorted(x for lst in self._latency_window for x in lst)
+        recent = list(chain.from_iterable(self._latency_window))
+        recent.sort()
         return ServiceSignals(
             service=self.name,
             at=now,
