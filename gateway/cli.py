@@ -1,4 +1,4 @@
-"""The ``sluice`` command: run | check | schema | simulate (and more as platforms land).
+"""The ``sluice`` command: run | check | schema | traces | load | top.
 
 Exit codes: 0 ok, 2 bad configuration or usage, 1 runtime failure.
 """
@@ -19,6 +19,19 @@ from gateway.settings import (
 )
 
 DEFAULT_CONFIG = Path("config/sluice.yaml")
+"""Used when ``--config`` is not given and this file exists (relative to the working dir)."""
+
+
+def packaged_config() -> Path:
+    """The demo config shipped inside the package (``gateway/data/sluice.yaml``)."""
+    from importlib.resources import files
+
+    return Path(str(files("gateway").joinpath("data", "sluice.yaml")))
+
+
+def default_config() -> Path:
+    """``./config/sluice.yaml`` if present, else the copy shipped inside the package."""
+    return DEFAULT_CONFIG if DEFAULT_CONFIG.is_file() else packaged_config()
 
 
 def _add_config(parser: argparse.ArgumentParser, required: bool = False) -> None:
@@ -27,8 +40,9 @@ def _add_config(parser: argparse.ArgumentParser, required: bool = False) -> None
         "-c",
         type=Path,
         required=required,
-        default=None if required else DEFAULT_CONFIG,
-        help=f"YAML config file (default: {DEFAULT_CONFIG})",
+        default=None,
+        help=f"YAML config file (default: ./{DEFAULT_CONFIG} if present, else the demo config "
+        "shipped with Sluice)",
     )
 
 
@@ -104,12 +118,19 @@ def build_parser() -> argparse.ArgumentParser:
     from gateway.telemetry.view import add_traces_command
 
     add_traces_command(sub, _add_config)
+    from gateway.loadgen import add_load_command
+    from gateway.top import add_top_command
+
+    add_load_command(sub, _add_config)
+    add_top_command(sub, _add_config)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if "config" in args and args.config is None:
+        args.config = default_config()
     result: int = args.func(args)
     return result
 
