@@ -47,10 +47,13 @@ class Stream:
     burst_s: float | None = None
     period_s: float | None = None
     offset_s: float = 0.0
+    concurrency: int | None = None
+    """Closed loop instead: this many clients, each sending its next request as soon as the
+    previous one is answered (a throughput job: it takes whatever capacity it gets)."""
 
     def send_times(self, duration_s: float) -> list[float]:
         """Offsets (s) of every send within ``duration_s``: evenly spaced, deterministic."""
-        if self.rps <= 0:
+        if self.rps <= 0 or self.concurrency is not None:
             return []
         gap = 1.0 / self.rps
         if self.period_s is None or self.burst_s is None:
@@ -68,6 +71,8 @@ class Stream:
 
     def describe(self) -> str:
         where = f"{self.host or ''}{self.path}"
+        if self.concurrency is not None:
+            return f"{self.service}: closed loop, {self.concurrency} clients on {where}"
         if self.period_s is None:
             return f"{self.service}: steady {self.rps:g} rps on {where}"
         return (
@@ -215,6 +220,16 @@ async def run_load(
             status, error = 0, type(e).__name__
         report.results.append(Result(stream.service, sent_at, loop.time() - t0, status, error))
 
+    async def closed(stream: Stream) -> None:
+        while loop.time() < start + duration_s and len(report.results) < max_requests:
+            await one(stream, loop.time() - start)
+
+    workers = [
+        loop.create_task(closed(s))
+        for s in streams
+        if s.concurrency is not None
+        for _ in range(s.concurrency)
+    ]
     for offset, i in schedule:
         delay = start + offset - loop.time()
         if delay > 0:
@@ -226,8 +241,10 @@ async def run_load(
         task = loop.create_task(one(stream, offset))
         tasks.add(task)
         task.add_done_callback(tasks.discard)
-    if tasks:
-        await asyncio.wait(set(tasks), timeout=timeout_s)
+    pending = tasks | set(workers)
+    if pending:
+        await asyncio.wait(pending, timeout=max(0.0, start + duration_s - loop.time()) + timeout_s)
+    tasks.update(w for w in workers if not w.done())
     for task in list(tasks):
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
