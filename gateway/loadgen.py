@@ -381,7 +381,7 @@ def add_load_command(sub: Any, add_config: Any) -> None:
 
     p.add_argument("--duration", type=positive, default=60.0, help="seconds of sending (60)")
     p.add_argument("--rps", type=positive, default=20.0, help="steady rate per service (20)")
-    p.add_argument("--burst-rps", type=positive, default=30.0, help="rate during a burst (30)")
+    p.add_argument("--burst-rps", type=positive, default=20.0, help="rate during a burst (20)")
     p.add_argument("--burst-s", type=positive, default=10.0, help="length of a burst (10)")
     p.add_argument("--period-s", type=positive, default=30.0, help="a burst starts every (30)")
     p.add_argument(

@@ -246,3 +246,62 @@ def test_reclaim_lowers_the_borrowers_cpu_without_failing_its_in_flight_requests
         for t in threads:
             t.join(120)
         stop(gw, marker)
+
+
+@needs_cgroups
+def test_sluice_run_without_config_runs_the_demo_from_config_dir(tmp_path: Path) -> None:
+    """`sluice run` with no --config in a directory holding config/sluice.yaml runs it: the
+    shipped demo (ports moved to free ones, so the test binds nothing fixed)."""
+    import os
+
+    import yaml
+
+    demo = yaml.safe_load((ROOT / "config" / "sluice.yaml").read_text())
+    demo["listen"]["port"] = 0
+    demo["admin"]["port"] = 0
+    marker = uuid.uuid4().hex
+    for svc in demo["services"].values():
+        start = random.randrange(20000, 60000, 100)
+        svc["replicas"]["port_range"] = [start, start + 20]
+        svc["replicas"]["env"] = {**svc["replicas"]["env"], MARKER_VAR: marker}
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "sluice.yaml").write_text(yaml.safe_dump(demo))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway", "run"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"},
+    )
+    lines: list[str] = []
+    ready = threading.Event()
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if Gateway.LINE.search(line):
+                ready.set()
+        ready.set()
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    try:
+        assert ready.wait(60), "".join(lines)
+        m = next(m for line in lines if (m := Gateway.LINE.search(line)))
+        url, admin = m.group(1), m.group(2)
+        with httpx.Client(base_url=url, timeout=60) as c:
+            assert wait_until(lambda: c.get("/api/hello").status_code == 200, timeout_s=30)
+            assert c.get("/reports/q1").status_code == 200  # held, then answered from zero
+        assert any("config config/sluice.yaml" in line for line in lines), "".join(lines)
+        latest = httpx.get(f"{admin}/api/decisions", timeout=10).json()["latest"]
+        assert set(latest) == {"api", "reports"}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(30)
+        reader.join(5)
+        assert proc.stdout is not None
+        proc.stdout.close()
+    assert code == 0, "".join(lines)[-3000:]
+    assert wait_until(lambda: pids_with_marker(marker) == [], timeout_s=10)
