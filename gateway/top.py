@@ -36,13 +36,21 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value * 1000:.0f} ms"
 
 
+KEY_REASONS = ("reclaimed", "gave back", "borrows", "lends", "squeezed", "clamped", "frozen")
+"""Reason lines that say what the budget or a bound did: shown first when present."""
+
+
 def last_reason(decision: dict[str, Any] | None) -> str:
-    """The line of a decision's reasons a person wants first: the rule and its first reason."""
+    """A decision in one cell: its rule, then the reason lines that say what the budget or a
+    bound did (lent, reclaimed, clamped...), else its last line (the budget outcome)."""
     if decision is None:
         return "-"
-    reasons = decision.get("reasons") or []
-    head = reasons[0] if reasons else ""
-    return f"{decision['rule']}: {head}" if head else str(decision["rule"])
+    lines: list[str] = [
+        part.strip() for reason in decision.get("reasons") or [] for part in reason.split(";")
+    ]
+    key = [line for line in lines if line.startswith(KEY_REASONS)]
+    shown = key or lines[-1:]
+    return "; ".join([str(decision["rule"]), *shown])
 
 
 def render(snapshot: dict[str, Any], admin_url: str) -> Group:
