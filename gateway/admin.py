@@ -136,8 +136,8 @@ def build_app(runtime: Runtime, extra_routes: Sequence[BaseRoute] = ()) -> Starl
             Route("/metrics", metrics),
             Route("/api/services", services),
             Route("/api/signals", signals),
-            *extra_routes,
             Route("/api/reload", reload, methods=["POST"]),
+            *extra_routes,
         ]
     )
 

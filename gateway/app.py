@@ -139,21 +139,24 @@ class Runtime:
         endpoints, stats, slots and queued requests kept), new ones added, routes swapped
         whole; on the static platform the endpoint lists are applied (removed ones drain)."""
         old = self.settings
-        table = RouteTable.from_update(routes_from_settings(new))  # validates first
+        # On kubernetes the routes come from Ingresses (the platform swaps them), not the file.
+        file_routes = new.platform != "kubernetes"
+        table = RouteTable.from_update(routes_from_settings(new)) if file_routes else self.routes
         for name, config in new.services.items():
             existing = self.services.get(name)
             if existing is None:
                 self.add_service(name, config)
             else:
                 existing.configure(config)
-        for name in table.services:
-            self.add_service(name)
-        self.routes = table
+        if file_routes:
+            for name in table.services:
+                self.add_service(name)
+            self.routes = table
         if new.platform == "static":
             for update in endpoints_from_settings(new):
                 self.apply_endpoints(update)
         for name in set(old.services) - set(new.services):
-            if name not in table.services:
+            if file_routes and name not in table.services:
                 service = self.services.pop(name, None)
                 if service is not None:
                     service.outlier.close()
@@ -294,9 +297,9 @@ async def serve(
     if runtime.reloader is not None:
         await runtime.reloader.stop()
     await dataplane.stop(drain_s)
+    await runtime.stop_checkers()
     if runner is not None:
         await runner.stop()
-    await runtime.stop_checkers()
     await admin.stop()
     await asyncio.to_thread(
         telemetry.shutdown

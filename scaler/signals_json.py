@@ -1,17 +1,19 @@
 """The JSON shape of ``GET /api/signals`` (one gateway replica's live signals), both ways.
 
-The data plane serves it, the leader's signal merger reads it from every peer::
+The data plane serves it (``gateway.admin``), the leader's signal merger reads it from every
+peer::
 
-    {"version": 1,
-     "services": [{"service": "shop/web", "at": 12.5, "in_flight": 3, "queued": 0,
-                   "arrivals_total": 120, "completions_total": 117, "errors_total": 1,
-                   "rps": 8.2, "latency_p50_s": 0.012, "latency_p99_s": 0.09,
-                   "ready_replicas": 2, "cpu_seconds_total": null,
-                   "cpu_throttled_seconds_total": null}, ...]}
+    {"at": 12.5,
+     "signals": {"shop/web": {"service": "shop/web", "at": 12.5, "in_flight": 3, "queued": 0,
+                              "arrivals_total": 120, "completions_total": 117,
+                              "errors_total": 1, "rps": 8.2, "latency_p50_s": 0.012,
+                              "latency_p99_s": 0.09, "ready_replicas": 2,
+                              "cpu_seconds_total": null,
+                              "cpu_throttled_seconds_total": null}, ...}}
 
-Field names are :class:`~scaler.signals.ServiceSignals` fields.  Unknown fields are ignored
-(newer peers), missing optional ones take their defaults; ``at`` is the sender's own clock and
-is not comparable across replicas.  Pure: no I/O.
+Field names are :class:`~scaler.signals.ServiceSignals` fields; the key of ``signals`` is the
+service name.  Unknown fields are ignored (newer peers), missing optional ones take their
+defaults; ``at`` is the sender's own clock and is not comparable across replicas.  Pure.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ from typing import Any
 
 from scaler.signals import ServiceSignals
 
-VERSION = 1
 _INT_FIELDS = ("in_flight", "queued", "arrivals_total", "completions_total", "errors_total")
 _FLOAT_FIELDS = ("rps",)
 _OPTIONAL_FLOAT = (
@@ -39,8 +40,8 @@ class SignalsFormatError(ValueError):
     """A ``/api/signals`` document that does not have the shape above."""
 
 
-def signals_to_json(signals: Iterable[ServiceSignals]) -> dict[str, Any]:
-    return {"version": VERSION, "services": [dataclasses.asdict(s) for s in signals]}
+def signals_to_json(at: float, signals: Iterable[ServiceSignals]) -> dict[str, Any]:
+    return {"at": at, "signals": {s.service: dataclasses.asdict(s) for s in signals}}
 
 
 def _number(value: Any, where: str, integer: bool) -> float:
@@ -57,19 +58,17 @@ def signals_from_json(data: Any) -> list[ServiceSignals]:
     """Parse and check a document; raise :class:`SignalsFormatError` naming the bad field."""
     if not isinstance(data, dict):
         raise SignalsFormatError(f"must be an object, got {type(data).__name__}")
-    if data.get("version") != VERSION:
-        raise SignalsFormatError(f"version: must be {VERSION}, got {data.get('version')!r}")
-    services = data.get("services")
-    if not isinstance(services, list):
-        raise SignalsFormatError("services: must be a list")
+    services = data.get("signals")
+    if not isinstance(services, dict):
+        raise SignalsFormatError("signals: must be an object of service name -> signals")
     out = []
-    for i, item in enumerate(services):
-        where = f"services[{i}]"
+    for key, item in sorted(services.items()):
+        where = f"signals[{key!r}]"
         if not isinstance(item, dict):
             raise SignalsFormatError(f"{where}: must be an object")
-        name = item.get("service")
-        if not isinstance(name, str) or not name:
-            raise SignalsFormatError(f"{where}.service: must be a non-empty string, got {name!r}")
+        name = item.get("service", key)
+        if not isinstance(name, str) or not name or name != key:
+            raise SignalsFormatError(f"{where}.service: must equal its key, got {name!r}")
         kw: dict[str, Any] = {
             "service": name,
             "at": float(_number(item.get("at"), f"{where}.at", False)),

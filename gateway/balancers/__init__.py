@@ -22,6 +22,9 @@ class RandomSource(Protocol):
 
 
 class Balancer(Protocol):
+    uses_latency: bool
+    """Whether ``observe`` does anything (the data plane skips the call otherwise)."""
+
     def pick(self, endpoints: tuple[Endpoint, ...]) -> Endpoint:
         """One of ``endpoints`` (never empty)."""
         ...

@@ -21,6 +21,8 @@ def two_distinct(rng: RandomSource, n: int) -> tuple[int, int]:
 
 
 class LeastRequest:
+    uses_latency = False
+
     __slots__ = ("_rng",)
 
     def __init__(self, rng: RandomSource) -> None:

@@ -19,6 +19,8 @@ DEFAULT_LATENCY_S = 0.001
 
 
 class PeakEwma:
+    uses_latency = True
+
     __slots__ = ("_rng", "decay_s", "default_latency_s")
 
     def __init__(

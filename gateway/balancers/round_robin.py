@@ -7,6 +7,8 @@ from gateway.endpoints import Endpoint
 
 
 class RoundRobin:
+    uses_latency = False
+
     __slots__ = ("_next",)
 
     def __init__(self, rng: RandomSource) -> None:

@@ -36,8 +36,6 @@ from gateway.dataplane.headers import (
     HOP_BY_HOP,
     RequestHead,
     connection_tokens,
-    rewrite_request,
-    rewrite_response,
 )
 from gateway.dataplane.upstream import EndpointConnections, UpstreamConnection
 from gateway.endpoints import Endpoint
@@ -96,57 +94,59 @@ def _pool_of(ep: Endpoint) -> EndpointConnections:
 
 
 class Exchange:
-    __slots__ = (
-        "arrived",
-        "attempt_span",
-        "attempts",
-        "body_buf",
-        "body_buf_bytes",
-        "body_bytes",
-        "body_limit",
-        "cause",
-        "client",
-        "connect_task",
-        "continue_sent",
-        "deadline_connect",
-        "deadline_header",
-        "deadline_next",
-        "deadline_total",
-        "declared_length",
-        "done",
-        "endpoint",
-        "expect_continue",
-        "has_body",
-        "headers",
-        "http11",
-        "interim",
-        "keep_alive",
-        "method",
-        "pool",
-        "replay",
-        "replay_bytes",
-        "req_chunked",
-        "req_done",
-        "req_sent",
-        "request_head",
-        "resp_chunked",
-        "resp_close_delimited",
-        "resp_headers",
-        "resp_reason",
-        "resp_state",
-        "resp_status",
-        "retried",
-        "reused",
-        "service",
-        "slot",
-        "span",
-        "started_at",
-        "target",
-        "tried",
-        "upstream",
-        "waiter",
-        "wbuf",
-    )
+    """One request/response exchange.
+
+    Not slotted on purpose: most fields keep their class-level default for most requests
+    (no body, no retry, no queue, no tracing), so only the few that change are written per
+    request instead of all of them in ``__init__``.
+    """
+
+    done = False
+    arrived = False
+    req_done = False
+    req_sent = False
+    req_chunked = False
+    has_body = False
+    expect_continue = False
+    continue_sent = False
+    body_buf: list[bytes] | None = None
+    body_buf_bytes = 0
+    request_head = b""
+    service: Service | None = None
+    endpoint: Endpoint | None = None
+    pool: EndpointConnections | None = None
+    upstream: UpstreamConnection | None = None
+    connect_task: asyncio.Task[tuple[asyncio.BaseTransport, UpstreamConnection]] | None = None
+    reused = False
+    attempts = 0
+    resp_state = 0  # 0 waiting for the head, 1 head sent to the client
+    resp_status = 0
+    resp_chunked = False
+    resp_close_delimited = False
+    interim = False
+    started_at = 0.0
+    deadline_total = 0.0
+    deadline_connect = 0.0
+    deadline_header = 0.0
+    deadline_next = INF
+    """The earliest deadline to check (the data plane sweeps active exchanges)."""
+    wbuf: list[bytes] | None = None
+    span: RequestSpan | None = None
+    """This request's SERVER span when tracing sampled it (else None: no tracing cost)."""
+    attempt_span: AttemptSpan | None = None
+    """The CLIENT span of the current upstream attempt (sampled requests only)."""
+    # -- issue 4: admission, body limit, retries, outlier detection
+    declared_length: int | None = None
+    body_bytes = 0
+    body_limit: int | None = None
+    slot = False
+    waiter: Waiter | None = None
+    cause: Cause | None = None
+    tried: list[Endpoint] | None = None
+    retried = False
+    replay: list[bytes] | None = None
+    """A copy of the framed body sent so far (idempotent requests; dropped once too big)."""
+    replay_bytes = 0
 
     def __init__(
         self,
@@ -164,56 +164,7 @@ class Exchange:
         self.headers = headers
         self.keep_alive = keep_alive
         self.http11 = http11
-        self.done = False
-        self.arrived = False
-        self.req_done = False
-        self.req_sent = False
-        self.req_chunked = False
-        self.has_body = False
-        self.expect_continue = False
-        self.continue_sent = False
-        self.body_buf: list[bytes] | None = None
-        self.body_buf_bytes = 0
-        self.request_head = b""
-        self.service: Service | None = None
-        self.endpoint: Endpoint | None = None
-        self.pool: EndpointConnections | None = None
-        self.upstream: UpstreamConnection | None = None
-        self.connect_task: asyncio.Task[tuple[asyncio.BaseTransport, UpstreamConnection]] | None = (
-            None
-        )
-        self.reused = False
-        self.attempts = 0
-        self.resp_state = 0  # 0 waiting for the head, 1 head sent to the client
-        self.resp_status = 0
-        self.resp_reason = b""
         self.resp_headers: list[tuple[bytes, bytes]] = []
-        self.resp_chunked = False
-        self.resp_close_delimited = False
-        self.interim = False
-        self.started_at = 0.0
-        self.deadline_total = 0.0
-        self.deadline_connect = 0.0
-        self.deadline_header = 0.0
-        self.deadline_next = INF
-        """The earliest deadline to check (the data plane sweeps active exchanges)."""
-        self.wbuf: list[bytes] | None = None
-        self.span: RequestSpan | None = None
-        """This request's SERVER span when tracing sampled it (else None: no tracing cost)."""
-        self.attempt_span: AttemptSpan | None = None
-        """The CLIENT span of the current upstream attempt (sampled requests only)."""
-        # -- issue 4: admission, body limit, retries, outlier detection
-        self.declared_length: int | None = None
-        self.body_bytes = 0
-        self.body_limit: int | None = None
-        self.slot = False
-        self.waiter: Waiter | None = None
-        self.cause: Cause | None = None
-        self.tried: list[Endpoint] | None = None
-        self.retried = False
-        self.replay: list[bytes] | None = None
-        """A copy of the framed body sent so far (idempotent requests; dropped once too big)."""
-        self.replay_bytes = 0
 
     # -- 1..3: route, count, admit --------------------------------------------------------
 
@@ -225,8 +176,9 @@ class Exchange:
             path = target if q == -1 else target[:q]
         else:
             path = self._absolute_form()
-        head = rewrite_request(
-            self.method, self.target, self.headers, client.peer_ip, trusted=client.trusted
+        dp = client.dp
+        head = dp.heads.request(
+            self.method, self.target, self.headers, client.peer_ip, client.trusted
         )
         self.request_head = head.head
         self.req_chunked = head.chunked
@@ -239,12 +191,11 @@ class Exchange:
             )
             if self.span is not None and head.traceparent is not None:
                 self._drop_client_traceparent()
-        routing = client.dp.routing
-        name = routing.routes.match(head.host.decode("latin-1"), path.decode("latin-1"))
+        name = dp.route(head.host, path)
         if name is None:
             self.reply_error(Cause.NO_ROUTE)
             return
-        service = routing.services.get(name)
+        service = dp.routing.services.get(name)
         if service is None:
             self.reply_error(Cause.UNKNOWN_SERVICE)
             return
@@ -293,13 +244,8 @@ class Exchange:
         """Sampled: the upstream gets our CLIENT span's traceparent, so drop the client's."""
         client = self.client
         drop = (connection_tokens(self.headers) - HOP_BY_HOP) | {b"traceparent"}
-        head: RequestHead = rewrite_request(
-            self.method,
-            self.target,
-            self.headers,
-            client.peer_ip,
-            trusted=client.trusted,
-            drop=drop,
+        head: RequestHead = client.dp.heads.request(
+            self.method, self.target, self.headers, client.peer_ip, client.trusted, drop
         )
         self.request_head = head.head
 
@@ -478,9 +424,6 @@ class Exchange:
 
     # -- 6: the response from the upstream --------------------------------------------------
 
-    def on_upstream_status(self, reason: bytes) -> None:
-        self.resp_reason += reason
-
     def on_upstream_headers(self, status: int) -> None:
         if self.done:
             return
@@ -490,21 +433,15 @@ class Exchange:
                 return
             self.interim = True  # 1xx (e.g. 103): not forwarded
             self.resp_headers = []
-            self.resp_reason = b""
             return
         self.resp_status = status
         head_only = self.method == b"HEAD" or status in {204, 304}
         keep_alive = self.keep_alive and not (
             self.expect_continue and self.has_body and not self.continue_sent
         )
-        head = rewrite_response(
-            status,
-            self.resp_reason,
-            self.resp_headers,
-            self.client.dp.date.get(),
-            http11=self.http11,
-            head_only=head_only,
-            keep_alive=keep_alive,
+        dp = self.client.dp
+        head = dp.heads.response(
+            status, self.resp_headers, dp.date_value, self.http11, head_only, keep_alive
         )
         self.keep_alive = head.keep_alive
         self.resp_state = 1
@@ -565,7 +502,6 @@ class Exchange:
                 and not self.has_body
                 and not self.interim
                 and not self.resp_headers
-                and not self.resp_reason
                 and self.method in IDEMPOTENT
             ):
                 # A pooled connection the upstream had closed: nothing was processed, try a
@@ -637,7 +573,7 @@ class Exchange:
             client.transport.write(
                 error_response(
                     cause,
-                    client.dp.date.get(),
+                    client.dp.date_value,
                     not self.keep_alive,
                     head_only=self.method == b"HEAD",
                     retry_after_s=retry_after_s,
@@ -702,7 +638,9 @@ class Exchange:
             service.stats.complete(status, latency_s, now, failed)
             ep = self.endpoint
             if ep is not None:
-                service.balancer.observe(ep, latency_s, now)
+                balancer = service.balancer
+                if balancer.uses_latency:
+                    balancer.observe(ep, latency_s, now)
                 ep.release()
                 # -- issue 4: outlier detection (5xx answers and upstream faults count)
                 cause = self.cause
@@ -791,7 +729,6 @@ class Exchange:
             self.replay_bytes = 0
         self.req_sent = False
         self.resp_headers = []
-        self.resp_reason = b""
         self.interim = False
         self.upstream = None
         self.deadline_next = INF

@@ -16,6 +16,7 @@ Each function makes one pass over the headers with one dict lookup per field; on
 from __future__ import annotations
 
 from dataclasses import dataclass
+from http import HTTPStatus
 
 HOP_BY_HOP = frozenset(
     {
@@ -71,6 +72,14 @@ _RESPONSE_ACTIONS = {
 }
 
 
+_REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
+
+
+def reason_phrase(status: int) -> bytes:
+    """The standard reason phrase for ``status`` (empty for unregistered codes)."""
+    return _REASONS.get(status, b"")
+
+
 def _tokens(value: bytes) -> set[bytes]:
     return {t for t in (part.strip().lower() for part in value.split(b",")) if t}
 
@@ -105,21 +114,38 @@ class RequestHead:
     """The client's ``tracestate`` fields joined with ',' (forwarded as is)."""
 
 
-def rewrite_request(
-    method: bytes,
-    target: bytes,
-    headers: list[tuple[bytes, bytes]],
-    peer_ip: bytes,
+@dataclass(frozen=True, slots=True)
+class RequestFields:
+    """The part of a rewritten request head that depends only on its header fields.
+
+    ``head = request line + middle + "X-Forwarded-For: " + xff_prefix + peer + CRLF CRLF``.
+    """
+
+    middle: bytes
+    """Kept fields, then Transfer-Encoding (if chunked), Via, X-Forwarded-Proto/-Host."""
+    xff_prefix: bytes
+    """A trusted peer's X-Forwarded-For chain plus ``", "``, else empty."""
+    host: bytes
+    expect_continue: bool
+    chunked: bool
+    has_body: bool
+    traceparent: bytes | None
+    tracestate: bytes | None
+
+
+def request_fields(
+    headers: list[tuple[bytes, bytes]] | tuple[tuple[bytes, bytes], ...],
     *,
     trusted: bool,
     proto: bytes = b"http",
     drop: frozenset[bytes] | set[bytes] = frozenset(),
-) -> RequestHead:
-    """The head to send upstream for a client request (``target`` in origin-form)."""
-    out = [method, b" ", target, b" HTTP/1.1\r\n"]
+) -> RequestFields:
+    """Rewrite a client request's header fields for the upstream (see the module docstring)."""
+    out: list[bytes] = []
     host = via = xff = xfp = xfh = b""
     expect_continue = chunked = has_body = False
-    traceparent = tracestate = None
+    traceparent: bytes | None = None
+    tracestate: bytes | None = None
     named: set[bytes] | None = None
     actions = _REQUEST_ACTIONS
     for name, value in headers:
@@ -171,23 +197,69 @@ def rewrite_request(
             continue
         out += (name, b": ", value, CRLF)
     if named is not None and not drop:
-        return rewrite_request(
-            method, target, headers, peer_ip, trusted=trusted, proto=proto, drop=named
-        )
+        return request_fields(headers, trusted=trusted, proto=proto, drop=named)
     if chunked:
         out.append(b"Transfer-Encoding: chunked\r\n")
     out += (b"Via: ", via + b", " + VIA_TOKEN if via else VIA_TOKEN, CRLF)
-    out += (b"X-Forwarded-For: ", xff + b", " + peer_ip if xff else peer_ip, CRLF)
     out += (b"X-Forwarded-Proto: ", xfp or proto, CRLF)
     if xfh or host:
         out += (b"X-Forwarded-Host: ", xfh or host, CRLF)
-    out.append(CRLF)
-    return RequestHead(
-        b"".join(out), host, expect_continue, chunked, has_body, traceparent, tracestate
+    return RequestFields(
+        b"".join(out),
+        xff + b", " if xff else b"",
+        host,
+        expect_continue,
+        chunked,
+        has_body,
+        traceparent,
+        tracestate,
     )
 
 
-@dataclass(slots=True)
+def request_head(
+    method: bytes, target: bytes, fields: RequestFields, peer_ip: bytes
+) -> RequestHead:
+    """The whole head to send upstream (``target`` in origin-form) and what it says."""
+    head = b"".join(
+        (
+            method,
+            b" ",
+            target,
+            b" HTTP/1.1\r\n",
+            fields.middle,
+            b"X-Forwarded-For: ",
+            fields.xff_prefix,
+            peer_ip,
+            b"\r\n\r\n",
+        )
+    )
+    return RequestHead(
+        head,
+        fields.host,
+        fields.expect_continue,
+        fields.chunked,
+        fields.has_body,
+        fields.traceparent,
+        fields.tracestate,
+    )
+
+
+def rewrite_request(
+    method: bytes,
+    target: bytes,
+    headers: list[tuple[bytes, bytes]],
+    peer_ip: bytes,
+    *,
+    trusted: bool,
+    proto: bytes = b"http",
+    drop: frozenset[bytes] | set[bytes] = frozenset(),
+) -> RequestHead:
+    """The head to send upstream for a client request (``target`` in origin-form)."""
+    fields = request_fields(headers, trusted=trusted, proto=proto, drop=drop)
+    return request_head(method, target, fields, peer_ip)
+
+
+@dataclass(frozen=True, slots=True)
 class ResponseHead:
     """The rewritten response head and how its body is framed toward the client."""
 
@@ -273,3 +345,67 @@ def rewrite_response(
         out.append(b"Connection: keep-alive\r\n")
     out.append(CRLF)
     return ResponseHead(b"".join(out), chunked, close_delimited, keep_alive)
+
+
+class HeadCache:
+    """Memoises header rewriting per distinct input, bounded (cleared when full).
+
+    Clients and upstreams repeat the same header sets (a keep-alive session, one upstream's
+    responses within a second), so most heads cost a tuple hash and a dict lookup instead
+    of a pass over every field.  Keys hold the whole input (the request line and the
+    peer's address are added per request), so a hit is exactly what the pure functions
+    would return.
+    """
+
+    __slots__ = ("_requests", "_responses", "max_entries")
+
+    def __init__(self, max_entries: int = 1024) -> None:
+        self.max_entries = max_entries
+        self._requests: dict[tuple[object, ...], RequestFields] = {}
+        self._responses: dict[tuple[object, ...], ResponseHead] = {}
+
+    def request(  # noqa: PLR0917  (positional on purpose: called once per request)
+        self,
+        method: bytes,
+        target: bytes,
+        headers: list[tuple[bytes, bytes]],
+        peer_ip: bytes,
+        trusted: bool,
+        drop: frozenset[bytes] | set[bytes] = frozenset(),
+    ) -> RequestHead:
+        key = (tuple(headers), trusted, frozenset(drop) if drop else None)
+        cache = self._requests
+        fields = cache.get(key)
+        if fields is None:
+            fields = request_fields(headers, trusted=trusted, drop=drop)
+            if len(cache) >= self.max_entries:
+                cache.clear()
+            cache[key] = fields
+        return request_head(method, target, fields, peer_ip)
+
+    def response(  # noqa: PLR0917  (positional on purpose: called once per response)
+        self,
+        status: int,
+        headers: list[tuple[bytes, bytes]],
+        date: bytes,
+        http11: bool,
+        head_only: bool,
+        keep_alive: bool,
+    ) -> ResponseHead:
+        key = (status, tuple(headers), date, http11, head_only, keep_alive)
+        cache = self._responses
+        head = cache.get(key)
+        if head is None:
+            head = rewrite_response(
+                status,
+                reason_phrase(status),
+                headers,
+                date,
+                http11=http11,
+                head_only=head_only,
+                keep_alive=keep_alive,
+            )
+            if len(cache) >= self.max_entries:
+                cache.clear()
+            cache[key] = head
+        return head

@@ -22,8 +22,9 @@ import httptools
 
 from gateway.dataplane.errors import Cause, HttpDate, error_response
 from gateway.dataplane.forward import PAUSE_BACKPRESSURE, PAUSE_BUFFER, Exchange
+from gateway.dataplane.headers import HeadCache
 from gateway.dataplane.limits import HeadLimits, RequestRejected, check_head
-from gateway.dataplane.upstream import WRITE_BUFFER_HIGH, WRITE_BUFFER_LOW
+from gateway.dataplane.upstream import WRITE_BUFFER_HIGH, WRITE_BUFFER_LOW, EndpointConnections
 from gateway.routing import RouteTable
 from gateway.service import Service
 
@@ -32,6 +33,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+ROUTE_CACHE_MAX = 4096
+"""Distinct (Host, path) pairs remembered per route table before the cache starts over."""
 SWEEP_S = 0.05
 """How often in-flight exchanges are checked against their deadlines (timeout precision)."""
 IDLE_SWEEP_EVERY = 20
@@ -58,14 +61,14 @@ class ClientConnection(asyncio.Protocol):
         "current",
         "dp",
         "error_cause",
-        "field_bytes",
+        "fields_left",
         "head_deadline",
+        "head_left",
         "head_open",
         "headers",
         "last_active",
         "line_bytes",
         "lingering",
-        "nheaders",
         "parser",
         "parsing",
         "pause_bits",
@@ -76,7 +79,7 @@ class ClientConnection(asyncio.Protocol):
         "trusted",
         "upgraded",
         "url",
-        "url_bytes",
+        "url_left",
         "write_paused",
     )
 
@@ -101,10 +104,12 @@ class ClientConnection(asyncio.Protocol):
         # -- issue 4: head limits, slow and idle clients, rejections
         self.head_open = False
         """A request head has begun and is not complete."""
-        self.url_bytes = 0
-        self.field_bytes = 0
+        self.head_left = 0
+        """Bytes the current head may still take (request line and fields as reported)."""
+        self.url_left = 0
+        self.fields_left = 0
         self.line_bytes = 0
-        self.nheaders = 0
+        """The incomplete line at the end of the last read (not yet reported by the parser)."""
         self.head_deadline = 0.0
         self.last_active = 0.0
         self.reject_cause: Cause | None = None
@@ -158,12 +163,11 @@ class ClientConnection(asyncio.Protocol):
         """A head is still incomplete after this read: bound its size and its time."""
         i = data.rfind(b"\n")
         self.line_bytes = self.line_bytes + len(data) if i == -1 else len(data) - i - 1
-        limits = self.dp.limits
-        if self.url_bytes + self.field_bytes + self.line_bytes > limits.max_header_bytes:
+        if self.line_bytes > self.head_left:
             self._reject(Cause.HEADERS_TOO_LARGE)
             return
         if not self.head_deadline:
-            self.head_deadline = self.dp.loop.time() + limits.header_timeout_s
+            self.head_deadline = self.dp.loop.time() + self.dp.limits.header_timeout_s
             self.dp.slow_heads.add(self)
 
     def head_timed_out(self) -> None:
@@ -212,23 +216,25 @@ class ClientConnection(asyncio.Protocol):
         self.url = b""
         self.headers = []
         self.head_open = True
-        self.url_bytes = self.field_bytes = self.line_bytes = self.nheaders = 0
+        limits = self.dp.limits
+        self.head_left = limits.max_header_bytes
+        self.url_left = limits.max_uri_bytes
+        self.fields_left = limits.max_headers
+        self.line_bytes = 0
 
     def on_url(self, url: bytes) -> None:
         self.url += url
-        self.url_bytes += len(url)
-        if self.url_bytes > self.dp.limits.max_uri_bytes:
+        n = len(url)
+        self.url_left -= n
+        self.head_left -= n
+        if self.url_left < 0:
             self._stop_parsing(Cause.URI_TOO_LONG)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers.append((name, value))
-        self.nheaders += 1
-        self.field_bytes += len(name) + len(value) + 4
-        limits = self.dp.limits
-        if (
-            self.nheaders > limits.max_headers
-            or self.url_bytes + self.field_bytes > limits.max_header_bytes
-        ):
+        self.fields_left -= 1
+        self.head_left -= len(name) + len(value) + 4
+        if self.fields_left < 0 or self.head_left < 0:
             self._stop_parsing(Cause.HEADERS_TOO_LARGE)
 
     def on_headers_complete(self) -> None:
@@ -349,7 +355,7 @@ class ClientConnection(asyncio.Protocol):
 
     def _answer_and_close(self, cause: Cause) -> None:
         if not self.closed:
-            self.transport.write(error_response(cause, self.dp.date.get(), close=True))
+            self.transport.write(error_response(cause, self.dp.date_value, close=True))
             self.linger_close()
 
     def linger_close(self) -> None:
@@ -360,6 +366,7 @@ class ClientConnection(asyncio.Protocol):
             return
         self.closed = True
         self.lingering = True
+        self.line_bytes = 0
         self.pause_bits = 0
         transport = self.transport
         try:
@@ -372,8 +379,8 @@ class ClientConnection(asyncio.Protocol):
         self.dp.loop.call_later(LINGER_S, transport.close)
 
     def _linger_read(self, n: int) -> None:
-        self.field_bytes += n
-        if self.field_bytes > LINGER_MAX_BYTES:
+        self.line_bytes += n
+        if self.line_bytes > LINGER_MAX_BYTES:
             self.transport.close()
 
     def __repr__(self) -> str:
@@ -402,6 +409,12 @@ class DataPlane:
         self._sweeps = 0
         self.loop = loop or asyncio.get_running_loop()
         self.date = HttpDate()
+        self.date_value = self.date.get()
+        """The ``Date`` header value, refreshed by the sweep (every ``SWEEP_S``)."""
+        self.heads = HeadCache()
+        """Memoised header rewriting (a repeated header set costs one dict lookup)."""
+        self._route_table: RouteTable | None = None
+        self._route_cache: dict[tuple[bytes, bytes], str | None] = {}
         self.networks = [ipaddress.ip_network(n, strict=False) for n in trusted_proxies]
         self.connections: set[ClientConnection] = set()
         self.active: set[Exchange] = set()
@@ -411,7 +424,26 @@ class DataPlane:
         """Set while stopping, once no exchange is active."""
         self._sweeper: asyncio.TimerHandle | None = None
 
+    def route(self, host: bytes, path: bytes) -> str | None:
+        """``routes.match`` for raw header bytes, memoised per route table (swaps reset it)."""
+        table = self.routing.routes
+        cache = self._route_cache
+        if table is not self._route_table:
+            self._route_table = table
+            cache.clear()
+        key = (host, path)
+        try:
+            return cache[key]
+        except KeyError:
+            pass
+        name = table.match(host.decode("latin-1"), path.decode("latin-1"))
+        if len(cache) >= ROUTE_CACHE_MAX:
+            cache.clear()
+        cache[key] = name
+        return name
+
     def _sweep(self) -> None:
+        self.date_value = self.date.get()
         now = self.loop.time()
         due = [ex for ex in self.active if ex.deadline_next <= now]
         for ex in due:
@@ -428,6 +460,10 @@ class DataPlane:
                 if c.current is None and not c.head_open and c.last_active < idle_before
             ]:
                 conn.close()
+            for service in self.routing.services.values():
+                for ep in service.endpoints.endpoints:
+                    if isinstance(ep.pool, EndpointConnections):
+                        ep.pool.expire(now)
         self._sweeper = self.loop.call_later(SWEEP_S, self._sweep)
 
     def configure(self, trusted_proxies: Sequence[str], limits: HeadLimits) -> None:

@@ -95,13 +95,8 @@ class UpstreamConnection(asyncio.Protocol):
 
     # -- httptools callbacks (forwarded to the bound exchange) -----------------------------
 
-    def on_message_begin(self) -> None:
-        if self.exchange is None:  # bytes nobody asked for: this connection is unusable
-            self.abort()
-
-    def on_status(self, reason: bytes) -> None:
-        if self.exchange is not None:
-            self.exchange.on_upstream_status(reason)
+    # No on_message_begin/on_status: each callback costs a Python call per response, and
+    # the reason phrase is rebuilt from the status code (RFC 9112 §4: clients ignore it).
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if self.exchange is not None:
@@ -110,6 +105,8 @@ class UpstreamConnection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         if self.exchange is not None:
             self.exchange.on_upstream_headers(self.parser.get_status_code())
+        else:  # a response nobody asked for: this connection is unusable
+            self.abort()
 
     def on_body(self, body: bytes) -> None:
         if self.exchange is not None:
@@ -130,6 +127,12 @@ class UpstreamConnection(asyncio.Protocol):
         if self.read_paused and self.transport is not None and not self.closed:
             self.read_paused = False
             self.transport.resume_reading()
+
+    def close(self) -> None:
+        """Close an idle connection politely (FIN); ``connection_lost`` follows."""
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
 
     def abort(self) -> None:
         """Drop the connection at once (never reused); ``connection_lost`` follows."""
@@ -177,6 +180,17 @@ class EndpointConnections:
         conn.idle_since = now
         self.idle.append(conn)
 
+    def expire(self, now: float) -> None:
+        """Close connections idle longer than ``IDLE_TIMEOUT_S`` (oldest are first in the list)."""
+        idle = self.idle
+        cutoff = now - IDLE_TIMEOUT_S
+        n = 0
+        while n < len(idle) and idle[n].idle_since < cutoff:
+            idle[n].close()
+            n += 1
+        if n:
+            del idle[:n]
+
     def discard(self, conn: UpstreamConnection) -> None:
         with contextlib.suppress(ValueError):
             self.idle.remove(conn)
@@ -186,7 +200,7 @@ class EndpointConnections:
         self.closed = True
         idle, self.idle = self.idle, []
         for conn in idle:
-            conn.abort()
+            conn.close()
 
     def __repr__(self) -> str:
         return f"EndpointConnections({self.address}, {len(self.idle)} idle)"

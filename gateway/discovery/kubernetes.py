@@ -1,9 +1,5 @@
 """platform: kubernetes — routes from Ingresses, endpoints from EndpointSlices, peers, status.
 
-:class:`KubernetesPlatform` wires everything the platform needs for the composition root: the
-API client, this discovery, the Lease leader elector (running), the leader-gated actuator and
-the signals merged from every gateway replica.
-
 ``KubernetesDiscovery`` is a :class:`~gateway.discovery.RouteSource` and an
 :class:`~gateway.discovery.EndpointSource`.  Used as an async context manager it runs three
 watches (through :mod:`scaler.kubeapi`): Ingresses and EndpointSlices in the configured
@@ -16,7 +12,6 @@ the gateway's address is written into each served Ingress's ``status.loadBalance
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import os
@@ -24,21 +19,17 @@ import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from types import TracebackType
 
-import httpx
-
 from gateway.discovery import EndpointInfo, EndpointUpdate, RoutesUpdate
 from gateway.discovery.ingress_rules import Backend, IngressTable, Problem, build_table
 from gateway.settings import Settings
-from scaler.actuators.kubernetes import KubernetesActuator
 from scaler.kube_model import EndpointSlice, Ingress, KubeError, ObjectRef, SlicePort, Workload
 from scaler.kubeapi import KubeApi, Reflector
-from scaler.leader import LeaderElector
-from scaler.peer_signals import PeerSignals
 from scaler.policy import ScalingPolicy
-from scaler.signals import ServiceSignals
 
 log = logging.getLogger(__name__)
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+RETRY_S = 2.0
+"""Retry period for a backend port that could not be resolved."""
 
 
 def default_identity() -> str:
@@ -186,23 +177,33 @@ class KubernetesDiscovery:
 
     async def updates(self) -> AsyncIterator[EndpointUpdate]:
         """Every backend's endpoints after the first sync, then each service whose set changed;
-        a service no Ingress references any more gets one empty set (its endpoints drain)."""
+        a service no Ingress references any more gets one empty set (its endpoints drain).
+
+        A backend whose port cannot be resolved now (its Service could not be read) keeps its
+        last endpoints and is retried every ``RETRY_S``: an API hiccup never drains a service."""
         seen = 0
         emitted: dict[str, tuple[EndpointInfo, ...]] = {}
+        unresolved: set[str] = set()
         while True:
             seen = await self._wait(
-                seen, lambda: all(self._synced_ingresses) and all(self._synced_slices)
+                seen,
+                lambda: all(self._synced_ingresses) and all(self._synced_slices),
+                RETRY_S if unresolved else None,
             )
             slices = {k: v for part in self._slices for k, v in part.items()}
             current: dict[str, tuple[EndpointInfo, ...]] = {}
+            unresolved = set()
             for service, backend in self.table.backends.items():
                 ports = self._service_ports.get((backend.namespace, backend.name))
                 eps = endpoints_for(backend, slices, ports)
                 if eps is None:
                     ports = await self._lookup_service_ports(backend)
-                    eps = endpoints_for(backend, slices, ports) or ()
+                    eps = endpoints_for(backend, slices, ports) if ports is not None else None
+                if eps is None:
+                    unresolved.add(service)
+                    continue
                 current[service] = eps
-            for service in sorted(set(emitted) - set(current)):
+            for service in sorted(set(emitted) - set(current) - unresolved):
                 del emitted[service]
                 yield EndpointUpdate(service, ())
             for service, eps in sorted(current.items()):
@@ -212,9 +213,17 @@ class KubernetesDiscovery:
 
     # ---- internals ----
 
-    async def _wait(self, seen: int, ready: object) -> int:
+    async def _wait(
+        self, seen: int, ready: Callable[[], bool], timeout_s: float | None = None
+    ) -> int:
+        """The next version after ``seen`` once ``ready()``; on ``timeout_s``, ``seen`` again."""
         async with self._changed:
-            await self._changed.wait_for(lambda: self._version > seen and ready())  # type: ignore[operator]
+            try:
+                await asyncio.wait_for(
+                    self._changed.wait_for(lambda: self._version > seen and ready()), timeout_s
+                )
+            except TimeoutError:
+                return seen
             return self._version
 
     async def _bump(self) -> None:
@@ -308,76 +317,3 @@ class KubernetesDiscovery:
                 await self.api.patch_ingress_status(ing.meta.namespace, ing.meta.name, addresses)
             except KubeError as e:
                 log.warning("ingress %s: cannot write status.loadBalancer: %s", ing.meta.key, e)
-
-
-class KubernetesPlatform:
-    """API client + discovery + running leader election + gated actuator + merged signals.
-
-    ``async with KubernetesPlatform(settings, http) as k8s:`` then feed the gateway with
-    ``k8s.discovery.routes()`` / ``.updates()``, the scaler loop with ``await k8s.signals(now)``,
-    ``k8s.discovery.policies()``, ``k8s.actuator``.  Only the Lease holder gets signals and
-    actuates; on exit the Lease is released, the watches stop and the client closes.
-    """
-
-    def __init__(
-        self,
-        settings: Settings,
-        http: httpx.AsyncClient,
-        api: KubeApi | None = None,
-        clock: Callable[[], float] | None = None,
-    ) -> None:
-        cfg = settings.kubernetes
-        self.api = api or KubeApi.connect(cfg.kubeconfig, max_concurrency=cfg.api_max_concurrency)
-        self.discovery = KubernetesDiscovery(self.api, settings)
-        self.elector = LeaderElector(
-            self.api,
-            cfg.lease.namespace,
-            cfg.lease.name,
-            cfg.identity or default_identity(),
-            lease_duration_s=cfg.lease.duration_s,
-            renew_deadline_s=cfg.lease.renew_deadline_s,
-            retry_period_s=cfg.lease.retry_period_s,
-            clock=clock,
-        )
-        self.actuator = KubernetesActuator(self.api, self.discovery.workloads, leader=self.elector)
-        token = settings.admin.token.get_secret_value() if settings.admin.token else None
-        self.peer_signals = PeerSignals(
-            http, self.discovery.peer_admin_addresses, cfg.peer_timeout_s, token
-        )
-        self._elector_task: asyncio.Task[None] | None = None
-
-    def __repr__(self) -> str:
-        return f"KubernetesPlatform({self.discovery!r}, {self.elector!r})"
-
-    async def signals(self, now: float) -> dict[str, ServiceSignals]:
-        """Signals merged from every gateway replica when leading; {} otherwise (frozen)."""
-        if not self.elector.is_leader():
-            return {}
-        merged, _ = await self.peer_signals.collect(now)
-        return merged
-
-    async def __aenter__(self) -> KubernetesPlatform:
-        await self.discovery.__aenter__()
-
-        async def elect() -> None:
-            while True:
-                try:
-                    await self.elector.run()
-                except asyncio.CancelledError:
-                    raise
-                except Exception:
-                    log.exception("leader election failed; restarting in 1s")
-                    await asyncio.sleep(1.0)
-
-        self._elector_task = asyncio.create_task(elect(), name="kube-leader-election")
-        return self
-
-    async def __aexit__(
-        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        if self._elector_task is not None:
-            self._elector_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._elector_task
-        await self.discovery.__aexit__(t, e, tb)
-        await self.api.close()

@@ -260,3 +260,43 @@ async def test_peers_come_from_the_gateway_endpointslice(fake: FakeKube) -> None
             assert disco.peer_admin_addresses() == ["10.9.0.1:9901", "10.9.0.2:9901"]
     finally:
         await api.close()
+
+
+async def test_an_unreadable_service_never_drains_its_endpoints(fake: FakeKube) -> None:
+    fake.put(ingress("web", [("shop.test", "/", "Prefix", "web", 80)]))
+    fake.put(service("web", [("http", 80), ("metrics", 9090)]))
+    slice_ports = [("metrics", 9090), ("http", 8080)]
+    fake.put(endpoint_slice("web-abc", "web", [("10.1.0.1", {"ready": True})], slice_ports))
+    api = KubeApi.connect(host=fake.url)
+    try:
+        async with KubernetesDiscovery(api, settings()) as disco:
+            updates = disco.updates()
+            first = await next_matching(updates, lambda u: True)
+            assert first.endpoints == (EndpointInfo("10.1.0.1:8080"),)
+            # the Ingress changes (port cache dropped) while reading the Service fails
+            fake.fail("get", "services", 500, times=1)
+            fake.put(
+                ingress(
+                    "web",
+                    [("shop.test", "/", "Prefix", "web", 80), ("w.test", "/", "Prefix", "web", 80)],
+                )
+            )
+            await wait_for(lambda: len(disco.table.routes.rules) == 2)
+            fake.put(
+                endpoint_slice(
+                    "web-abc",
+                    "web",
+                    [("10.1.0.1", {"ready": True}), ("10.1.0.2", {"ready": True})],
+                    slice_ports,
+                )
+            )
+            seen: list[EndpointUpdate] = []
+            second = await next_matching(
+                updates, lambda u: seen.append(u) is None and len(u.endpoints) == 2
+            )
+            assert all(u.endpoints for u in seen), "an API error drained the service"
+            assert second.endpoints[1] == EndpointInfo("10.1.0.2:8080")
+            gets = [c for c in fake.requests if c.verb == "get" and c.resource == "services"]
+            assert len(gets) >= 3  # first read, the failed one, the retry
+    finally:
+        await api.close()

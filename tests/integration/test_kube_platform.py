@@ -12,11 +12,12 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.discovery.kubernetes import KubernetesPlatform
+from gateway.kubernetes_platform import KubernetesPlatform
 from gateway.settings import Settings, parse_settings
 from scaler.engine import Engine
 from scaler.kube_model import format_cpu
 from scaler.kubeapi import KubeApi
+from scaler.loop import ScalerLoop
 from scaler.signals import ServiceSignals
 from tests.support.fake_kube import FakeKube
 from tests.support.kube_objects import deployment, endpoint_slice, ingress, pod
@@ -103,11 +104,13 @@ async def test_leader_scales_from_merged_signals_and_the_other_takes_over(fake: 
                 assert not follower.elector.is_leader()
                 assert await follower.signals(0.0) == {}  # followers decide nothing
 
-                engine = Engine(leader.discovery.policies(), budget)
-                loop = asyncio.get_running_loop()
+                loops = {
+                    id(p): ScalerLoop(Engine(p.discovery.policies(), budget), p.signals, p.actuator)
+                    for p in (a, b)
+                }
                 decision = None
                 for _ in range(40):
-                    now = loop.time()
+                    now = asyncio.get_running_loop().time()
                     # each gateway replica sees part of the load: 12 + 18 in flight
                     peer_a.signals = [
                         ServiceSignals("shop/web", now, in_flight=12, arrivals_total=100, rps=20)
@@ -115,19 +118,19 @@ async def test_leader_scales_from_merged_signals_and_the_other_takes_over(fake: 
                     peer_b.signals = [
                         ServiceSignals("shop/web", now, in_flight=18, arrivals_total=200, rps=30)
                     ]
-                    merged = await leader.signals(now)
-                    assert merged["shop/web"].in_flight == 30
-                    states = await leader.actuator.current()
-                    decision = engine.tick(now, merged, states)["shop/web"]
-                    await leader.actuator.apply({"shop/web": decision})
-                    # the follower's actuator writes nothing, whatever it is told
-                    await follower.actuator.apply(
-                        {"shop/web": dataclasses.replace(decision, replicas=7)}
-                    )
+                    assert (await leader.signals())["shop/web"].in_flight == 30
+                    # the follower's loop sees no signals: frozen, and its actuator writes nothing
+                    followed = await loops[id(follower)].tick()
+                    assert followed["shop/web"].frozen
+                    decision = (await loops[id(leader)].tick())["shop/web"]
                     if decision.replicas > 1:
                         break
                     await asyncio.sleep(0.05)
                 assert decision is not None and decision.replicas > 1, decision
+                # told something else directly, the follower's actuator still writes nothing
+                await follower.actuator.apply(
+                    {"shop/web": dataclasses.replace(decision, replicas=7)}
+                )
                 web = fake.get("deployments", "shop", "web") or {}
                 assert web["spec"]["replicas"] == decision.replicas
                 limits = (fake.get("pods", "shop", "web-1") or {})["spec"]["containers"][0][

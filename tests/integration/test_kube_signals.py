@@ -54,13 +54,13 @@ async def test_merge_tolerates_a_down_peer_and_freezes_when_all_are_down() -> No
 
             # one peer goes down, another garbles: merged from the rest, counters stay monotonic
             peers[:] = [a.address, down, b.address]
-            b.raw = {"version": 1, "services": [{"service": "shop/web", "at": "soon"}]}
+            b.raw = {"at": 1.0, "signals": {"shop/web": {"service": "shop/web", "at": "soon"}}}
             a.signals = [sig(2, 130, 0.1)]
             merged, report = await merger.collect(now=43.0)
             web = merged["shop/web"]
             assert report.answered == (a.address,)
             assert set(report.failed) == {down, b.address}
-            assert "services[0].at: must be a number" in report.failed[b.address]
+            assert "signals['shop/web'].at: must be a number" in report.failed[b.address]
             assert (web.in_flight, web.arrivals_total) == (2, 180)
 
             # nobody answers: no signals at all -> the engine freezes scaling

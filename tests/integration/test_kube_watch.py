@@ -53,3 +53,26 @@ async def test_close_stops_watch_threads_promptly() -> None:
         reflector.join(5)
         assert not reflector._thread.is_alive()
         await snapshots.aclose()
+
+
+async def test_watches_that_end_at_once_back_off_instead_of_spinning() -> None:
+    with FakeKube() as fake:
+        api = KubeApi.connect(host=fake.url)
+        try:
+            reflector = api.watch_ingresses("shop")
+            snapshots = reflector.snapshots()
+            async with asyncio.timeout(10):
+                await anext(snapshots)
+            fake.watch_lifetime_s = 0  # every watch now ends at once, saying nothing
+            fake.drop_watches()
+            async with asyncio.timeout(15):
+                while len(reflector.backoffs_s) < 4:
+                    await asyncio.sleep(0.05)
+            waits = list(reflector.backoffs_s)[:4]
+            # the first wait follows the dropped connection; then empty watches keep doubling it
+            for wait_s, ceiling_s in zip(waits, (0.2, 0.4, 0.8, 1.6), strict=True):
+                assert ceiling_s / 2 <= wait_s <= ceiling_s
+            assert reflector.relists == 1  # resumed each time, never relisted
+            await snapshots.aclose()
+        finally:
+            await api.close()

@@ -46,10 +46,11 @@ def test_least_request_spreads_sequential_load(ups: list[Upstream], tmp_path: Pa
         gateway(config(ups, "least_request"), tmp_path / "s.yaml") as g,
         httpx.Client(base_url=g.url, timeout=10) as client,
     ):
-        counts = Counter(client.get("/echo").headers["x-upstream"] for _ in range(300))
-    # All idle: p2c ties go to a uniformly random first sample, so each gets ~1/3.
+        counts = Counter(client.get("/echo").headers["x-upstream"] for _ in range(150))
+    # All idle: p2c ties go to a uniformly random first sample, so each gets ~1/3
+    # (50 ± 5.8; the bounds are over 4 standard deviations away).
     assert set(counts) == {"a", "b", "c"}
-    assert all(60 <= n <= 140 for n in counts.values()), counts
+    assert all(25 <= n <= 75 for n in counts.values()), counts
 
 
 def test_least_request_avoids_a_busy_endpoint(ups: list[Upstream], tmp_path: Path) -> None:

@@ -42,6 +42,11 @@ def gw(up: Upstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gatew
                 "endpoints": [up.address],
                 "timeouts": {"connect_s": 1, "response_header_s": 0.3, "total_s": 5},
             },
+            "tight": {
+                "routes": [{"host": "tight.test", "path": "/"}],
+                "endpoints": [up.address],
+                "timeouts": {"connect_s": 1, "response_header_s": 5, "total_s": 0.3},
+            },
             "short": {
                 "routes": [{"path": "/stream"}],
                 "endpoints": [up.address],
@@ -303,6 +308,12 @@ def test_response_header_timeout_is_504(gw: Gateway) -> None:
     assert r.headers["sluice-error"] == "upstream-header-timeout"
     r = httpx.get(gw.url + "/delay", params={"s": 0.01}, timeout=10)
     assert r.status_code == 200
+
+
+def test_total_timeout_is_504(gw: Gateway) -> None:
+    r = httpx.get(gw.url + "/delay", params={"s": 3}, headers={"Host": "tight.test"}, timeout=10)
+    assert r.status_code == 504
+    assert r.headers["sluice-error"] == "upstream-timeout"
 
 
 def test_connect_timeout_is_504(up: Upstream, tmp_path_factory: pytest.TempPathFactory) -> None:

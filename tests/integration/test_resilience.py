@@ -138,7 +138,7 @@ def test_refused_connection_is_502(tmp_path: Path) -> None:
 
 
 def test_reset_before_response_is_502(ups: list[Upstream], tmp_path: Path) -> None:
-    with FaultyProxy(target(ups[0]), Fault.REFUSE) as proxy:
+    with FaultyProxy(target(ups[0]), Fault.RESET_AFTER_REQUEST) as proxy:
         cfg = service([proxy.address])
         with gateway(cfg, tmp_path / "s.yaml") as g, httpx.Client(base_url=g.url, timeout=30) as c:
             r = c.get("/echo")
@@ -240,7 +240,7 @@ def test_reset_get_is_retried_but_a_post_that_reached_an_upstream_is_not(
     recorder: Recorder, tmp_path: Path
 ) -> None:
     with (
-        FaultyProxy(("127.0.0.1", recorder.port), Fault.REFUSE) as resetting,
+        FaultyProxy(("127.0.0.1", recorder.port), Fault.RESET_AFTER_REQUEST) as resetting,
         FaultyProxy(("127.0.0.1", recorder.port), Fault.PASS) as good,
     ):
         cfg = service([resetting.address, good.address], balancer="round_robin")
@@ -258,7 +258,8 @@ def test_reset_get_is_retried_but_a_post_that_reached_an_upstream_is_not(
     failed = [i for i, s in enumerate(posts) if s == 502]
     assert len(ok) + len(failed) == 20
     assert failed, "round robin sends some POSTs to the resetting endpoint"
-    assert reset_posts == len(failed)
+    assert reset_posts == len(failed)  # each refused POST was sent to the resetting one only
+    assert all(b"POST /post/" in data for data in resetting.received[-len(failed) :])
     for i in ok:
         assert seen[f"/post/{i}"] == 1
     for i in failed:

@@ -96,6 +96,8 @@ class FakeKube:
         self.requests: list[Call] = []
         self.failures: dict[tuple[str, str], list[ApiError]] = {}
         self.streaming: dict[str, int] = {}
+        self.watch_lifetime_s: float | None = None
+        """When set, every watch ends cleanly after this long (0: at once, with no events)."""
         handler = type("Handler", (_Handler,), {"fake": self})
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.server.daemon_threads = True
@@ -479,6 +481,8 @@ class _Handler(BaseHTTPRequestHandler):
         selector = query.get("labelSelector")
         bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
         timeout_s = float(query.get("timeoutSeconds") or 1800)
+        if fake.watch_lifetime_s is not None:
+            timeout_s = min(timeout_s, fake.watch_lifetime_s)
         deadline = time.monotonic() + timeout_s
         self.send_response(200)
         self.send_header("Content-Type", "application/json")

@@ -11,6 +11,7 @@ connection, applies the fault that is set at accept time:
 * ``DELAY`` — hold the upstream's response for ``delay_s`` before forwarding it;
 * ``BLACKHOLE`` — accept and read the request, never answer, never close;
 * ``REFUSE`` — reset the connection at once (RST), nothing read;
+* ``RESET_AFTER_REQUEST`` — read the request head (it reached the upstream), then RST;
 * ``RESET_MID_BODY`` — forward the response's first ``after_bytes`` bytes, then RST;
 * ``TRUNCATE`` — forward the first ``after_bytes`` response bytes, then a clean close (FIN);
 * ``BAD_FRAMING`` — answer the request itself with ``bad_response`` (malformed framing).
@@ -34,6 +35,7 @@ class Fault(enum.Enum):
     DELAY = "delay"
     BLACKHOLE = "blackhole"
     REFUSE = "refuse"
+    RESET_AFTER_REQUEST = "reset-after-request"
     RESET_MID_BODY = "reset-mid-body"
     TRUNCATE = "truncate"
     BAD_FRAMING = "bad-framing"
@@ -118,6 +120,16 @@ class FaultyProxy:
         self, fault: Fault, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         if fault is Fault.REFUSE:
+            _rst(writer)
+            return
+        if fault is Fault.RESET_AFTER_REQUEST:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                chunk = await reader.read(65536)
+                if not chunk:
+                    return
+                data += chunk
+            self.received.append(data)
             _rst(writer)
             return
         if fault is Fault.BLACKHOLE:

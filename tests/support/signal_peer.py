@@ -29,7 +29,7 @@ class SignalPeer:
                     self.send_error(404)
                     return
                 body = json.dumps(
-                    peer.raw if peer.raw is not None else signals_to_json(peer.signals)
+                    peer.raw if peer.raw is not None else signals_to_json(0.0, peer.signals)
                 ).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")

@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from gateway.dataplane.errors import Cause, HttpDate, error_response
-from gateway.dataplane.headers import connection_tokens, rewrite_request, rewrite_response
+from gateway.dataplane.headers import (
+    HeadCache,
+    connection_tokens,
+    request_fields,
+    request_head,
+    rewrite_request,
+    rewrite_response,
+)
 
 H = list[tuple[bytes, bytes]]
 
@@ -68,23 +75,23 @@ def test_a_field_named_by_connection_before_it_appears_is_dropped_too() -> None:
 
 
 def test_request_reports_body_and_framing() -> None:
-    head = rewrite_request(b"POST", b"/", [(b"Content-Length", b"5")], b"1.2.3.4", trusted=False)
-    assert (head.has_body, head.chunked, head.expect_continue) == (True, False, False)
-    head = rewrite_request(b"POST", b"/", [(b"Content-Length", b"0")], b"1.2.3.4", trusted=False)
-    assert head.has_body is False
-    head = rewrite_request(
+    f = rewrite_request(b"POST", b"/", [(b"Content-Length", b"5")], b"1.2.3.4", trusted=False)
+    assert (f.has_body, f.chunked, f.expect_continue) == (True, False, False)
+    f = rewrite_request(b"POST", b"/", [(b"Content-Length", b"0")], b"1.2.3.4", trusted=False)
+    assert f.has_body is False
+    f = rewrite_request(
         b"POST", b"/", [(b"Transfer-Encoding", b"gzip, chunked")], b"1.2.3.4", trusted=False
     )
-    assert (head.has_body, head.chunked) == (True, True)
-    head = rewrite_request(
+    assert (f.has_body, f.chunked) == (True, True)
+    f = rewrite_request(
         b"POST",
         b"/",
         [(b"Expect", b"100-Continue"), (b"Content-Length", b"3")],
         b"1.2.3.4",
         trusted=False,
     )
-    assert head.expect_continue is True
-    assert b"expect" not in head.head.lower()
+    assert f.expect_continue is True
+    assert b"expect" not in f.head.lower()
 
 
 def test_via_is_appended() -> None:
@@ -227,3 +234,35 @@ def test_error_responses_name_their_cause() -> None:
     assert statuses["upstream-connect-failed"] == 502
     assert statuses["upstream-header-timeout"] == 504
     assert len(HttpDate().get()) == 29
+
+
+def test_head_cache_returns_what_the_pure_functions_return() -> None:
+    cache = HeadCache(max_entries=4)
+    headers = [
+        (b"Host", b"h"),
+        (b"X-Forwarded-For", b"1.1.1.1"),
+        (b"Connection", b"x-a"),
+        (b"X-A", b"1"),
+        (b"traceparent", b"00-" + b"1" * 32 + b"-" + b"2" * 16 + b"-01"),
+    ]
+    peer = b"10.0.0.1"
+    for trusted in (False, True, False):
+        for drop in (frozenset(), frozenset({b"traceparent"})):
+            got = cache.request(b"GET", b"/x", list(headers), peer, trusted, drop)
+            want = rewrite_request(b"GET", b"/x", headers, peer, trusted=trusted, drop=drop)
+            assert got == want
+    key_count = len(cache._requests)
+    cache.request(b"POST", b"/y", list(headers), b"10.9.9.9", True)  # same fields: a hit
+    assert len(cache._requests) == key_count
+    assert request_head(
+        b"GET", b"/", request_fields(headers, trusted=True), peer
+    ) == rewrite_request(b"GET", b"/", headers, peer, trusted=True)
+    resp = [(b"Content-Length", b"2"), (b"Date", b"D")]
+    got_resp = cache.response(200, list(resp), b"NOW", True, False, True)
+    assert got_resp == rewrite_response(
+        200, b"OK", resp, b"NOW", http11=True, head_only=False, keep_alive=True
+    )
+    assert cache.response(200, list(resp), b"NOW", False, False, True).head != got_resp.head
+    for i in range(10):  # bounded: it starts over instead of growing
+        cache.request(b"GET", b"/", [(b"X-N", str(i).encode())], peer, False)
+    assert len(cache._requests) <= 4

@@ -1,0 +1,291 @@
+"""Live traffic through the real gateway while Ingresses and EndpointSlices change on the fake
+API: routes follow the Ingresses, endpoints follow the slices (draining, terminating), and the
+gateway's own /api/signals is what the leader's merger reads."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from gateway.app import Runtime, serve
+from gateway.kubernetes_platform import KubernetesRunner
+from gateway.settings import parse_settings
+from scaler.kubeapi import KubeApi
+from scaler.peer_signals import PeerSignals
+from tests.support.fake_kube import FakeKube
+from tests.support.kube_objects import deployment, endpoint_slice, ingress
+from tests.support.processes import Upstream, upstreams
+
+TIMEOUT_S = 20
+READY = {"ready": True, "serving": True, "terminating": False}
+TERMINATING = {"ready": False, "serving": True, "terminating": True}
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeKube]:
+    with FakeKube() as f:
+        yield f
+
+
+def port_of(u: Upstream) -> int:
+    return int(u.address.rpartition(":")[2])
+
+
+def web_slice(*eps: tuple[Upstream, dict[str, bool]]) -> list[dict[str, Any]]:
+    """One slice per upstream: they all listen on 127.0.0.1, on different ports."""
+    return [
+        endpoint_slice(f"web-{u.name}", "web", [("127.0.0.1", cond)], [("http", port_of(u))])
+        for u, cond in eps
+    ]
+
+
+async def until(pred: Callable[[], Any]) -> None:
+    async with asyncio.timeout(TIMEOUT_S):
+        while not await pred():
+            await asyncio.sleep(0.03)
+
+
+@contextlib.asynccontextmanager
+async def live_gateway(
+    fake: FakeKube, capsys: pytest.CaptureFixture[str]
+) -> AsyncIterator[tuple[str, str, KubernetesRunner]]:
+    """The real gateway (serve) with the Kubernetes platform runner against the fake API."""
+    settings = parse_settings(
+        {
+            "listen": {"host": "127.0.0.1", "port": 0},
+            "admin": {"host": "127.0.0.1", "port": 0},
+            "platform": "kubernetes",
+            "kubernetes": {"status_addresses": ["127.0.0.1"]},
+        }
+    )
+    stop = asyncio.Event()
+    started: asyncio.Future[Runtime] = asyncio.get_running_loop().create_future()
+
+    async def on_ready(runtime: Runtime) -> None:
+        started.set_result(runtime)
+
+    server = asyncio.create_task(serve(settings, stop, on_ready))
+    runner = None
+    try:
+        async with asyncio.timeout(TIMEOUT_S):
+            runtime = await started
+        line = re.search(r"sluice listening data=(\S+) admin=(\S+)", capsys.readouterr().out)
+        assert line is not None
+        runner = KubernetesRunner(
+            runtime, settings, api=KubeApi.connect(host=fake.url), interval_s=0.2
+        )
+        await runner.start()
+        yield line.group(1), line.group(2), runner
+    finally:
+        if runner is not None:
+            await runner.stop()
+        stop.set()
+        await asyncio.wait_for(server, TIMEOUT_S)
+
+
+async def test_ingress_changes_route_live_traffic(
+    fake: FakeKube, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with upstreams("web", "api") as (web, api_up):
+        fake.put(ingress("shop", [("shop.test", "/", "Prefix", "web", "http")]))
+        for s in web_slice((web, READY)):
+            fake.put(s)
+        fake.put(
+            endpoint_slice("api-1", "api", [("127.0.0.1", READY)], [("http", port_of(api_up))])
+        )
+        async with (
+            live_gateway(fake, capsys) as (url, admin_url, _),
+            httpx.AsyncClient(base_url=url, timeout=10) as client,
+        ):
+            host = {"Host": "shop.test"}
+
+            async def served_by(path: str, name: str) -> bool:
+                r = await client.get(path, headers=host)
+                return r.status_code == 200 and r.headers.get("x-upstream") == name
+
+            await until(lambda: served_by("/echo", "web"))
+            assert (await client.get("/echo", headers={"Host": "other.test"})).status_code == 404
+
+            # steady traffic to '/' while the Ingress changes: none of it may fail
+            failures: list[int] = []
+            sent = 0
+
+            async def steady() -> None:
+                nonlocal sent
+                while True:
+                    r = await client.get("/echo", headers=host)
+                    sent += 1
+                    if r.status_code != 200 or r.headers.get("x-upstream") != "web":
+                        failures.append(r.status_code)
+                    await asyncio.sleep(0.005)
+
+            load = asyncio.create_task(steady())
+            try:
+                fake.put(
+                    ingress(
+                        "shop",
+                        [
+                            ("shop.test", "/", "Prefix", "web", "http"),
+                            ("shop.test", "/api", "Prefix", "api", "http"),
+                        ],
+                    )
+                )
+                await until(lambda: served_by("/api/echo", "api"))
+                fake.put(ingress("extra", [("*.shop.test", "/", "Prefix", "api", "http")]))
+                await until(lambda: served_by_host(client, "eu.shop.test", "api"))
+                target = sent + 20  # and more traffic after the last change
+
+                async def enough() -> bool:
+                    return sent >= target
+
+                await until(enough)
+            finally:
+                load.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await load
+            assert failures == []
+
+            fake.remove("ingresses", "shop", "shop")
+
+            async def gone() -> bool:
+                return (await client.get("/echo", headers=host)).status_code == 404
+
+            await until(gone)
+            assert (await client.get("/echo", headers={"Host": "eu.shop.test"})).status_code == 200
+
+            # what this gateway serves at /api/signals is what the leader merges
+            async with httpx.AsyncClient() as http:
+                merged, report = await PeerSignals(
+                    http, lambda: [admin_url.removeprefix("http://")]
+                ).collect(1.0)
+            assert report.answered and not report.failed
+            assert merged["shop/web"].arrivals_total >= sent
+            assert (fake.get("ingresses", "shop", "extra") or {})["status"]["loadBalancer"][
+                "ingress"
+            ] == [{"ip": "127.0.0.1"}]
+
+
+async def served_by_host(client: httpx.AsyncClient, host: str, name: str) -> bool:
+    r = await client.get("/echo", headers={"Host": host})
+    return r.status_code == 200 and r.headers.get("x-upstream") == name
+
+
+async def test_endpoint_churn_drains_and_uses_terminating_only_as_last_resort(
+    fake: FakeKube, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with upstreams("w1", "w2") as (w1, w2):
+        fake.put(ingress("shop", [(None, "/", "Prefix", "web", "http")]))
+        for s in web_slice((w1, READY)):
+            fake.put(s)
+        async with (
+            live_gateway(fake, capsys) as (url, _, _),
+            httpx.AsyncClient(base_url=url, timeout=10) as client,
+        ):
+
+            async def only(name: str) -> bool:
+                names = set()
+                for _ in range(6):
+                    r = await client.get("/echo")
+                    names.add(
+                        r.headers.get("x-upstream") if r.status_code == 200 else r.status_code
+                    )
+                return names == {name}
+
+            await until(lambda: only("w1"))
+            # a slow request is in flight on w1 when w1 leaves and w2 arrives
+            slow = asyncio.create_task(client.get("/delay", params={"s": "1.0"}))
+            await asyncio.sleep(0.2)
+            fake.remove("endpointslices", "shop", "web-w1")
+            for s in web_slice((w2, READY)):
+                fake.put(s)
+            await until(lambda: only("w2"))
+            r = await slow
+            assert (r.status_code, r.headers.get("x-upstream")) == (200, "w1")  # drained, not cut
+
+            # w2 terminating and nothing ready: still served by w2 (serving && terminating)
+            for s in web_slice((w2, TERMINATING)):
+                fake.put(s)
+            await asyncio.sleep(0.3)
+            assert await only("w2")
+            # a ready one appears: the terminating one gets no new requests
+            for s in web_slice((w1, READY)):
+                fake.put(s)
+            await until(lambda: only("w1"))
+
+
+async def test_live_load_scales_the_deployment_through_the_runner(
+    fake: FakeKube, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Real requests -> this gateway's /api/signals -> merged by the leader -> engine ->
+    /scale on the Deployment, all through KubernetesRunner."""
+    with upstreams("w1") as (w1,):
+        fake.put(
+            ingress(
+                "shop",
+                [(None, "/", "Prefix", "web", "http")],
+                annotations={
+                    "sluice.io/target": "2",
+                    "sluice.io/max-replicas": "5",
+                    "sluice.io/cpu-min": "0.1",
+                    "sluice.io/cpu-max": "0.1",
+                    "sluice.io/prefer": "horizontal",
+                },
+            )
+        )
+        for s in web_slice((w1, READY)):
+            fake.put(s)
+        fake.put(deployment("web", 1))
+        async with (
+            live_gateway(fake, capsys) as (url, admin_url, runner),
+            httpx.AsyncClient(base_url=url, timeout=30) as client,
+        ):
+            # the gateway's own Service lists this replica's admin port: it is its own peer
+            admin_port = int(admin_url.rpartition(":")[2])
+            fake.put(
+                endpoint_slice(
+                    "sluice-x",
+                    "sluice",
+                    [("127.0.0.1", READY)],
+                    [("admin", admin_port)],
+                    namespace="sluice",
+                )
+            )
+            await until(lambda: served(client))
+
+            async def load() -> None:
+                while True:
+                    await client.get("/delay", params={"s": "0.3"})
+
+            workers = [asyncio.create_task(load()) for _ in range(12)]
+            try:
+
+                async def scaled() -> bool:
+                    return (fake.get("deployments", "shop", "web") or {})["spec"]["replicas"] > 1
+
+                await until(scaled)
+            finally:
+                for w in workers:
+                    w.cancel()
+                await asyncio.gather(*workers, return_exceptions=True)
+            assert runner.platform is not None and runner.platform.elector.is_leader()
+
+            def scaled_events() -> list[dict[str, Any]]:
+                return [e for e in fake.list("events") if e["reason"] == "Scaled"]
+
+            async def recorded() -> bool:
+                return bool(scaled_events())
+
+            await until(recorded)  # the Event follows the patch
+            events = scaled_events()
+            assert events[0]["involvedObject"]["name"] == "web"
+            assert "shop/web: replicas 1 -> " in events[0]["message"]
+
+
+async def served(client: httpx.AsyncClient) -> bool:
+    return (await client.get("/echo")).status_code == 200
