@@ -11,7 +11,8 @@ median of ``--rounds`` rounds) in the cases that matter:
 * ``unsampled-parent``: tracing on, the caller sent ``traceparent`` with the sampled flag off;
 * ``sampled``: a full recorded request: SERVER span, queue child, one CLIENT attempt, the
   upstream ``traceparent``, both ends, into the ring buffer *and* a BatchSpanProcessor whose
-  exporter encodes each batch to OTLP protobuf (the export's CPU, minus the network write);
+  exporter encodes each batch to OTLP protobuf with Sluice's encoder (the otlp_http export's
+  CPU, minus the network write);
 * ``mix@ratio``: the expected cost per request at ``--ratio`` = unsampled-root + ratio × sampled.
 
 It then expresses the ``mix`` cost as a share of a proxy's per-request CPU budget
@@ -37,7 +38,6 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans  # noqa: E402
 from opentelemetry.sdk.trace import ReadableSpan  # noqa: E402
 from opentelemetry.sdk.trace.export import (  # noqa: E402
     BatchSpanProcessor,
@@ -46,6 +46,7 @@ from opentelemetry.sdk.trace.export import (  # noqa: E402
 )
 
 from gateway.settings import TracesConfig  # noqa: E402
+from gateway.telemetry.otlp import encode_spans  # noqa: E402
 from gateway.telemetry.propagation import format_traceparent  # noqa: E402
 from gateway.telemetry.provider import Telemetry  # noqa: E402
 from gateway.telemetry.requests import RequestTracing  # noqa: E402
@@ -54,14 +55,14 @@ RESULTS_DIR = ROOT / "benchmarks" / "results"
 
 
 class EncodingExporter(SpanExporter):
-    """Encodes every batch to OTLP protobuf bytes, as the OTLP exporters do, then drops it."""
+    """Encodes every batch to OTLP protobuf bytes, as the otlp_http exporter does, then drops it."""
 
     def __init__(self) -> None:
         self.spans = 0
         self.bytes = 0
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        self.bytes += len(encode_spans(spans).SerializeToString())
+        self.bytes += len(encode_spans(spans))
         self.spans += len(spans)
         return SpanExportResult.SUCCESS
 

@@ -8,7 +8,8 @@
   in-flight count, completions by status class and the live signals
 * ``GET /api/signals`` — every service's ``ServiceSignals`` (what the scaler reads; the
   Kubernetes platform merges these across gateway replicas)
-* routes passed in ``extra_routes`` (``GET /api/traces`` from ``gateway.telemetry.api``)
+* routes passed in ``extra_routes`` (``GET /api/traces`` from ``gateway.telemetry.api``,
+  ``GET /api/decisions`` from ``gateway.decisions``)
 * ``POST /api/reload`` — reload the config file now: 200 ``{"ok": true, "generation": N}``,
   or 422 ``{"ok": false, "errors": ["file: key.path: problem", ...]}`` (the running config
   keeps serving)
@@ -35,7 +36,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from gateway.admin_auth import AdminTokenMiddleware
-from gateway.metrics import CONTENT_TYPE, build_registry, render
+from gateway.metrics import CONTENT_TYPE, DecisionCollector, build_registry, render
 
 if TYPE_CHECKING:
     from gateway.app import Runtime
@@ -75,7 +76,15 @@ def service_view(runtime: Runtime, name: str, now: float) -> dict[str, Any]:
 
 
 def build_app(runtime: Runtime, extra_routes: Sequence[BaseRoute] = ()) -> Starlette:
-    registry = build_registry(lambda: runtime.services, runtime.now)
+    registry = build_registry(
+        lambda: runtime.services,
+        runtime.now,
+        DecisionCollector(
+            lambda: None if runtime.scaler is None else runtime.scaler.last,
+            lambda: runtime.settings.budget.cpu,
+            lambda: runtime.settings.platform != "static",
+        ),
+    )
 
     async def healthz(request: Request) -> Response:
         return PlainTextResponse("ok\n")
@@ -127,8 +136,8 @@ def build_app(runtime: Runtime, extra_routes: Sequence[BaseRoute] = ()) -> Starl
             Route("/metrics", metrics),
             Route("/api/services", services),
             Route("/api/signals", signals),
-            *extra_routes,
             Route("/api/reload", reload, methods=["POST"]),
+            *extra_routes,
         ]
     )
 

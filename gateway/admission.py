@@ -13,6 +13,11 @@ A request is admitted in three steps, all on the event loop, none needing a task
    capacity grows (``set_replicas``) the oldest waiter's ``on_admit(wait_s)`` is called from
    its own loop callback (never nested inside the caller that freed the slot).
 
+**Scale from zero** (``platform: local``, :meth:`Admission.hold_at_zero`): while a service has
+no endpoint at all its capacity is 0, so requests wait in the same bounded queue (with the same
+timeout) instead of getting 503 at once; ``on_hold`` wakes the scaler, and the first ready
+endpoint (``set_replicas``) dispatches them in order.
+
 Whoever got a slot (at once or through ``on_admit``) calls :meth:`Admission.release` exactly
 once when the request ends.  A client that leaves while queued calls :meth:`abandon`.
 
@@ -122,8 +127,10 @@ class Admission:
         "_wake_scheduled",
         "capacity",
         "gauge",
+        "hold_when_empty",
         "in_use",
         "max_body_bytes",
+        "on_hold",
         "per_replica",
         "queue_max",
         "queue_timeout_s",
@@ -153,6 +160,12 @@ class Admission:
         self._queue: deque[Waiter] = deque()
         self._wake_scheduled = False
         self.replicas = replicas
+        self.hold_when_empty = False
+        """Scale from zero: with no endpoint at all, requests wait in the queue (instead of
+        being dispatched to a 503) until the first replica is ready or their timeout passes."""
+        self.on_hold: Callable[[], None] | None = None
+        """Called when a request starts waiting while the service has no endpoint (the
+        platform wakes its scaler at once)."""
         self.wait_counts = [0] * (len(QUEUE_WAIT_BUCKETS_S) + 1)
         self.wait_sum_s = 0.0
         self.rejected: dict[str, int] = {
@@ -188,11 +201,21 @@ class Admission:
             self._rate_retry_after_s = max(1, math.ceil(1 / rate.rps))
         self.set_replicas(self.replicas)
 
+    def hold_at_zero(self, on_hold: Callable[[], None] | None) -> None:
+        """Scale from zero: hold requests while there is no endpoint; ``on_hold`` is called
+        each time one starts waiting then (``None``: answer 503 no-endpoints at once)."""
+        self.hold_when_empty = on_hold is not None
+        self.on_hold = on_hold
+        self.set_replicas(self.replicas)
+
     def set_replicas(self, replicas: int) -> None:
         """The number of endpoints taking requests changed: recompute the slots."""
         self.replicas = replicas
         per = self.per_replica
-        self.capacity = math.inf if per is None else per * replicas
+        if replicas == 0 and self.hold_when_empty:
+            self.capacity = 0
+        else:
+            self.capacity = math.inf if per is None else per * replicas
         if self.queued and self.in_use < self.capacity:
             self._schedule_wake()
 
@@ -275,6 +298,8 @@ class Admission:
             self.gauge.queued = self.queued
         if self.in_use < self.capacity:
             self._schedule_wake()
+        elif self.replicas == 0 and self.on_hold is not None:
+            self.on_hold()
         return waiter
 
     def _drop(self, waiter: Waiter) -> None:

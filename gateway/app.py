@@ -23,10 +23,12 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gateway.admin import AdminServer
 from gateway.dataplane import DataPlane
 from gateway.dataplane.limits import HeadLimits
+from gateway.decisions import RecommendRunner, decisions_route
 from gateway.discovery import EndpointUpdate, RoutesUpdate
 from gateway.discovery.static import endpoints_from_settings, routes_from_settings
 from gateway.endpoints import Endpoint
@@ -37,7 +39,11 @@ from gateway.service import Service
 from gateway.settings import ServiceConfig, Settings, load_runtime_settings
 from gateway.telemetry.api import traces_route
 from gateway.telemetry.provider import Telemetry, TelemetryError
+from scaler.loop import ScalerLoop
 from scaler.signals import ServiceSignals
+
+if TYPE_CHECKING:
+    from gateway.local_platform import LocalRunner
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +65,9 @@ class Runtime:
         self.reloader: Reloader | None = None
         """Set by ``serve`` when the config came from a file (``POST /api/reload``)."""
         self._checkers: dict[str, HealthChecker] = {}
+        self.scaler: ScalerLoop | None = None
+        """The scaler loop of this gateway (local: applied; static: recommend-only), read by
+        ``GET /api/decisions`` and ``/metrics``."""
 
     def now(self) -> float:
         """The injected clock, else the running event loop's."""
@@ -130,21 +139,24 @@ class Runtime:
         endpoints, stats, slots and queued requests kept), new ones added, routes swapped
         whole; on the static platform the endpoint lists are applied (removed ones drain)."""
         old = self.settings
-        table = RouteTable.from_update(routes_from_settings(new))  # validates first
+        # On kubernetes the routes come from Ingresses (the platform swaps them), not the file.
+        file_routes = new.platform != "kubernetes"
+        table = RouteTable.from_update(routes_from_settings(new)) if file_routes else self.routes
         for name, config in new.services.items():
             existing = self.services.get(name)
             if existing is None:
                 self.add_service(name, config)
             else:
                 existing.configure(config)
-        for name in table.services:
-            self.add_service(name)
-        self.routes = table
+        if file_routes:
+            for name in table.services:
+                self.add_service(name)
+            self.routes = table
         if new.platform == "static":
             for update in endpoints_from_settings(new):
                 self.apply_endpoints(update)
         for name in set(old.services) - set(new.services):
-            if name not in table.services:
+            if file_routes and name not in table.services:
                 service = self.services.pop(name, None)
                 if service is not None:
                     service.outlier.close()
@@ -215,12 +227,15 @@ async def serve(
     except TelemetryError as e:
         print(f"sluice: telemetry: {e}", file=sys.stderr, flush=True)
         return 2
-    local = None
+    runner: LocalRunner | RecommendRunner | None = None
     if settings.platform == "local":
         from gateway.local_platform import LocalRunner
 
-        local = LocalRunner(runtime, settings, tracer=telemetry.tracer)
-        await local.start()
+        runner = LocalRunner(runtime, settings, tracer=telemetry.tracer)
+        await runner.start()
+    elif settings.platform == "static":
+        runner = RecommendRunner(runtime, settings, tracer=telemetry.tracer)
+        await runner.start()
     stop = stop or asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
@@ -232,7 +247,11 @@ async def serve(
         limits=HeadLimits.from_settings(settings.limits),
     )
     admin = AdminServer(
-        runtime, extra_routes=[traces_route(telemetry.buffer, telemetry.tracer is not None)]
+        runtime,
+        extra_routes=[
+            traces_route(telemetry.buffer, telemetry.tracer is not None),
+            decisions_route(runtime),
+        ],
     )
     if config_path is not None:
 
@@ -247,8 +266,8 @@ async def serve(
     except OSError as e:
         print(f"sluice: cannot listen: {e}", file=sys.stderr, flush=True)
         await dataplane.stop(0)
-        if local is not None:
-            await local.stop()
+        if runner is not None:
+            await runner.stop()
         await asyncio.to_thread(telemetry.shutdown)
         return 1
     runtime._sync_checkers()
@@ -278,9 +297,9 @@ async def serve(
     if runtime.reloader is not None:
         await runtime.reloader.stop()
     await dataplane.stop(drain_s)
-    if local is not None:
-        await local.stop()
     await runtime.stop_checkers()
+    if runner is not None:
+        await runner.stop()
     await admin.stop()
     await asyncio.to_thread(
         telemetry.shutdown

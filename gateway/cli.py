@@ -1,4 +1,4 @@
-"""The ``sluice`` command: run | check | schema | simulate (and more as platforms land).
+"""The ``sluice`` command: run | check | schema | traces | load | top.
 
 Exit codes: 0 ok, 2 bad configuration or usage, 1 runtime failure.
 """
@@ -19,6 +19,19 @@ from gateway.settings import (
 )
 
 DEFAULT_CONFIG = Path("config/sluice.yaml")
+"""Used when ``--config`` is not given and this file exists (relative to the working dir)."""
+
+
+def packaged_config() -> Path:
+    """The demo config shipped inside the package (``gateway/data/sluice.yaml``)."""
+    from importlib.resources import files
+
+    return Path(str(files("gateway").joinpath("data", "sluice.yaml")))
+
+
+def default_config() -> Path:
+    """``./config/sluice.yaml`` if present, else the copy shipped inside the package."""
+    return DEFAULT_CONFIG if DEFAULT_CONFIG.is_file() else packaged_config()
 
 
 def _add_config(parser: argparse.ArgumentParser, required: bool = False) -> None:
@@ -27,8 +40,9 @@ def _add_config(parser: argparse.ArgumentParser, required: bool = False) -> None
         "-c",
         type=Path,
         required=required,
-        default=None if required else DEFAULT_CONFIG,
-        help=f"YAML config file (default: {DEFAULT_CONFIG})",
+        default=None,
+        help=f"YAML config file (default: ./{DEFAULT_CONFIG} if present, else the demo config "
+        "shipped with Sluice)",
     )
 
 
@@ -84,6 +98,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     return run(settings, config_path=args.config)
 
 
+def cmd_simulate(args: argparse.Namespace) -> int:
+    settings = load_or_exit(args.config)
+    from scaler.simulate.cli import run_command
+
+    policies = {name: service.scaling for name, service in settings.services.items()}
+    return run_command(args, policies, settings.budget, str(args.config))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sluice", description="Ingress-aware gateway with a built-in autoscaler."
@@ -101,15 +123,31 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("schema", help="print the config file's JSON Schema")
     p.set_defaults(func=cmd_schema)
 
+    from scaler.simulate.cli import add_arguments as add_simulate_arguments
+
+    p = sub.add_parser(
+        "simulate", help="replay a workload through a queueing model: Sluice vs a baseline"
+    )
+    _add_config(p, required=True)
+    add_simulate_arguments(p)
+    p.set_defaults(func=cmd_simulate)
+
     from gateway.telemetry.view import add_traces_command
 
     add_traces_command(sub, _add_config)
+    from gateway.loadgen import add_load_command
+    from gateway.top import add_top_command
+
+    add_load_command(sub, _add_config)
+    add_top_command(sub, _add_config)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if "config" in args and args.config is None:
+        args.config = default_config()
     result: int = args.func(args)
     return result
 

@@ -6,6 +6,8 @@
   its own CPU cgroup; the parent cgroup capped at ``budget.cpu``);
 * ready replicas flow into the runtime's endpoint sets (``Runtime.apply_endpoints``), and a
   replica being retired is drained through ``Runtime.wait_drained`` before its SIGTERM;
+* a service with no ready replica holds its requests in its admission queue (bounded, with
+  its timeout) and wakes the loop at once; the first ready replica gets them;
 * a :class:`~scaler.loop.ScalerLoop` (its engine wrapped in ``TracedEngine`` when tracing
   is on) ticks every ``interval_s``: the runtime's signals, with
   the replicas' measured cgroup CPU added, go to the engine; its decisions go to the
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from typing import TYPE_CHECKING
 
@@ -63,11 +66,23 @@ class LocalRunner:
         return self.platform.actuator.add_cpu_signals(self.runtime.signals())
 
     async def start(self) -> None:
+        self.runtime.scaler = self.loop
+        # Scale from zero: a service without a ready replica holds its requests in its
+        # admission queue and wakes the scaler at once (not at the next tick).
+        for name, service in self.runtime.services.items():
+            service.admission.hold_at_zero(functools.partial(self._wake_for, name))
         await self.platform.pool.start()
         self._tasks = [
             asyncio.create_task(self._feed_endpoints(), name="local endpoints"),
             asyncio.create_task(self.loop.run(), name="scaler loop"),
         ]
+
+    def _wake_for(self, service: str) -> None:
+        """A request is held for ``service`` (no ready replica): tick now, unless the scaler
+        has already decided to run a replica (it is starting; more ticks would not help)."""
+        last = self.loop.last.get(service)
+        if last is None or last.replicas == 0:
+            self.loop.wake()
 
     async def _feed_endpoints(self) -> None:
         async for update in self.platform.endpoints.updates():

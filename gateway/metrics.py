@@ -18,6 +18,17 @@ counters it already keeps.
 * ``sluice_retries_total{service}`` / ``sluice_retries_denied_total{service}`` — retries
   started, and refused by the retry budget
 * ``sluice_ejections_total{service}`` — outlier ejections
+
+From the scaler's latest decisions (``DecisionCollector``; absent when no scaler runs):
+
+* ``sluice_replicas{service}`` — replicas decided
+* ``sluice_cpu_per_replica_cores{service}`` — CPU per replica decided
+* ``sluice_budget_cpu_allocated_cores{service}`` — the service's share of the budget
+  (replicas × CPU per replica)
+* ``sluice_budget_cpu_cores`` / ``sluice_budget_cpu_allocated_total_cores`` — the budget and
+  its allocated part
+* ``sluice_scaler_decision_applied`` — 1 when decisions are applied (local), 0 when only
+  recommended (static)
 """
 
 from __future__ import annotations
@@ -37,6 +48,7 @@ from gateway.admission import QUEUE_WAIT_BUCKETS_S
 from gateway.endpoints import EndpointState
 from gateway.service import Service
 from gateway.stats import LATENCY_BUCKETS_S
+from scaler.decision import Decision
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -150,12 +162,69 @@ class ServiceCollector(Collector):
         ]
 
 
+class DecisionCollector(Collector):
+    """The scaler's latest decision per service, read at scrape time."""
+
+    def __init__(
+        self,
+        decisions: Callable[[], Mapping[str, Decision] | None],
+        budget_cpu: Callable[[], float],
+        applied: Callable[[], bool],
+    ) -> None:
+        self._decisions = decisions
+        self._budget_cpu = budget_cpu
+        self._applied = applied
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        decisions = self._decisions()
+        if decisions is None:
+            return []
+        replicas = GaugeMetricFamily(
+            "sluice_replicas", "Replicas decided by the scaler.", labels=["service"]
+        )
+        cpu = GaugeMetricFamily(
+            "sluice_cpu_per_replica_cores",
+            "CPU per replica decided by the scaler (cores).",
+            labels=["service"],
+        )
+        allocated = GaugeMetricFamily(
+            "sluice_budget_cpu_allocated_cores",
+            "The service's share of the CPU budget: replicas x CPU per replica (cores).",
+            labels=["service"],
+        )
+        for name, d in sorted(decisions.items()):
+            replicas.add_metric([name], d.replicas)
+            cpu.add_metric([name], d.cpu_per_replica_cores)
+            allocated.add_metric([name], d.allocated_cores)
+        budget = GaugeMetricFamily("sluice_budget_cpu_cores", "The shared CPU budget (cores).")
+        budget.add_metric([], self._budget_cpu())
+        total = GaugeMetricFamily(
+            "sluice_budget_cpu_allocated_total_cores",
+            "CPU of the budget allocated to all services together (cores).",
+        )
+        total.add_metric([], sum(d.allocated_cores for d in decisions.values()))
+        applied = GaugeMetricFamily(
+            "sluice_scaler_decision_applied",
+            "1 when the scaler's decisions are applied, 0 when only recommended.",
+        )
+        applied.add_metric([], 1 if self._applied() else 0)
+        return [replicas, cpu, allocated, budget, total, applied]
+
+
 def build_registry(
-    services: Callable[[], Mapping[str, Service]], clock: Callable[[], float]
+    services: Callable[[], Mapping[str, Service]],
+    clock: Callable[[], float],
+    decisions: DecisionCollector | None = None,
 ) -> CollectorRegistry:
-    """A registry of its own (not the global one) holding the service collector."""
+    """A registry of its own (not the global one) holding the service collector (and the
+    decision collector when given)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ServiceCollector(services, clock))
+    if decisions is not None:
+        registry.register(decisions)
     return registry
 
 

@@ -4,8 +4,8 @@ A reload reads and validates the whole file first; only a valid config is handed
 ``apply`` (the runtime swaps routes, services and limits in one synchronous step, so no
 request ever sees half of it).  An invalid one is rejected: its problems are logged (one
 ``file: key.path: problem`` line each) and returned to the caller, and the running config
-keeps serving.  Keys that need a restart (``listen``, ``admin``, ``platform``) are rejected
-the same way when they differ.
+keeps serving.  Keys that need a restart (``listen``, ``admin``, ``platform``, and ``telemetry``,
+whose tracer provider is built once at start) are rejected the same way when they differ.
 
 The watcher polls the file every ``reload.interval_s``: a changed (mtime, size, inode)
 triggers a read, and only changed *content* triggers a reload, so ``touch`` does nothing
@@ -28,7 +28,7 @@ from gateway.settings import ConfigError, Settings, load_settings
 
 log = logging.getLogger(__name__)
 
-RESTART_ONLY_KEYS = ("listen", "admin", "platform")
+RESTART_ONLY_KEYS = ("listen", "admin", "platform", "telemetry")
 """Top-level keys a running gateway cannot change (their sockets or platform are live)."""
 
 

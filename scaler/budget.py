@@ -7,9 +7,12 @@
 2. the rest of the budget is water-filled by weight: ``allocation = clamp(λ × weight, low,
    demand)`` with one λ for everyone, so CPU nobody demands goes to whoever wants more
    (work-conserving) and nobody gets more than it asks for;
+   a frozen service (stale signals) demands what it holds and keeps at least its replicas ×
+   ``cpu.min``, unless another service's floor needs it;
 3. hysteresis: a service keeps last tick's allocation when the new one is within the band
-   (``max(hysteresis_cores, hysteresis_ratio × previous)``), unless that would cost another
-   service its guarantee or overrun the budget;
+   (``max(hysteresis_cores, hysteresis_ratio × previous)``) and within ``[low, demand]`` —
+   in practice a borrower does not creep up by small amounts — unless it is below
+   ``min(demand, fair share)`` or the budget would overrun;
 4. a service's *fair share* is what water-filling gives it when every service demands all
    it could use; a service above it is borrowing, one below it lends the difference.
    Because a demand rise lowers λ for everyone at once, a service whose demand rises gets
@@ -19,7 +22,10 @@
 size (``cpu.request``), first come first served in config order: running replicas are kept,
 new ones start only while the budget has room, nothing is ever reclaimed.
 
-:func:`split_allocation` turns cores into ``(replicas, cpu per replica)`` within the bounds.
+The engine runs the array versions (:func:`arbitrate_arrays`, :func:`water_fill_array`,
+:func:`split_arrays`); :func:`water_fill` and :func:`split_allocation` are the plain
+reference versions the tests hold them equal to.  :func:`split_allocation` turns cores into
+``(replicas, cpu per replica)`` within the bounds.
 """
 
 from __future__ import annotations
@@ -278,10 +284,14 @@ def arbitrate_arrays(
     hold: FloatArray,
     hysteresis_cores: float,
     hysteresis_ratio: float,
+    soft: FloatArray | None = None,
 ) -> tuple[FloatArray, FloatArray, FloatArray]:
     """Shared arbitration (see the module docstring) on arrays.
 
     ``hold``: cores a frozen service keeps (its replicas × cpu.min), floors permitting.
+    ``soft``: demand beyond ``demand`` that is only served from what is left once every
+    ``demand`` is met (a panicking service's held replicas: it keeps them, but their CPU is
+    lent while its load is lower, and comes back in one tick when the load returns).
     Returns ``(cores, ideal, taken_for_floors)``: the allocation, the water-filled ideal
     before hysteresis, and cores taken from frozen services' holds for others' floors.
     """
@@ -297,6 +307,12 @@ def arbitrate_arrays(
         low = low - taken
     high = np.minimum(np.maximum(demand, low), np.maximum(cap, low))
     ideal = water_fill_array(budget, low, high, weight)
+    if soft is not None:
+        room = np.maximum(np.minimum(soft, cap) - ideal, 0.0)
+        left = budget - float(ideal.sum())
+        if left > _EPS and room.any():
+            ideal = ideal + water_fill_array(left, np.zeros_like(room), room, weight)
+            high = np.maximum(high, np.minimum(soft, np.maximum(cap, low)))
     band = np.maximum(hysteresis_cores, hysteresis_ratio * previous)
     keep = (
         (previous != ideal)

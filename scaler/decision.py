@@ -53,19 +53,31 @@ class Explanation:
 
 
 class ReasonSource(Protocol):
-    """Something that can produce a decision's reasons and inputs when first asked."""
+    """Produces the reasons and inputs of decision number ``index`` when first asked
+    (the engine's view of one tick)."""
 
-    def render(self) -> tuple[str, ...]: ...
+    def render(self, index: int) -> tuple[str, ...]: ...
 
-    def inputs(self) -> dict[str, float]: ...
+    def inputs(self, index: int) -> dict[str, float]: ...
+
+
+def _from_source(obj: object, key: str) -> Any:
+    """Render ``key`` ('reasons' or 'inputs') from the decision's source, and cache it."""
+    state = obj.__dict__
+    source = state.get("_source")
+    if source is None:
+        value: Any = () if key == "_reasons" else {}
+    elif key == "_reasons":
+        value = source.render(state["_index"])
+    else:
+        value = source.inputs(state["_index"])
+    state[key] = value
+    return value
 
 
 class _LazyReasons:
-    """Data descriptor behind ``Decision.reasons``: stores a tuple, an Explanation or a
-    ReasonSource; always reads as a tuple of strings."""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self._key = "_" + name
+    """Data descriptor behind ``Decision.reasons``: stores a tuple or an Explanation (or
+    nothing, with a source to ask); always reads as a tuple of strings."""
 
     @overload
     def __get__(self, obj: None, objtype: type | None = None) -> tuple[str, ...]: ...
@@ -74,21 +86,20 @@ class _LazyReasons:
     def __get__(self, obj: object | None, objtype: type | None = None) -> tuple[str, ...]:
         if obj is None:
             return ()
-        value = obj.__dict__.get(self._key, ())
-        if not isinstance(value, tuple):
+        value = obj.__dict__.get("_reasons")
+        if value is None:
+            value = _from_source(obj, "_reasons")
+        elif isinstance(value, Explanation):
             value = value.render()
-            obj.__dict__[self._key] = value
-        return value  # type: ignore[no-any-return]
+            obj.__dict__["_reasons"] = value
+        return value
 
-    def __set__(self, obj: object, value: tuple[str, ...] | Explanation | ReasonSource) -> None:
-        obj.__dict__[self._key] = value if not isinstance(value, list) else tuple(value)
+    def __set__(self, obj: object, value: tuple[str, ...] | list[str] | Explanation) -> None:
+        obj.__dict__["_reasons"] = value if isinstance(value, Explanation) else tuple(value)
 
 
 class _LazyInputs:
-    """Data descriptor behind ``Decision.inputs``: a dict, or a ReasonSource asked once."""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self._key = "_" + name
+    """Data descriptor behind ``Decision.inputs``: a dict (or nothing, with a source)."""
 
     @overload
     def __get__(self, obj: None, objtype: type | None = None) -> None: ...
@@ -97,17 +108,17 @@ class _LazyInputs:
     def __get__(self, obj: object | None, objtype: type | None = None) -> dict[str, float] | None:
         if obj is None:
             return None  # the dataclass default: no inputs
-        value = obj.__dict__.get(self._key)
+        value = obj.__dict__.get("_inputs")
         if value is None:
-            value = {}
-            obj.__dict__[self._key] = value
-        elif not isinstance(value, dict):
-            value = value.inputs()
-            obj.__dict__[self._key] = value
-        return value
+            value = _from_source(obj, "_inputs")
+        return value  # type: ignore[no-any-return]
 
-    def __set__(self, obj: object, value: dict[str, float] | ReasonSource | None) -> None:
-        obj.__dict__[self._key] = value
+    def __set__(self, obj: object, value: dict[str, float] | None) -> None:
+        obj.__dict__["_inputs"] = {} if value is None else value
+
+
+_new = object.__new__
+_set = object.__setattr__
 
 
 @dataclass(frozen=True)
@@ -142,22 +153,36 @@ class Decision:
         rule: str,
         frozen: bool,
         source: ReasonSource,
+        index: int,
     ) -> Decision:
-        """Build a decision whose reasons and inputs come from ``source`` on first use
-        (the engine's fast path: no per-field frozen-dataclass ``__setattr__``)."""
-        decision: Any = object.__new__(cls)
-        decision.__dict__.update(
-            service=service,
-            at=at,
-            replicas=replicas,
-            cpu_per_replica_cores=cpu_per_replica_cores,
-            allocated_cores=allocated_cores,
-            rule=rule,
-            frozen=frozen,
-            _reasons=source,
-            _inputs=source,
+        """Build a decision whose reasons and inputs ``source`` renders on first use (the
+        engine's fast path: one dict, no per-field frozen-dataclass ``__setattr__``)."""
+        decision: Decision = _new(cls)
+        _set(
+            decision,
+            "__dict__",
+            {
+                "service": service,
+                "at": at,
+                "replicas": replicas,
+                "cpu_per_replica_cores": cpu_per_replica_cores,
+                "allocated_cores": allocated_cores,
+                "rule": rule,
+                "frozen": frozen,
+                "_source": source,
+                "_index": index,
+            },
         )
-        return decision  # type: ignore[no-any-return]
+        return decision
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle/deepcopy the rendered reasons and inputs, not the tick they came from."""
+        state = dict(self.__dict__)
+        state["_reasons"] = self.reasons
+        state["_inputs"] = self.inputs
+        state.pop("_source", None)
+        state.pop("_index", None)
+        return state
 
     def summary(self) -> str:
         return (

@@ -42,7 +42,7 @@ from scaler.budget import (
 from scaler.decision import Decision, Explanation, ServiceState
 from scaler.explain import FROZEN_REASONS, TickView, rule_names
 from scaler.hpa import HpaBehaviorState, NoMetricsError, PodSample, calculate_replicas
-from scaler.kpa_batch import RULES, KpaBatch
+from scaler.kpa_batch import RULES, KpaBatch, reference_max
 from scaler.policy import BudgetConfig, ScalingPolicy, check_floors
 from scaler.signals import BucketedWindow, ServiceSignals
 
@@ -169,6 +169,7 @@ class Engine:
 
         wanted = cur_r.copy()
         load = cur_r.copy()
+        hold = np.zeros(n, dtype=np.int64)
         valid = np.zeros(n, dtype=bool)
         kpa_tick = None
         ki = self.kpa_index
@@ -177,6 +178,7 @@ class Engine:
             kpa_tick = self.kpa.recommend(now, capacity[ki], cur_r[ki], active[ki])
             wanted[ki] = kpa_tick.replicas
             load[ki] = kpa_tick.load
+            hold[ki] = kpa_tick.hold
             valid[ki] = kpa_tick.active
         hpa_notes: dict[int, tuple[str, Explanation, dict[str, float]]] = {}
         for i, track in self.hpa.items():
@@ -196,7 +198,13 @@ class Engine:
             ~present, _MISSING, np.where(~active, _STALE, np.where(~valid, _NO_DATA, _NOT_FROZEN))
         )
         frozen = frozen_code != _NOT_FROZEN
-        demand, hold = self._demand(wanted, load, cur_r, cur_cpu, frozen)
+        demand, frozen_hold = self._demand(wanted, load, cur_r, cur_cpu, frozen)
+        # Replicas move slowly (KPA windows, panic never scales down) but CPU moves in place:
+        # the CPU of replicas kept beyond what the load needs now is a soft demand, served
+        # only from CPU nobody else needs, and hard again the tick the load returns.
+        soft = np.where(
+            frozen, demand, np.minimum(np.maximum(demand, hold * self.cpu_ref), self.cap)
+        )
         previous = np.where(np.isnan(self._allocation), cur_r * cur_cpu, self._allocation)
 
         pending: dict[int, Explanation]
@@ -214,9 +222,10 @@ class Engine:
                 weight=self.weight,
                 fair=self.fair,
                 previous=previous,
-                hold=hold,
+                hold=frozen_hold,
                 hysteresis_cores=self.hysteresis_cores,
                 hysteresis_ratio=self.hysteresis_ratio,
+                soft=soft,
             )
             replicas, cpu, split_note = split_arrays(
                 cores,
@@ -227,7 +236,7 @@ class Engine:
                 max_r=self.max_r,
                 horizontal=self.horizontal,
                 current=cur_r,
-                squeezed=frozen | (cores < demand - 1e-6),
+                squeezed=frozen | (cores < soft - 1e-6),
                 # A blocked resize: scale replicas instead -- unless frozen (keep replicas).
                 fixed_cpu=np.where(blocked & (cur_r > 0) & ~frozen, cur_cpu, np.nan),
             )
@@ -254,6 +263,7 @@ class Engine:
             current_cpu=cur_cpu,
             wanted=wanted,
             demand=demand,
+            soft=soft,
             previous=previous,
             cores=cores,
             ideal=ideal,
@@ -270,21 +280,31 @@ class Engine:
         cpu_list = cpu.tolist()
         alloc_list = allocated.tolist()
         frozen_list = frozen.tolist()
-        explained = Decision.explained
-        source = view.source
-        return {
-            name: explained(
-                name,
-                now,
-                rep_list[i],
-                cpu_list[i],
-                alloc_list[i],
-                rules[i],
-                frozen_list[i],
-                source(i),
+        new = object.__new__
+        put = object.__setattr__
+        out: dict[str, Decision] = {}
+        for i, (name, r, c, a, rule, fz) in enumerate(
+            zip(names, rep_list, cpu_list, alloc_list, rules, frozen_list, strict=True)
+        ):
+            # Decision.explained, inlined: this loop is the tick's largest Python cost.
+            decision = new(Decision)
+            put(
+                decision,
+                "__dict__",
+                {
+                    "service": name,
+                    "at": now,
+                    "replicas": r,
+                    "cpu_per_replica_cores": c,
+                    "allocated_cores": a,
+                    "rule": rule,
+                    "frozen": fz,
+                    "_source": view,
+                    "_index": i,
+                },
             )
-            for i, name in enumerate(names)
-        }
+            out[name] = decision
+        return out
 
     # -- pieces ----------------------------------------------------------------------
 
@@ -300,19 +320,14 @@ class Engine:
         self._rps = np.where(fresh, rate, self._rps)
         self._arrivals = np.where(fresh, arrivals, self._arrivals)
         self._arrivals_at = np.where(fresh, at, self._arrivals_at)
-        for attr, prefix in (
-            ("cpu_seconds_total", "_cpu"),
-            ("cpu_throttled_seconds_total", "_thr"),
-        ):
-            total = np.array(
-                [
-                    v
-                    if (v := getattr(s, attr) if s is not None else None) is not None
-                    else math.nan
-                    for s in sigs
-                ],
-                dtype=np.float64,
-            )
+        cpu_totals = np.array(
+            [s.cpu_seconds_total if s is not None else None for s in sigs], dtype=np.float64
+        )
+        thr_totals = np.array(
+            [s.cpu_throttled_seconds_total if s is not None else None for s in sigs],
+            dtype=np.float64,
+        )  # (None becomes NaN: not measured)
+        for prefix, total in (("_cpu", cpu_totals), ("_thr", thr_totals)):
             has = fresh & ~np.isnan(total)
             if not has.any():
                 continue
@@ -377,7 +392,7 @@ class Engine:
             current=current,
             desired=desired,
             min_replicas=policy.min_replicas,
-            max_replicas=policy.max_replicas,
+            max_replicas=reference_max(policy),
             reasons=notes,
         )
         return desired, rule, notes, {"average": average, "capacity_replicas": float(current)}
@@ -390,11 +405,13 @@ class Engine:
         cur_cpu: FloatArray,
         frozen: BoolArray,
     ) -> tuple[FloatArray, FloatArray]:
-        """Cores each service needs: the load's replicas at ``cpu.request`` (replicas kept
-        only for min_replicas or the idle hold need just ``cpu.min``), or measured use with
-        headroom and a throttling boost.  Frozen services: what they hold."""
+        """Cores each service needs now: the load's reference replicas at ``cpu.request``
+        (at least ``cpu.min`` for one kept replica; ``min_replicas × cpu.min`` is the
+        arbiter's minimum anyway), or measured use with headroom and a throttling boost.
+        Frozen services: what they hold.  Replicas kept beyond the load are the caller's
+        soft demand."""
         load = np.minimum(load, wanted)
-        least = wanted * self.cpu_min
+        least = np.minimum(wanted, 1) * self.cpu_min  # a kept replica needs at least cpu.min
         demand = np.maximum(load * self.cpu_ref, least)
         used = self._cpu_used
         measured_ok = ~np.isnan(used) & (load > 0) & (cur_r > 0)

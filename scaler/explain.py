@@ -48,8 +48,11 @@ def rule_names(
     rules = [""] * n
     if kpa is not None:
         codes = kpa.rule.tolist()
-        for j, i in enumerate(kpa_index.tolist()):
-            rules[i] = RULES[codes[j]]
+        if len(codes) == n:  # every service is KPA: positions line up
+            rules = [RULES[c] for c in codes]
+        else:
+            for j, i in enumerate(kpa_index.tolist()):
+                rules[i] = RULES[codes[j]]
     for i, (rule, _, _) in hpa.items():
         rules[i] = rule
     for i in np.nonzero(frozen_code)[0].tolist():
@@ -78,6 +81,7 @@ class TickView:
     current_cpu: FloatArray
     wanted: IntArray
     demand: FloatArray
+    soft: FloatArray
     previous: FloatArray
     cores: FloatArray
     ideal: FloatArray
@@ -90,9 +94,6 @@ class TickView:
     throttled: FloatArray
     _flows: dict[str, str] | None = None
     _kpa_pos: dict[int, int] | None = None
-
-    def source(self, i: int) -> _Explained:
-        return _Explained(self, i)
 
     def flows(self) -> dict[str, str]:
         """Who lends to / borrows from / reclaims from / gives back to whom (computed once)."""
@@ -181,6 +182,12 @@ class TickView:
         note = int(self.split_note[i])
         if note:
             lines.append(_SPLIT_NOTES[note].format(r=r, cpu=cpu, cpu_min=policy.cpu.min))
+        held = float(self.soft[i])
+        if held > demand + _MOVE:
+            lines.append(
+                f"keeps replicas worth {held:.2f} cores (stable window / panic); the "
+                f"{held - demand:.2f} the load does not need now is served only from spare CPU"
+            )
         lines.append(
             f"budget: demand {demand:.2f} cores (floor {e.floor[i]:.2f}, fair share {fair:.2f}) "
             f"-> {r}×{cpu:.2f} = {r * cpu:.2f} cores"
@@ -202,6 +209,7 @@ class TickView:
             out.update(self.hpa[i][2])
         out["horizontal_replicas"] = float(self.wanted[i])
         out["demand_cores"] = float(self.demand[i])
+        out["held_demand_cores"] = float(self.soft[i])
         out["allocation_cores"] = float(self.cores[i])
         out["fair_share_cores"] = float(e.fair[i])
         out["floor_cores"] = float(e.floor[i])
@@ -210,19 +218,3 @@ class TickView:
         if not np.isnan(self.throttled[i]):
             out["cpu_throttled_s_per_s"] = float(self.throttled[i])
         return out
-
-
-class _Explained:
-    """A decision's pointer into its tick's view (see ``Decision.explained``)."""
-
-    __slots__ = ("i", "view")
-
-    def __init__(self, view: TickView, i: int) -> None:
-        self.view = view
-        self.i = i
-
-    def render(self) -> tuple[str, ...]:
-        return self.view.render(self.i)
-
-    def inputs(self) -> dict[str, float]:
-        return self.view.inputs(self.i)

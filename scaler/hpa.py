@@ -188,11 +188,14 @@ def scale_down_limit(
 class HpaBehaviorState:
     """Stabilisation windows and rate policies for one workload (the HPA controller's memory)."""
 
-    __slots__ = ("_down_events", "_longest_s", "_recommendations", "_up_events", "behavior")
+    __slots__ = ("_down_events", "_down_max", "_longest_s", "_up_events", "_up_min", "behavior")
 
     def __init__(self, behavior: HpaBehavior) -> None:
         self.behavior = behavior
-        self._recommendations: deque[tuple[float, int]] = deque()
+        # Past recommendations as monotonic deques: the lowest of the scale-up window and the
+        # highest of the scale-down window are at the front, O(1) amortised per tick.
+        self._up_min: deque[tuple[float, int]] = deque()
+        self._down_max: deque[tuple[float, int]] = deque()
         self._up_events: deque[tuple[float, int]] = deque()
         self._down_events: deque[tuple[float, int]] = deque()
         periods = [p.period_s for p in behavior.scale_up.policies] + [
@@ -209,13 +212,13 @@ class HpaBehaviorState:
 
     def __repr__(self) -> str:
         return (
-            f"HpaBehaviorState(recommendations={len(self._recommendations)}, "
+            f"HpaBehaviorState(up_min={len(self._up_min)}, down_max={len(self._down_max)}, "
             f"up_events={len(self._up_events)}, down_events={len(self._down_events)})"
         )
 
     def _trim(self, now: float) -> None:
         cutoff = now - self._longest_s
-        for events in (self._recommendations, self._up_events, self._down_events):
+        for events in (self._up_events, self._down_events):
             while events and events[0][0] <= cutoff:
                 events.popleft()
 
@@ -241,14 +244,19 @@ class HpaBehaviorState:
         behavior = self.behavior
         up_cutoff = now - behavior.scale_up.stabilization_window_s
         down_cutoff = now - behavior.scale_down.stabilization_window_s
-        up_rec = desired
-        down_rec = desired
-        for at, rec in self._recommendations:
-            if at > up_cutoff and rec < up_rec:
-                up_rec = rec
-            if at > down_cutoff and rec > down_rec:
-                down_rec = rec
-        self._recommendations.append((now, desired))
+        up_min, down_max = self._up_min, self._down_max
+        while up_min and up_min[0][0] <= up_cutoff:
+            up_min.popleft()
+        while down_max and down_max[0][0] <= down_cutoff:
+            down_max.popleft()
+        up_rec = min(desired, up_min[0][1]) if up_min else desired
+        down_rec = max(desired, down_max[0][1]) if down_max else desired
+        while up_min and up_min[-1][1] >= desired:
+            up_min.pop()
+        up_min.append((now, desired))
+        while down_max and down_max[-1][1] <= desired:
+            down_max.pop()
+        down_max.append((now, desired))
         stabilized = current
         stabilized = max(stabilized, up_rec)
         stabilized = min(stabilized, down_rec)

@@ -31,6 +31,17 @@ BoolArray = npt.NDArray[np.bool_]
 _EPS = 1e-9
 
 RULES = ("stable", "panic", "scale-to-zero", "idle-grace", "no-data")
+
+
+def reference_max(policy: ScalingPolicy) -> int:
+    """The most reference replicas (of ``cpu.request``) a service can run: ``max_replicas``
+    replicas at ``cpu.max`` — the bound on the horizontal recommendation."""
+    return max(
+        policy.max_replicas,
+        math.floor(policy.max_replicas * policy.cpu.max / policy.cpu.initial_cores + 1e-9),
+    )
+
+
 STABLE, PANIC, TO_ZERO, IDLE_GRACE, NO_DATA = range(5)
 
 
@@ -43,7 +54,9 @@ class KpaTick:
 
     replicas: IntArray
     load: IntArray
-    """Replicas the load needs (before min_replicas and the idle hold)."""
+    """Reference replicas the load needs now: the panic-window want (CPU follows this)."""
+    hold: IntArray
+    """Reference replicas the KPA keeps (stable window, rate limits, panic's no-scale-down)."""
     rule: IntArray
     """Index into :data:`RULES`."""
     stable: FloatArray
@@ -84,7 +97,8 @@ class KpaBatch:
         self.up_rate = arr([p.max_scale_up_rate for p in ps])
         self.down_rate = arr([p.max_scale_down_rate for p in ps])
         self.min_r = np.array([p.min_replicas for p in ps], dtype=np.int64).reshape(n)
-        self.max_r = np.array([p.max_replicas for p in ps], dtype=np.int64).reshape(n)
+        self.max_r = np.array([reference_max(p) for p in ps], dtype=np.int64).reshape(n)
+        """The most *reference* replicas: max_replicas replicas at cpu.max."""
         self.zero_after_s = arr([p.stable_window_s + p.scale_to_zero_grace_s for p in ps])
         self.stable_b = np.array(
             [max(1, math.ceil(p.stable_window_s / granularity_s - _EPS)) for p in ps],
@@ -235,7 +249,10 @@ class KpaBatch:
         desired = np.where(in_panic, max_panic, desired)
         rate_limited = ~in_panic & (desired != want_s)
 
-        load = np.minimum(desired, self.max_r)
+        # CPU follows the load now (the panic window); the replicas the windows, rate limits
+        # and panic keep beyond that are held, and their CPU is only lent spare CPU.
+        load = np.minimum(want_p, self.max_r)
+        kept = np.minimum(desired, self.max_r)
         zero = desired == 0
         idle_for = now - self.last_active
         covered = now - self.first_at
@@ -261,6 +278,7 @@ class KpaBatch:
         return KpaTick(
             replicas=desired,
             load=np.where(valid, load, current),
+            hold=np.where(valid, kept, 0),
             rule=rule,
             stable=stable,
             panic=panic,
@@ -323,7 +341,14 @@ class KpaBatch:
                 "(stable window + scale_to_zero_grace_s)"
             )
         unclamped = int(tick.unclamped[i])
-        if unclamped > p.max_replicas:
-            lines.append(f"clamped replicas {unclamped} -> {p.max_replicas} by max_replicas")
+        top = int(self.max_r[i])
+        if unclamped > top:
+            if top == p.max_replicas:
+                lines.append(f"clamped replicas {unclamped} -> {top} by max_replicas")
+            else:
+                lines.append(
+                    f"clamped replicas {unclamped} -> {top} by max_replicas × cpu.max / cpu.request "
+                    f"({p.max_replicas} × {p.cpu.max:g} / {p.cpu.initial_cores:g})"
+                )
         elif unclamped < p.min_replicas:
             lines.append(f"clamped replicas {unclamped} -> {p.min_replicas} by min_replicas")

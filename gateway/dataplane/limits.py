@@ -30,9 +30,6 @@ from gateway.settings import GatewayLimits
 _HOST = re.compile(rb"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~!$&'()*+,;=%-]+)(?::[0-9]{1,5})?$")
 _CODING = re.compile(rb"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 
-REQUEST_LINE_SLACK = 16
-"""Bytes of a request line besides the target (method, spaces, version, CRLF), roughly."""
-
 
 class RequestRejected(Exception):
     def __init__(self, cause: Cause, detail: str = "") -> None:

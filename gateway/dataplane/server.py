@@ -61,14 +61,14 @@ class ClientConnection(asyncio.Protocol):
         "current",
         "dp",
         "error_cause",
-        "field_bytes",
+        "fields_left",
         "head_deadline",
+        "head_left",
         "head_open",
         "headers",
         "last_active",
         "line_bytes",
         "lingering",
-        "nheaders",
         "parser",
         "parsing",
         "pause_bits",
@@ -79,7 +79,7 @@ class ClientConnection(asyncio.Protocol):
         "trusted",
         "upgraded",
         "url",
-        "url_bytes",
+        "url_left",
         "write_paused",
     )
 
@@ -104,10 +104,12 @@ class ClientConnection(asyncio.Protocol):
         # -- issue 4: head limits, slow and idle clients, rejections
         self.head_open = False
         """A request head has begun and is not complete."""
-        self.url_bytes = 0
-        self.field_bytes = 0
+        self.head_left = 0
+        """Bytes the current head may still take (request line and fields as reported)."""
+        self.url_left = 0
+        self.fields_left = 0
         self.line_bytes = 0
-        self.nheaders = 0
+        """The incomplete line at the end of the last read (not yet reported by the parser)."""
         self.head_deadline = 0.0
         self.last_active = 0.0
         self.reject_cause: Cause | None = None
@@ -161,12 +163,11 @@ class ClientConnection(asyncio.Protocol):
         """A head is still incomplete after this read: bound its size and its time."""
         i = data.rfind(b"\n")
         self.line_bytes = self.line_bytes + len(data) if i == -1 else len(data) - i - 1
-        limits = self.dp.limits
-        if self.url_bytes + self.field_bytes + self.line_bytes > limits.max_header_bytes:
+        if self.line_bytes > self.head_left:
             self._reject(Cause.HEADERS_TOO_LARGE)
             return
         if not self.head_deadline:
-            self.head_deadline = self.dp.loop.time() + limits.header_timeout_s
+            self.head_deadline = self.dp.loop.time() + self.dp.limits.header_timeout_s
             self.dp.slow_heads.add(self)
 
     def head_timed_out(self) -> None:
@@ -215,23 +216,25 @@ class ClientConnection(asyncio.Protocol):
         self.url = b""
         self.headers = []
         self.head_open = True
-        self.url_bytes = self.field_bytes = self.line_bytes = self.nheaders = 0
+        limits = self.dp.limits
+        self.head_left = limits.max_header_bytes
+        self.url_left = limits.max_uri_bytes
+        self.fields_left = limits.max_headers
+        self.line_bytes = 0
 
     def on_url(self, url: bytes) -> None:
         self.url += url
-        self.url_bytes += len(url)
-        if self.url_bytes > self.dp.limits.max_uri_bytes:
+        n = len(url)
+        self.url_left -= n
+        self.head_left -= n
+        if self.url_left < 0:
             self._stop_parsing(Cause.URI_TOO_LONG)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers.append((name, value))
-        self.nheaders += 1
-        self.field_bytes += len(name) + len(value) + 4
-        limits = self.dp.limits
-        if (
-            self.nheaders > limits.max_headers
-            or self.url_bytes + self.field_bytes > limits.max_header_bytes
-        ):
+        self.fields_left -= 1
+        self.head_left -= len(name) + len(value) + 4
+        if self.fields_left < 0 or self.head_left < 0:
             self._stop_parsing(Cause.HEADERS_TOO_LARGE)
 
     def on_headers_complete(self) -> None:
@@ -363,6 +366,7 @@ class ClientConnection(asyncio.Protocol):
             return
         self.closed = True
         self.lingering = True
+        self.line_bytes = 0
         self.pause_bits = 0
         transport = self.transport
         try:
@@ -375,8 +379,8 @@ class ClientConnection(asyncio.Protocol):
         self.dp.loop.call_later(LINGER_S, transport.close)
 
     def _linger_read(self, n: int) -> None:
-        self.field_bytes += n
-        if self.field_bytes > LINGER_MAX_BYTES:
+        self.line_bytes += n
+        if self.line_bytes > LINGER_MAX_BYTES:
             self.transport.close()
 
     def __repr__(self) -> str:

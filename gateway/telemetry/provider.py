@@ -8,9 +8,10 @@ data plane, the scaler), so two gateways in one process (tests) never share stat
 Precedence (see docs/telemetry.md): a key set in the config file wins; a key left out falls
 back to the standard OTEL_* variable; then to the model's default.  ``OTEL_SDK_DISABLED=true``
 turns tracing off whatever the file says.  Exporter endpoint/headers/timeout/compression left
-out of the file are read by the OpenTelemetry exporters themselves from
-``OTEL_EXPORTER_OTLP[_TRACES]_*``; batching from ``OTEL_BSP_*``; the resource from
-``OTEL_RESOURCE_ATTRIBUTES`` / ``OTEL_SERVICE_NAME`` (``service.name`` defaults to ``sluice``).
+out of the file come from ``OTEL_EXPORTER_OTLP[_TRACES]_*`` (read by ``gateway.telemetry.otlp``
+for otlp_http, by the OpenTelemetry gRPC exporter for otlp_grpc); batching from
+``OTEL_BSP_*``; the resource from ``OTEL_RESOURCE_ATTRIBUTES`` / ``OTEL_SERVICE_NAME``
+(``service.name`` defaults to ``sluice``).
 """
 
 from __future__ import annotations
@@ -129,15 +130,18 @@ def resolve(config: TracesConfig, env: Mapping[str, str]) -> TraceSetup:
     )
 
 
-def _exporter(setup: TraceSetup) -> SpanExporter | None:
+def _exporter(setup: TraceSetup, env: Mapping[str, str]) -> SpanExporter | None:
     if setup.exporter == "none":
         return None
     if setup.exporter == "console":
         return ConsoleSpanExporter(service_name=SERVICE)
     if setup.exporter == "otlp_http":
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from gateway.telemetry.otlp import OtlpHttpExporter, otlp_http_settings
 
-        return OTLPSpanExporter(endpoint=setup.endpoint, headers=setup.headers)
+        try:
+            return OtlpHttpExporter(otlp_http_settings(setup.endpoint, setup.headers, env))
+        except ValueError as e:
+            raise TelemetryError(f"OTEL_EXPORTER_OTLP_*: {e}") from None
     try:
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
             OTLPSpanExporter as GrpcSpanExporter,
@@ -201,7 +205,8 @@ class Telemetry:
         extra_processors: tuple[SpanProcessor, ...] = (),
     ) -> Telemetry:
         """Resolve the settings and, if tracing is on, build the provider and exporter."""
-        setup = resolve(config, os.environ if env is None else env)
+        environ = os.environ if env is None else env
+        setup = resolve(config, environ)
         buffer = RecentTraces(setup.max_traces, setup.max_spans_per_trace)
         if not setup.enabled:
             return cls(setup, None, buffer, None)
@@ -213,7 +218,7 @@ class Telemetry:
             active_span_processor=processors,
         )
         provider.add_span_processor(buffer)
-        exporter = _exporter(setup)
+        exporter = _exporter(setup, environ)
         if exporter is not None:
             provider.add_span_processor(BatchSpanProcessor(exporter))
         for processor in extra_processors:

@@ -1,14 +1,17 @@
-"""The chart's probe paths are served by the real admin plane.
+"""The chart's probe paths are served by the real admin plane, with the chart's token.
 
-Sluice is started from the CLI with the chart's rendered config, changed only where a
-test must: loopback and free ports, and the static platform instead of kubernetes
-(no API server here; the admin plane does not depend on the platform).
+Sluice is started from the CLI with the chart's rendered config and the token from the
+chart's Secret in the variable the config names, changed only where a test must: loopback
+and free ports, and the static platform instead of kubernetes (no API server here; the
+admin plane does not depend on the platform).  The probes send no token, so /healthz and
+/readyz must answer without one; /metrics (the ServiceMonitor) needs it.
 """
 
 from __future__ import annotations
 
+import base64
 import http.client
-import inspect
+import os
 import signal
 import socket
 import subprocess
@@ -17,10 +20,7 @@ import time
 from pathlib import Path
 
 import helm_python as helm
-import pytest
 import yaml
-
-import gateway.app
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "sluice"
@@ -33,10 +33,11 @@ def _free_port() -> int:
         return port
 
 
-def _get(port: int, path: str) -> int | None:
+def _get(port: int, path: str, token: str | None = None) -> int | None:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-        conn.request("GET", path)
+        conn.request("GET", path, headers=headers)
         status = conn.getresponse().status
         conn.close()
         return status
@@ -44,15 +45,12 @@ def _get(port: int, path: str) -> int | None:
         return None
 
 
-@pytest.mark.skipif(
-    "NotImplementedError" in inspect.getsource(gateway.app.run),
-    reason="gateway.app.run is still a stub: the data plane (issue 2) has not landed",
-)
 def test_probe_paths_answer_200_on_the_admin_port(tmp_path: Path) -> None:
     with helm.Chart.load(CHART) as chart:
         rendered = chart.render({}, name="gw", namespace="edge")
     deployment = yaml.safe_load(rendered["sluice/templates/deployment.yaml"])
     configmap = yaml.safe_load(rendered["sluice/templates/configmap.yaml"])
+    secret = yaml.safe_load(rendered["sluice/templates/secret.yaml"])
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     probes = [container[p]["httpGet"] for p in ("startupProbe", "livenessProbe", "readinessProbe")]
@@ -60,9 +58,15 @@ def test_probe_paths_answer_200_on_the_admin_port(tmp_path: Path) -> None:
     assert {p["port"] for p in probes} == {"admin"}
     assert ports["admin"] == config["admin"]["port"]
 
+    env = {e["name"]: e for e in container["env"]}
+    variable = config["admin"]["token_env"]
+    ref = env[variable]["valueFrom"]["secretKeyRef"]
+    assert ref["name"] == secret["metadata"]["name"]
+    token = base64.b64decode(secret["data"][ref["key"]]).decode()
+
     admin_port = _free_port()
     config["listen"] = {"host": "127.0.0.1", "port": _free_port()}
-    config["admin"] = {"host": "127.0.0.1", "port": admin_port}
+    config["admin"] = {**config["admin"], "host": "127.0.0.1", "port": admin_port}
     config["platform"] = "static"
     config.pop("kubernetes", None)
     path = tmp_path / "sluice.yaml"
@@ -70,6 +74,7 @@ def test_probe_paths_answer_200_on_the_admin_port(tmp_path: Path) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "gateway", "run", "--config", str(path)],
         cwd=ROOT,
+        env={**os.environ, variable: token},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
@@ -82,6 +87,8 @@ def test_probe_paths_answer_200_on_the_admin_port(tmp_path: Path) -> None:
                 break
             time.sleep(0.1)
         assert statuses == {"/healthz": 200, "/readyz": 200}
+        assert _get(admin_port, "/metrics") == 401
+        assert _get(admin_port, "/metrics", token) == 200
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
     finally:

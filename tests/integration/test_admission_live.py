@@ -79,6 +79,7 @@ def test_burst_larger_than_the_queue_gets_503_and_the_rest_succeeds(
         metrics = httpx.get(g.admin_url + "/metrics", timeout=10).text
         after = signals(g)
     statuses = Counter(r.status_code for r in responses)
+    print(f"burst of 20 into 2 slots + queue 5: {dict(statuses)}, queue peak {max(seen_queued)}")
     assert set(statuses) <= {200, 503}, statuses
     rejected = [r for r in responses if r.status_code == 503]
     assert rejected, "20 at once into 2 slots + 5 queue places must overflow"

@@ -8,6 +8,7 @@ paths, security context, grace period, RBAC equal to the Kubernetes module's
 
 from __future__ import annotations
 
+import base64
 import importlib
 import json
 import re
@@ -33,6 +34,7 @@ NAME_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance")
 COMMON_LABELS = (*NAME_LABELS, "app.kubernetes.io/managed-by", "helm.sh/chart")
 NAMESPACED = {
     "ConfigMap",
+    "Secret",
     "Deployment",
     "PodDisruptionBudget",
     "Role",
@@ -114,9 +116,13 @@ def test_lint_is_clean(path: Path, kube_version: str) -> None:
 def test_the_packaged_chart_renders_the_same(tmp_path: Path) -> None:
     archive = helm.package(CHART, destination=tmp_path)
     with helm.Chart.load(archive) as packaged, helm.Chart.load(CHART) as source:
-        assert packaged.render({}, name=RELEASE, namespace=NAMESPACE) == source.render(
-            {}, name=RELEASE, namespace=NAMESPACE
+        a, b = (c.render({}, name=RELEASE, namespace=NAMESPACE) for c in (packaged, source))
+        secret = "sluice/templates/secret.yaml"  # a fresh random token on every render
+        assert (
+            yaml.safe_load(a.pop(secret))["data"].keys()
+            == yaml.safe_load(b.pop(secret))["data"].keys()
         )
+        assert a == b
         assert packaged.schema == source.schema is not None
     assert not [f for f in packaged_names(archive) if "/ci/" in f], ".helmignore keeps ci/ out"
 
@@ -156,8 +162,16 @@ def test_schema_rejects_bad_values() -> None:
             "terminationGracePeriodSeconds (30) must exceed preStopDelaySeconds (5) + the drain time (30 s)",
         ),
         (
-            {"ingressClass": {"name": "edge"}},
+            {
+                "ingressClass": {"name": "edge"},
+                "config": {"kubernetes": {"ingress_class": "sluice"}},
+            },
             "ingressClass.name (edge) differs from config.kubernetes.ingress_class (sluice)",
+        ),
+        (
+            {"rbac": {"clusterWide": False}, "config": {"kubernetes": {"namespaces": ["shop"]}}},
+            "config.kubernetes.namespaces is [shop] but rbac.clusterWide=false grants access to "
+            "the release namespace (edge) only",
         ),
         (
             {"serviceAccount": {"create": False, "name": ""}},
@@ -190,6 +204,8 @@ def test_objects_and_kinds(case: tuple[dict[str, Any], list[Manifest]]) -> None:
         expected.append("PodDisruptionBudget")
     if values["serviceMonitor"]["enabled"]:
         expected.append("ServiceMonitor")
+    if values["config"]["admin"].get("token_env") and not values["adminToken"]["existingSecret"]:
+        expected.append("Secret")
     assert kinds == sorted(expected)
     names = [(d["kind"], d["metadata"]["name"]) for d in docs]
     assert len(names) == len(set(names)), "duplicate objects"
@@ -259,8 +275,14 @@ def test_selectors_match_the_pods(case: tuple[dict[str, Any], list[Manifest]]) -
         (endpoint,) = monitor["spec"]["endpoints"]
         assert endpoint["port"] in {p["name"] for p in admin["spec"]["ports"]}
         assert endpoint["path"] == "/metrics"
-    env = {e["name"]: e for e in _container(docs)["env"]}
-    assert env["SLUICE_PEERS_SERVICE"]["value"] == admin["metadata"]["name"]
+    # the leader finds its peers in the EndpointSlices of the Service the config names
+    kube = yaml.safe_load(_one(docs, "ConfigMap")["data"]["sluice.yaml"])["kubernetes"]
+    assert kube["gateway_service"] == {
+        "namespace": NAMESPACE,
+        "name": admin["metadata"]["name"],
+        "admin_port_name": "admin",
+    }
+    assert "admin" in {p["name"] for p in admin["spec"]["ports"]}
 
 
 def test_ports_and_probes_follow_the_config(case: tuple[dict[str, Any], list[Manifest]]) -> None:
@@ -321,7 +343,18 @@ def test_configmap_passes_sluice_check(
 ) -> None:
     values, docs = case
     text = _one(docs, "ConfigMap")["data"]["sluice.yaml"]
-    assert yaml.safe_load(text) == values["config"]
+    rendered = yaml.safe_load(text)
+    kube = rendered.pop("kubernetes")
+    expected = dict(values["config"])
+    given = expected.pop("kubernetes", None) or {}
+    assert rendered == expected, "values.config is rendered verbatim"
+    for key, value in given.items():  # the user's kubernetes keys survive
+        if key not in {"gateway_service", "lease"}:
+            assert kube[key] == value
+    assert kube["lease"]["namespace"] == NAMESPACE, "the namespaced Role grants the Lease there"
+    assert kube["ingress_class"] == values["ingressClass"]["name"]
+    if values["rbac"]["create"] and not values["rbac"]["clusterWide"]:
+        assert kube["namespaces"] == [NAMESPACE], "a Role only reaches the release namespace"
     config = tmp_path / "sluice.yaml"
     config.write_text(text)
     out = subprocess.run(
@@ -335,6 +368,34 @@ def test_configmap_passes_sluice_check(
     assert out.returncode == 0, out.stderr
     assert "ok: platform kubernetes" in out.stdout
     assert f"{len(values['config']['services'])} service(s)" in out.stdout
+
+
+def test_the_admin_token_reaches_the_pods_and_prometheus(
+    case: tuple[dict[str, Any], list[Manifest]],
+) -> None:
+    values, docs = case
+    variable = values["config"]["admin"].get("token_env")
+    assert variable, "the admin plane is off loopback: it needs a token"
+    secret_name = values["adminToken"]["existingSecret"] or f"{RELEASE}-sluice-admin-token"
+    if values.get("fullnameOverride") and not values["adminToken"]["existingSecret"]:
+        secret_name = f"{values['fullnameOverride']}-admin-token"
+    key = values["adminToken"]["secretKey"]
+    env = {e["name"]: e for e in _container(docs)["env"]}
+    assert env[variable]["valueFrom"] == {"secretKeyRef": {"name": secret_name, "key": key}}
+    secrets = _kind(docs, "Secret")
+    if values["adminToken"]["existingSecret"]:
+        assert secrets == []
+    else:
+        (secret,) = secrets
+        assert secret["metadata"]["name"] == secret_name
+        token = base64.b64decode(secret["data"][key]).decode()
+        assert len(token) >= 32 and token.isalnum()
+    for monitor in _kind(docs, "ServiceMonitor"):
+        (endpoint,) = monitor["spec"]["endpoints"]
+        assert endpoint["authorization"] == {
+            "type": "Bearer",
+            "credentials": {"name": secret_name, "key": key},
+        }
 
 
 def test_service_account_is_bound(case: tuple[dict[str, Any], list[Manifest]]) -> None:
@@ -546,3 +607,23 @@ def test_every_value_is_documented_typed_and_in_the_readme() -> None:
         assert f"`{dotted}`" in readme, f"charts/sluice/README.md does not document {dotted}"
     top = {k for k, _ in keys if "." not in k}
     assert set(schema["properties"]) - {"global"} == top
+
+
+def test_the_docs_values_example_installs_a_valid_config(tmp_path: Path) -> None:
+    docs = (ROOT / "docs" / "kubernetes-chart.md").read_text()
+    (example,) = [
+        b for b in re.findall(r"```yaml\n(.*?)```", docs, re.S) if "# my-values.yaml" in b
+    ]
+    manifests = _render(yaml.safe_load(example))
+    config = tmp_path / "sluice.yaml"
+    config.write_text(_one(manifests, "ConfigMap")["data"]["sluice.yaml"])
+    out = subprocess.run(
+        [sys.executable, "-m", "gateway", "check", "--config", str(config)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "shop/api" in out.stdout

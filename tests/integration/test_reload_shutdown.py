@@ -180,15 +180,14 @@ def test_sigterm_drains_in_flight_requests_and_exits_0(ups: list[Upstream], tmp_
     try:
         with ThreadPoolExecutor(10) as pool:
             futures = [
-                pool.submit(lambda: httpx.get(g.url + "/delay?s=1.5", timeout=60))
-                for _ in range(10)
+                pool.submit(lambda: httpx.get(g.url + "/delay?s=4", timeout=60)) for _ in range(10)
             ]
 
             def in_flight() -> int:
                 data = httpx.get(g.admin_url + "/api/signals", timeout=10).json()
                 return int(data["signals"]["svc"]["in_flight"])
 
-            assert wait_for(lambda: in_flight() == 10)
+            assert wait_for(lambda: in_flight() == 10, timeout_s=30)
             assert httpx.get(g.admin_url + "/readyz", timeout=10).status_code == 200
             g.signal(signal.SIGTERM)
             assert wait_for(

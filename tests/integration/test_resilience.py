@@ -258,7 +258,8 @@ def test_reset_get_is_retried_but_a_post_that_reached_an_upstream_is_not(
     failed = [i for i, s in enumerate(posts) if s == 502]
     assert len(ok) + len(failed) == 20
     assert failed, "round robin sends some POSTs to the resetting endpoint"
-    assert reset_posts == len(failed)
+    assert reset_posts == len(failed)  # each refused POST was sent to the resetting one only
+    assert all(b"POST /post/" in data for data in resetting.received[-len(failed) :])
     for i in ok:
         assert seen[f"/post/{i}"] == 1
     for i in failed:

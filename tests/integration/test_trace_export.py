@@ -21,7 +21,13 @@ from scaler.decision import ServiceState
 from scaler.engine import Engine
 from scaler.policy import BudgetConfig, ScalingPolicy
 from scaler.signals import ServiceSignals
-from tests.support.otlp_receiver import OtlpReceiver, ReceivedSpan, echo_upstream, otlp_receiver
+from tests.support.otlp_receiver import (
+    OtlpReceiver,
+    ReceivedSpan,
+    echo_upstream,
+    otlp_grpc_receiver,
+    otlp_receiver,
+)
 
 CALLER_TRACE = 0x4BF92F3577B34DA6A3CE929D0E0E4736
 CALLER_SPAN = 0x00F067AA0BA902B7
@@ -39,7 +45,9 @@ def upstream() -> Iterator[tuple[str, int]]:
         yield address
 
 
-def start(receiver: OtlpReceiver, ratio: float, **extra: object) -> Telemetry:
+def start(
+    receiver: OtlpReceiver, ratio: float, env: dict[str, str] | None = None, **extra: object
+) -> Telemetry:
     config = TracesConfig.model_validate(
         {
             "enabled": True,
@@ -49,7 +57,7 @@ def start(receiver: OtlpReceiver, ratio: float, **extra: object) -> Telemetry:
             **extra,
         }
     )
-    return Telemetry.start(config, env={})
+    return Telemetry.start(config, env=env or {})
 
 
 def proxy_once(
@@ -231,7 +239,15 @@ def test_scaler_ticks_are_spans_with_a_child_per_changed_decision(receiver: Otlp
     try:
         assert telemetry.tracer is not None
         engine = TracedEngine(
-            Engine({"api": policy(max_replicas=8), "idle": policy()}, BudgetConfig(cpu=2)),
+            # cpu.max = cpu.request: the horizontal bound is exactly max_replicas replicas
+            # (with vertical headroom it would be max_replicas × cpu.max / cpu.request).
+            Engine(
+                {
+                    "api": policy(max_replicas=8, cpu={"min": 0.1, "max": 0.25, "request": 0.25}),
+                    "idle": policy(),
+                },
+                BudgetConfig(cpu=2),
+            ),
             telemetry.tracer,
         )
         states: dict[str, ServiceState] = {}
@@ -283,3 +299,67 @@ def test_scaler_ticks_are_spans_with_a_child_per_changed_decision(receiver: Otlp
     assert "clamped replicas 15 -> 8 by max_replicas" in api["sluice.decision.clamps"]
     assert "wants 2.00 cores, budget gives 1.90" in api["sluice.decision.clamps"]
     assert lent[-1].attributes["sluice.cpu.lent_cores"] == pytest.approx(0.9)
+
+
+def test_gzip_and_a_refusing_collector_are_handled(
+    receiver: OtlpReceiver, upstream: tuple[str, int]
+) -> None:
+    receiver.fail_next = 2  # 503 twice: the exporter backs off and retries within its timeout
+    telemetry = start(receiver, 1.0, env={"OTEL_EXPORTER_OTLP_COMPRESSION": "gzip"})
+    try:
+        assert telemetry.requests is not None
+        seen = proxy_once(telemetry.requests, upstream)
+        telemetry.force_flush()
+        spans = receiver.wait_for(lambda s: len(s) >= 3)
+    finally:
+        telemetry.shutdown()
+    assert seen is not None
+    assert len(receiver.headers_seen) == 3
+    assert all(h["content-encoding"] == "gzip" for h in receiver.headers_seen)
+    assert {s.trace_id for s in spans} == {str(seen["traceparent"]).split("-")[1]}
+
+
+def test_the_environment_points_the_exporter_at_the_collector(
+    receiver: OtlpReceiver, upstream: tuple[str, int]
+) -> None:
+    base = receiver.endpoint.removesuffix("/v1/traces")
+    telemetry = Telemetry.start(
+        TracesConfig(enabled=True),
+        env={
+            "OTEL_TRACES_EXPORTER": "otlp",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": base,
+            "OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer%20t0ken",
+        },
+    )
+    try:
+        assert telemetry.requests is not None
+        proxy_once(telemetry.requests, upstream)
+        telemetry.force_flush()
+        receiver.wait_for(lambda s: len(s) >= 3)
+    finally:
+        telemetry.shutdown()
+    assert receiver.headers_seen[0]["authorization"] == "Bearer t0ken"
+
+
+def test_otlp_grpc_export_reaches_a_grpc_collector(upstream: tuple[str, int]) -> None:
+    with otlp_grpc_receiver() as (endpoint, grpc_receiver):
+        config = TracesConfig.model_validate(
+            {
+                "enabled": True,
+                "exporter": "otlp_grpc",
+                "endpoint": endpoint,
+                "headers": {"x-tenant": "t2"},
+            }
+        )
+        telemetry = Telemetry.start(config, env={})
+        try:
+            assert telemetry.requests is not None
+            seen = proxy_once(telemetry.requests, upstream)
+            telemetry.force_flush()
+            spans = grpc_receiver.wait_for(lambda s: len(s) >= 3)
+        finally:
+            telemetry.shutdown()
+    assert seen is not None
+    assert {s.trace_id for s in spans} == {str(seen["traceparent"]).split("-")[1]}
+    assert sorted(s.kind for s in spans) == ["CLIENT", "INTERNAL", "SERVER"]
+    assert grpc_receiver.headers_seen[0]["x-tenant"] == "t2"

@@ -17,6 +17,7 @@ _SCALARS: dict[str, tuple[type, ...]] = {
     "int": (int,),
     "float": (int, float),
     "bool": (bool,),
+    "bytes": (str,),  # base64 in JSON/YAML
     "datetime": (str,),
     "date": (str,),
     "object": (object,),

@@ -55,13 +55,17 @@ class ReceivedSpan:
 class OtlpReceiver:
     """Collects every span posted to ``/v1/traces``; ``requests`` counts the POSTs."""
 
-    server: ThreadingHTTPServer
+    server: ThreadingHTTPServer | None = None
+    """The OTLP/HTTP server (None for the gRPC receiver)."""
     received: list[ReceivedSpan] = field(default_factory=list)
     headers_seen: list[dict[str, str]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    fail_next: int = 0
+    """Answer this many of the next exports with 503 (a collector under pressure)."""
 
     @property
     def endpoint(self) -> str:
+        assert self.server is not None
         host, port = self.server.server_address[:2]
         return f"http://{host}:{port}/v1/traces"
 
@@ -133,6 +137,14 @@ def _handler(receiver_ref: list[OtlpReceiver]) -> type[BaseHTTPRequestHandler]:
                 return
             with receiver.lock:
                 receiver.headers_seen.append({k.lower(): v for k, v in self.headers.items()})
+                refuse = receiver.fail_next > 0
+                if refuse:
+                    receiver.fail_next -= 1
+            if refuse:
+                self.send_response(503)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
             receiver.decode(body)
             reply = ExportTraceServiceResponse().SerializeToString()
             self.send_response(200)
@@ -272,3 +284,30 @@ def flaky_keep_alive_upstream() -> Iterator[tuple[str, list[dict[str, str]]]]:
         stop.set()
         thread.join(timeout=5)
         listener.close()
+
+
+@contextmanager
+def otlp_grpc_receiver() -> Iterator[tuple[str, OtlpReceiver]]:
+    """A real OTLP/gRPC trace receiver on 127.0.0.1:0: ``(endpoint, receiver)``."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import grpc
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+
+    receiver = OtlpReceiver()
+
+    class Service(trace_service_pb2_grpc.TraceServiceServicer):
+        def Export(self, request: Any, context: Any) -> ExportTraceServiceResponse:
+            with receiver.lock:
+                receiver.headers_seen.append(dict(context.invocation_metadata()))
+            receiver.decode(request.SerializeToString())
+            return ExportTraceServiceResponse()
+
+    server = grpc.server(ThreadPoolExecutor(max_workers=2))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Service(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{port}", receiver
+    finally:
+        server.stop(grace=None).wait(5)

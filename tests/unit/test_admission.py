@@ -273,3 +273,51 @@ def test_queue_timeout_error_names_the_cause() -> None:
     err = QueueTimeout("api", 1, "no slot")
     assert str(err) == "api: queue-timeout: no slot"
     assert err.status == 503
+
+
+# -- scale from zero: hold at zero endpoints -------------------------------------------------
+
+
+@pytest.mark.parametrize("per", [None, 2])
+def test_held_at_zero_endpoints_then_dispatched_in_order_by_the_first_replica(
+    loop: SteppedLoop, per: int | None
+) -> None:
+    gauge = Gauge()
+    a = Admission(
+        "reports", limits(per=per, qmax=3, timeout_s=30), replicas=0, gauge=gauge, loop=loop
+    )
+    woken: list[int] = []
+    a.hold_at_zero(lambda: woken.append(a.queued))
+    rec = Recorder()
+    waiters = [a.admit(*rec.callbacks(f"r{i}")) for i in range(3)]
+    assert all(isinstance(w, Waiter) for w in waiters)
+    assert woken == [1, 2, 3]  # the scaler is woken as each request starts waiting
+    assert gauge.queued == 3  # the held requests count as demand
+    with pytest.raises(QueueFull):
+        a.admit(*rec.callbacks("r3"))  # the queue stays bounded
+    loop.advance(5)
+    assert rec.events == []
+    a.set_replicas(1)  # the first replica is ready
+    loop.settle()
+    admitted = [e[1] for e in rec.events if e[0] == "admit"]
+    assert admitted == (["r0", "r1", "r2"] if per is None else ["r0", "r1"])
+    assert all(e[2] == pytest.approx(5) for e in rec.events)
+
+
+def test_held_at_zero_times_out_like_any_queued_request(loop: SteppedLoop) -> None:
+    a = Admission("reports", limits(per=None, qmax=5, timeout_s=2), replicas=0, loop=loop)
+    a.hold_at_zero(lambda: None)
+    rec = Recorder()
+    assert a.admit(*rec.callbacks("r0")) is not None
+    loop.advance(2.01)
+    assert rec.events == [("reject", "r0", QueueTimeout.code)]
+
+
+def test_without_hold_zero_endpoints_dispatch_at_once(loop: SteppedLoop) -> None:
+    """Static platform: nothing will start a replica, so no endpoint means 503 at once."""
+    a = Admission("api", limits(per=None), replicas=0, loop=loop)
+    rec = Recorder()
+    assert a.admit(*rec.callbacks("r0")) is None
+    a.hold_at_zero(lambda: None)
+    a.hold_at_zero(None)
+    assert a.admit(*rec.callbacks("r1")) is None

@@ -132,3 +132,16 @@ def test_every_flag_the_docs_mention_exists(bench: ModuleType) -> None:
     assert flags, "docs/benchmarks.md documents no flags"
     known = {opt for action in bench.build_parser()._actions for opt in action.option_strings}
     assert flags <= known, flags - known
+
+
+def test_saturation_is_reported(bench: ModuleType) -> None:
+    samples = [
+        _sample(bench, "direct", 90_000, 0.02, None),
+        _sample(bench, "nginx", 40_000, 0.07, 25.0),
+        _sample(bench, "sluice", 20_000, 0.12, 50.0),
+    ]
+    samples[1].proxy_core_utilisation = 0.98
+    samples[2].proxy_core_utilisation = 0.97
+    assert bench.ratios(bench.summarise(samples))["both_proxies_saturated"] is True
+    samples[1].proxy_core_utilisation = 0.25  # something else ran on core 0
+    assert bench.ratios(bench.summarise(samples))["both_proxies_saturated"] is False

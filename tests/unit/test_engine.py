@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from scaler.decision import Decision, ServiceState
@@ -81,3 +83,208 @@ def test_stale_signals_freeze_the_service() -> None:
     d = engine.tick(101.0, {}, states)
     assert d["api"].frozen and d["api"].rule == "frozen: missing signals"
     assert d["api"].replicas == 3
+
+
+def tick_loop(
+    engine: Engine, seconds: range, load: dict[str, int], states: dict[str, ServiceState]
+) -> dict[str, Decision]:
+    decisions: dict[str, Decision] = {}
+    for t in seconds:
+        signals = {n: ServiceSignals(n, float(t), in_flight=v) for n, v in load.items()}
+        decisions = engine.tick(float(t), signals, states)
+        states.clear()
+        states.update(applied(decisions))
+    return decisions
+
+
+def test_independent_baseline_leaves_the_latecomer_pending() -> None:
+    pols = {
+        "long": policy(max_replicas=8, cpu={"min": 0.25, "max": 0.25}),
+        "short": policy(min_replicas=0, max_replicas=8, cpu={"min": 0.25, "max": 0.25}),
+    }
+    for arbitration, short_gets in (("independent", 0.0), ("shared", 1.0)):
+        engine = Engine(pols, BudgetConfig(cpu=2, arbitration=arbitration))
+        states: dict[str, ServiceState] = {}
+        tick_loop(engine, range(10), {"long": 500, "short": 0}, states)
+        d = tick_loop(engine, range(10, 12), {"long": 500, "short": 500}, states)
+        assert d["short"].allocated_cores == pytest.approx(short_gets), arbitration
+        assert sum(x.allocated_cores for x in d.values()) <= 2.0 + 1e-9
+    assert any(
+        "pending" in r
+        for r in tick_loop(
+            Engine(pols, BudgetConfig(cpu=2, arbitration="independent")),
+            range(3),
+            {"long": 500, "short": 500},
+            {},
+        )["short"].reasons
+    )
+
+
+def test_rps_metric_comes_from_the_arrivals_counter() -> None:
+    engine = Engine(
+        {"api": policy(metric="rps", target=10, target_utilization=1.0)}, BudgetConfig(cpu=4)
+    )
+    states: dict[str, ServiceState] = {}
+    for t in range(70):
+        d = engine.tick(
+            float(t), {"api": ServiceSignals("api", float(t), arrivals_total=50 * t)}, states
+        )
+        states = applied(d)
+    assert d["api"].inputs["rps"] == pytest.approx(50.0)
+    # (the first tick has no rate yet; once it has left the 60 s window: 50 / 10 = 5)
+    assert d["api"].inputs["horizontal_replicas"] == 5
+
+
+def test_measured_throttling_raises_the_cpu_demand() -> None:
+    def demand(throttled_s_per_s: float) -> float:
+        engine = Engine(
+            {"api": policy(cpu={"min": 0.1, "max": 2.0, "request": 0.5})}, BudgetConfig(cpu=8)
+        )
+        states = {"api": ServiceState("api", 2, 2, 0.5)}
+        for t in range(3):
+            sig = ServiceSignals(
+                "api",
+                float(t),
+                in_flight=14,
+                cpu_seconds_total=0.7 * t,
+                cpu_throttled_seconds_total=throttled_s_per_s * t,
+            )
+            d = engine.tick(float(t), {"api": sig}, states)["api"]
+        return d.inputs["demand_cores"]
+
+    calm, throttled = demand(0.0), demand(1.0)
+    assert calm == pytest.approx(0.7 / 0.7), "measured 0.7 cores at 70 % target utilisation"
+    assert throttled > calm
+
+
+def test_blocked_resize_scales_replicas_instead() -> None:
+    engine = Engine(
+        {"api": policy(max_replicas=8, cpu={"min": 0.1, "max": 1.0, "request": 0.25})},
+        BudgetConfig(cpu=4),
+    )
+    states = {"api": ServiceState("api", 1, 1, 0.25, resize_blocked=True)}
+    d = engine.tick(0.0, {"api": ServiceSignals("api", 0.0, in_flight=30)}, states)["api"]
+    assert d.cpu_per_replica_cores == pytest.approx(0.25)
+    assert d.replicas > 1
+    assert any("resize blocked" in r for r in d.reasons)
+
+
+def test_hpa_mode_waits_for_the_scale_down_stabilization_window() -> None:
+    engine = Engine(
+        {"api": policy(mode="hpa", target=10, max_replicas=10, cpu={"min": 0.1, "max": 0.1})},
+        BudgetConfig(cpu=2),
+    )
+    states = {"api": ServiceState("api", 4, 4, 0.1)}
+    d = tick_loop(engine, range(0, 10), {"api": 40}, states)["api"]
+    assert d.replicas == 4 and d.rule == "hpa"
+    d = tick_loop(engine, range(10, 300), {"api": 10}, states)["api"]
+    assert d.replicas == 4, "scale-down stabilization keeps the highest recommendation for 300 s"
+    d = tick_loop(engine, range(300, 320), {"api": 10}, states)["api"]
+    assert d.replicas == 1
+
+
+def test_scale_to_zero_and_back_through_the_engine() -> None:
+    engine = Engine(
+        {
+            "fn": policy(
+                min_replicas=0, stable_window_s=10, panic_window_s=2, scale_to_zero_grace_s=5
+            )
+        },
+        BudgetConfig(cpu=2),
+    )
+    states: dict[str, ServiceState] = {}
+    d = tick_loop(engine, range(0, 5), {"fn": 5}, states)["fn"]
+    assert d.replicas >= 1
+    d = tick_loop(engine, range(5, 19), {"fn": 0}, states)["fn"]
+    assert d.replicas == 1 and d.rule == "idle-grace"
+    d = tick_loop(engine, range(19, 21), {"fn": 0}, states)["fn"]
+    assert d.replicas == 0 and d.rule == "scale-to-zero" and d.allocated_cores == 0.0
+    d = tick_loop(engine, range(21, 22), {"fn": 40}, states)["fn"]
+    assert d.replicas >= 1
+
+
+def test_reasons_name_clamps_and_the_budget_line() -> None:
+    fixed = policy(max_replicas=2, cpu={"min": 0.25, "max": 0.25})
+    engine = Engine({"api": fixed}, BudgetConfig(cpu=4))
+    d = engine.tick(0.0, {"api": ServiceSignals("api", 0.0, in_flight=100)}, {})["api"]
+    text = "\n".join(d.reasons)
+    assert "clamped replicas 15 -> 2 by max_replicas" in text
+    assert text.splitlines()[-1] == (
+        "budget: demand 0.50 cores (floor 0.25, fair share 0.50) -> 2×0.25 = 0.50 cores"
+    )
+    # with room to grow vertically the bound is max_replicas replicas at cpu.max
+    engine = Engine({"api": policy(max_replicas=2)}, BudgetConfig(cpu=4))
+    d = engine.tick(0.0, {"api": ServiceSignals("api", 0.0, in_flight=100)}, {})["api"]
+    assert (
+        "clamped replicas 15 -> 8 by max_replicas × cpu.max / cpu.request (2 × 1 / 0.25)"
+        in d.reasons
+    )
+    assert (d.replicas, d.cpu_per_replica_cores) == (2, 1.0)
+
+
+def test_decisions_are_dataclasses_with_lazy_but_stable_reasons() -> None:
+    import dataclasses
+
+    engine = Engine({"api": policy()}, BudgetConfig(cpu=2))
+    d = engine.tick(0.0, {"api": ServiceSignals("api", 0.0, in_flight=3)}, {})["api"]
+    first = d.reasons
+    assert d.reasons is first, "rendered once, then cached"
+    as_dict = dataclasses.asdict(d)
+    assert as_dict["reasons"] == first and as_dict["inputs"]["concurrency"] == 3.0
+    assert set(vars(d)) >= set(
+        vars(Decision.explained("x", 0, 1, 0.1, 0.1, "stable", False, _NoSource(), 0))
+    )
+
+
+def test_decisions_pickle_with_their_reasons_not_their_tick() -> None:
+    import copy
+    import pickle
+
+    engine = Engine({"api": policy()}, BudgetConfig(cpu=2))
+    d = engine.tick(0.0, {"api": ServiceSignals("api", 0.0, in_flight=3)}, {})["api"]
+    for clone in (pickle.loads(pickle.dumps(d)), copy.deepcopy(d)):
+        assert clone == d
+        assert "_source" not in vars(clone)
+        assert clone.reasons == d.reasons and clone.inputs == d.inputs
+
+
+class _NoSource:
+    def render(self, index: int) -> tuple[str, ...]:
+        return ()
+
+    def inputs(self, index: int) -> dict[str, float]:
+        return {}
+
+
+def test_floors_over_the_budget_and_bad_staleness_are_refused() -> None:
+    with pytest.raises(ValueError, match="exceeds the budget"):
+        Engine({"a": policy(min_replicas=3, cpu={"min": 0.5, "max": 1})}, BudgetConfig(cpu=1))
+    with pytest.raises(ValueError, match="staleness_s"):
+        Engine({"a": policy()}, BudgetConfig(cpu=1), staleness_s=0)
+
+
+def test_guaranteed_cpu_below_the_minimum_replicas_is_a_config_error() -> None:
+    with pytest.raises(
+        ValueError, match=re.escape("guaranteed_cpu: must be >= min_replicas × cpu.min")
+    ):
+        policy(min_replicas=2, cpu={"min": 0.5, "max": 1}, guaranteed_cpu=0.5)
+
+
+def test_panic_keeps_replicas_but_lends_the_cpu_the_load_no_longer_needs() -> None:
+    pols = {"long": policy(max_replicas=8), "short": policy(min_replicas=0, max_replicas=8)}
+    engine = Engine(pols, BudgetConfig(cpu=2))
+    states: dict[str, ServiceState] = {}
+    peak = None
+    for t in range(36):
+        load = {"long": 500, "short": 40 if 10 <= t < 20 else 0}
+        d = tick_loop(engine, range(t, t + 1), load, states)
+        if t == 19:
+            peak = d["short"]
+    assert peak is not None and peak.allocated_cores == pytest.approx(1.0), "its fair share"
+    short, long = d["short"], d["long"]
+    assert short.rule == "panic", "a stable window after the burst it is still panicking"
+    assert short.replicas >= peak.replicas, "panic never scales replicas down"
+    assert short.inputs["held_demand_cores"] > short.inputs["demand_cores"]
+    assert short.allocated_cores == pytest.approx(short.inputs["demand_cores"])
+    assert long.allocated_cores == pytest.approx(2.0 - short.allocated_cores)
+    assert any("keeps replicas worth" in r for r in short.reasons)

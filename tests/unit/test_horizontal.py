@@ -7,7 +7,13 @@ from scaler.policy import ScalingPolicy
 
 
 def kpa(**kw: object) -> KpaRecommender:
-    base: dict[str, object] = {"target": 10, "target_utilization": 1.0, "max_replicas": 100}
+    # cpu.max = cpu.request: one replica is one reference replica (pure horizontal scaling)
+    base: dict[str, object] = {
+        "target": 10,
+        "target_utilization": 1.0,
+        "max_replicas": 100,
+        "cpu": {"min": 0.1, "max": 0.1},
+    }
     base.update(kw)
     return KpaRecommender(ScalingPolicy.model_validate(base))
 

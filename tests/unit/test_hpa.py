@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from scaler.decision import Explanation
 from scaler.hpa import (
@@ -161,3 +163,37 @@ def test_bounds_clamp_and_say_so() -> None:
         == 4
     )
     assert "clamped replicas 3 -> 4 by min_replicas" in reasons.render()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(1, 20), st.integers(0, 30)), min_size=1, max_size=60),
+    st.sampled_from([0, 15, 60]),
+    st.sampled_from([0, 30, 300]),
+)
+def test_stabilization_equals_the_hpa_loop_over_all_recommendations(
+    steps: list[tuple[int, int]], up_window: int, down_window: int
+) -> None:
+    unlimited = [{"type": "Pods", "value": 100_000, "period_s": 15}]
+    behavior = HpaBehavior(
+        scale_up=HpaScalingRules.model_validate(
+            {"stabilization_window_s": up_window, "policies": unlimited}
+        ),
+        scale_down=HpaScalingRules.model_validate(
+            {"stabilization_window_s": down_window, "policies": unlimited}
+        ),
+    )
+    state = HpaBehaviorState(behavior)
+    history: list[tuple[float, int]] = []
+    now = 0.0
+    current = 5
+    for gap, desired in steps:
+        now += gap
+        # the HPA's own loop: min over the up window, max over the down window, then bound
+        up = min([desired] + [r for t, r in history if t > now - up_window])
+        down = max([desired] + [r for t, r in history if t > now - down_window])
+        expected = min(max(current, up), down)
+        history.append((now, desired))
+        got = normalize(state, now, current, desired, lo=0, hi=1_000_000)
+        assert got == expected
+        current = got

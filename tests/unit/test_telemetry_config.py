@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from gateway.settings import ConfigError, TracesConfig, parse_settings
+from gateway.settings import ConfigError, TracesConfig, load_settings, parse_settings
 from gateway.telemetry.provider import TelemetryError, resolve
 
 
@@ -146,3 +148,19 @@ def test_bad_environment_values_are_refused_clearly(env: dict[str, str], expecte
     with pytest.raises(TelemetryError) as info:
         resolve(traces({"enabled": True}), env)
     assert str(info.value) == expected
+
+
+def test_telemetry_changes_need_a_restart(tmp_path: Path) -> None:
+    from gateway.reload import Reloader
+
+    path = tmp_path / "sluice.yaml"
+    path.write_text("telemetry: {traces: {enabled: false}}\n")
+    settings = load_settings(path)
+    applied: list[object] = []
+    reloader = Reloader(path, settings, applied.append)
+    path.write_text("telemetry: {traces: {enabled: true}}\n")
+    result = reloader.reload("test")
+    assert result.problems == [
+        f"{path}: telemetry: cannot change while running (restart Sluice to apply it)"
+    ]
+    assert applied == []

@@ -54,6 +54,35 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
 {{/*
+The config file: values.config with the kubernetes: keys only the chart can know.
+- gateway_service: the headless admin Service, whose EndpointSlices list the peer gateway
+  pods with the port named "admin" (the leader merges their signals);
+- lease.namespace: the release namespace (the namespaced Role grants the Lease there), and
+  lease.name <fullname>-scaler unless set, so two releases in one namespace do not share it;
+- ingress_class: ingressClass.name unless set;
+- namespaces: [the release namespace] when rbac.clusterWide is false (a Role only).
+*/}}
+{{- define "sluice.config" -}}
+{{- $config := deepCopy .Values.config }}
+{{- $kube := get $config "kubernetes" | default dict }}
+{{- $_ := set $kube "gateway_service" (dict "namespace" .Release.Namespace "name" (include "sluice.adminServiceName" .) "admin_port_name" "admin") }}
+{{- $lease := get $kube "lease" | default dict }}
+{{- $_ := set $lease "namespace" .Release.Namespace }}
+{{- if not (hasKey $lease "name") }}
+{{- $_ := set $lease "name" (printf "%s-scaler" (include "sluice.fullname" . | trunc 56 | trimSuffix "-")) }}
+{{- end }}
+{{- $_ := set $kube "lease" $lease }}
+{{- if not (hasKey $kube "ingress_class") }}
+{{- $_ := set $kube "ingress_class" .Values.ingressClass.name }}
+{{- end }}
+{{- if not .Values.rbac.clusterWide }}
+{{- $_ := set $kube "namespaces" (list .Release.Namespace) }}
+{{- end }}
+{{- $_ := set $config "kubernetes" $kube }}
+{{- toYaml $config }}
+{{- end }}
+
+{{/*
 Checks that make a broken install fail at render time instead of in a crash-looping pod.
 */}}
 {{- define "sluice.validate" -}}
@@ -72,13 +101,22 @@ Checks that make a broken install fail at render time instead of in a crash-loop
 {{- fail (printf "config.platform must be kubernetes in this chart, got %v" (get $config "platform")) }}
 {{- end }}
 {{- $kube := get $config "kubernetes" | default dict }}
-{{- $class := get $kube "ingress_class" | default "sluice" }}
+{{- $class := get $kube "ingress_class" | default .Values.ingressClass.name }}
 {{- if and .Values.ingressClass.enabled (ne $class .Values.ingressClass.name) }}
 {{- fail (printf "ingressClass.name (%s) differs from config.kubernetes.ingress_class (%s): Sluice would ignore the Ingresses of the class the chart creates" .Values.ingressClass.name $class) }}
+{{- end }}
+{{- $namespaces := get $kube "namespaces" | default list }}
+{{- if and (not .Values.rbac.clusterWide) $namespaces (ne (toJson $namespaces) (toJson (list .Release.Namespace))) }}
+{{- fail (printf "config.kubernetes.namespaces is %v but rbac.clusterWide=false grants access to the release namespace (%s) only" $namespaces .Release.Namespace) }}
 {{- end }}
 {{- $shutdown := get $config "shutdown" | default dict }}
 {{- $drain := get $shutdown "drain_s" | default .Values.drainSeconds }}
 {{- if le (float64 .Values.terminationGracePeriodSeconds) (addf .Values.preStopDelaySeconds $drain) }}
 {{- fail (printf "terminationGracePeriodSeconds (%v) must exceed preStopDelaySeconds (%v) + the drain time (%v s), or in-flight requests are killed" .Values.terminationGracePeriodSeconds .Values.preStopDelaySeconds $drain) }}
 {{- end }}
+{{- end }}
+
+{{/* The Secret holding the admin token: the user's, or the one the chart creates. */}}
+{{- define "sluice.adminTokenSecret" -}}
+{{- .Values.adminToken.existingSecret | default (printf "%s-admin-token" (include "sluice.fullname" . | trunc 50 | trimSuffix "-")) }}
 {{- end }}

@@ -1,0 +1,152 @@
+"""The seed scenario in the simulator: Sluice vs `independent` vs `static`, with the goals.
+
+    python benchmarks/shared_budget_sim.py [--duration S] [--out DIR] [--speed]
+
+Runs benchmarks/workloads/long_short.yaml (api: long-lived, reports: bursts of 10 s every
+60 s) on the 2-CPU config benchmarks/workloads/long_short.config.yaml through the queueing
+model and the real engine, three times on the very same arrivals, and prints:
+reports' p99 latency (goal: independent ÷ Sluice >= 10), api's throughput (goal: Sluice ÷
+independent >= 0.95) and budget utilisation during contention (goal: >= 90 %).
+`--speed` also times one hour of ten services at 1 s ticks.  Writes DIR/shared_budget_sim.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from gateway.settings import load_settings  # noqa: E402
+from scaler.policy import BudgetConfig, ScalingPolicy  # noqa: E402
+from scaler.simulate.cli import simulate_runs  # noqa: E402
+from scaler.simulate.report import build_report  # noqa: E402
+from scaler.simulate.runner import build_scenario, run  # noqa: E402
+from scaler.simulate.workload import load_workload, parse_workload  # noqa: E402
+
+CONFIG = ROOT / "benchmarks" / "workloads" / "long_short.config.yaml"
+WORKLOAD = ROOT / "benchmarks" / "workloads" / "long_short.yaml"
+
+
+def seed_scenario(duration_s: float | None, console: Console) -> dict[str, object]:
+    settings = load_settings(CONFIG)
+    policies = {n: s.scaling for n, s in settings.services.items()}
+    scenario = build_scenario(load_workload(WORKLOAD), policies, duration_s=duration_s)
+    started = time.perf_counter()
+    results = simulate_runs(
+        scenario, policies, settings.budget, ["sluice", "independent", "static"]
+    )
+    wall_s = time.perf_counter() - started
+    report = build_report(
+        scenario, results, settings.budget.cpu, {"config": str(CONFIG), "workload": str(WORKLOAD)}
+    )
+    runs = report["runs"]
+    table = Table(
+        title=f"seed scenario: {scenario.duration_s:g} s, budget {settings.budget.cpu:g} cores"
+    )
+    table.add_column("figure")
+    for name in runs:
+        table.add_column(name, justify="right")
+    rows = [
+        ("reports p50 latency (s)", "reports", "latency_p50_s", "{:.3f}"),
+        ("reports p99 latency (s)", "reports", "latency_p99_s", "{:.3f}"),
+        ("reports time over SLO (s)", "reports", "time_over_slo_s", "{:.0f}"),
+        ("api p99 latency (s)", "api", "latency_p99_s", "{:.3f}"),
+        ("api throughput (req/s)", "api", "throughput_rps", "{:.2f}"),
+        ("api unfinished at end", "api", "unfinished", "{:.0f}"),
+    ]
+    for label, service, key, fmt in rows:
+        table.add_row(label, *[fmt.format(runs[n]["services"][service][key]) for n in runs])
+    for label, key in (
+        ("utilisation", "utilisation"),
+        ("utilisation in contention", "utilisation_during_contention"),
+    ):
+        table.add_row(label, *[f"{runs[n]['budget'][key]:.1%}" for n in runs])
+    console.print(table)
+    s, i = runs["sluice"], runs["independent"]
+    goals = {
+        "reports_p99_independent_over_sluice": i["services"]["reports"]["latency_p99_s"]
+        / s["services"]["reports"]["latency_p99_s"],
+        "api_throughput_sluice_over_independent": s["services"]["api"]["throughput_rps"]
+        / i["services"]["api"]["throughput_rps"],
+        "utilisation_during_contention_sluice": s["budget"]["utilisation_during_contention"],
+    }
+    targets = {
+        "reports_p99_independent_over_sluice": 10.0,
+        "api_throughput_sluice_over_independent": 0.95,
+        "utilisation_during_contention_sluice": 0.90,
+    }
+    for key, value in goals.items():
+        ok = value >= targets[key]
+        console.print(f"{key}: {value:.3g} (goal >= {targets[key]:g}) {'met' if ok else 'NOT met'}")
+    console.print(f"simulated 3 runs in {wall_s:.1f} s wall")
+    return {"goals": goals, "targets": targets, "wall_s": wall_s, "runs": runs}
+
+
+def speed(console: Console) -> dict[str, float]:
+    """One hour of ten services at 1 s ticks (Sluice run only), timed."""
+    services = {
+        f"svc{i}": {
+            "slo_s": 0.5,
+            "cpu_cv": 0.5,
+            "load": [{"at_s": 0, "rps": 4, "cpu_s": 0.05}, {"at_s": 300, "rps": 8, "cpu_s": 0.05}],
+            "repeat_s": 600,
+            "bursts": [{"every_s": 120, "for_s": 10, "start_s": 7 * i, "rps": 10, "cpu_s": 0.05}],
+        }
+        for i in range(10)
+    }
+    workload = parse_workload({"duration_s": 3600, "services": services})
+    policies = {
+        s: ScalingPolicy(target=2, max_replicas=8, cpu={"min": 0.1, "max": 1.0, "request": 0.25})
+        for s in services
+    }
+    budget = BudgetConfig(cpu=8)
+    started = time.perf_counter()
+    scenario = build_scenario(workload, policies)
+    result = run(scenario, "sluice", policies, budget)
+    wall_s = time.perf_counter() - started
+    requests = sum(result.arrivals.values())
+    console.print(
+        f"speed: 1 h of 10 services at 1 s ticks ({requests} requests): {wall_s:.1f} s wall"
+    )
+    return {"wall_s": wall_s, "requests": requests}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--duration", type=float, default=None, help="simulated seconds (default: the workload's)"
+    )
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument("--speed", action="store_true", help="also time 1 h of 10 services")
+    args = parser.parse_args()
+    console = Console()
+    out = {
+        "machine": {
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "load_avg": os.getloadavg(),
+        },
+        "seed_scenario": seed_scenario(args.duration, console),
+    }
+    if args.speed:
+        out["speed"] = speed(console)
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / "shared_budget_sim.json"
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    console.print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

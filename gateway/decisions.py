@@ -1,0 +1,137 @@
+"""Scaling decisions made visible: ``GET /api/decisions`` and the recommend-only scaler.
+
+* :func:`decision_json` — one :class:`~scaler.decision.Decision` as JSON (replicas, CPU per
+  replica, budget share, the rule that fired, the reasons and inputs);
+* :func:`decisions_route` — ``GET /api/decisions[?service=NAME][&limit=N]``: the scaler
+  loop's recent decisions (a bounded ring of those that changed something), newest first,
+  plus the latest decision of every service and the budget;
+* :class:`RecommendRunner` — ``platform: static``: a :class:`~scaler.loop.ScalerLoop` over
+  the gateway's signals with the recommend-only actuator.  Decisions are computed, logged
+  (one line per service whose decision changed, with its reason) and exposed; nothing is
+  applied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from gateway.settings import Settings
+from gateway.telemetry.scaler import TracedEngine
+from scaler.actuators.none import RecommendOnlyActuator
+from scaler.decision import Decision, ServiceState
+from scaler.engine import Engine
+from scaler.loop import ScalerLoop, TickEngine
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Tracer
+
+    from gateway.app import Runtime
+
+DEFAULT_LIMIT = 50
+
+
+def decision_json(d: Decision) -> dict[str, Any]:
+    return {
+        "service": d.service,
+        "at": d.at,
+        "replicas": d.replicas,
+        "cpu_per_replica_cores": d.cpu_per_replica_cores,
+        "allocated_cores": d.allocated_cores,
+        "rule": d.rule,
+        "frozen": d.frozen,
+        "reasons": list(d.reasons),
+        "inputs": d.inputs,
+    }
+
+
+def decisions_route(runtime: Runtime) -> Route:
+    """``GET /api/decisions``: 404 when this gateway runs no scaler loop."""
+
+    async def decisions(request: Request) -> Response:
+        loop = runtime.scaler
+        if loop is None:
+            return JSONResponse({"error": "no scaler runs in this gateway"}, status_code=404)
+        service = request.query_params.get("service")
+        raw_limit = request.query_params.get("limit", str(DEFAULT_LIMIT))
+        if not raw_limit.isdigit() or int(raw_limit) < 1:
+            return JSONResponse(
+                {"error": f"limit must be a whole number >= 1, got {raw_limit!r}"},
+                status_code=400,
+            )
+        if service is not None and service not in runtime.services:
+            return JSONResponse({"error": f"no service named {service!r}"}, status_code=404)
+        recent = [d for d in reversed(loop.recent) if service is None or d.service == service][
+            : int(raw_limit)
+        ]
+        latest = {
+            name: decision_json(d)
+            for name, d in sorted(loop.last.items())
+            if service is None or name == service
+        }
+        budget = runtime.settings.budget
+        return JSONResponse(
+            {
+                "at": runtime.now(),
+                "platform": runtime.settings.platform,
+                "applied": runtime.settings.platform != "static",
+                "ticks": loop.ticks,
+                "budget": {
+                    "cpu": budget.cpu,
+                    "arbitration": budget.arbitration,
+                    "allocated_cores": sum(d.allocated_cores for d in loop.last.values()),
+                },
+                "latest": latest,
+                "recent": [decision_json(d) for d in recent],
+            }
+        )
+
+    return Route("/api/decisions", decisions)
+
+
+class RecommendRunner:
+    """``platform: static``: decisions computed every ``interval_s``, logged and exposed only."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        settings: Settings,
+        interval_s: float = 1.0,
+        tracer: Tracer | None = None,
+    ) -> None:
+        self.runtime = runtime
+        initial = {
+            name: ServiceState(
+                service=name,
+                replicas=len(s.endpoints),
+                ready_replicas=len(s.endpoints),
+                cpu_per_replica_cores=s.scaling.cpu.request or s.scaling.cpu.min,
+            )
+            for name, s in settings.services.items()
+        }
+        self.actuator = RecommendOnlyActuator(initial)
+        self.engine = Engine(
+            {name: s.scaling for name, s in settings.services.items()}, settings.budget
+        )
+        ticks: TickEngine = self.engine if tracer is None else TracedEngine(self.engine, tracer)
+        self.loop = ScalerLoop(ticks, runtime.signals, self.actuator, interval_s=interval_s)
+        self._task: asyncio.Task[None] | None = None
+
+    def __repr__(self) -> str:
+        return f"RecommendRunner({self.loop!r})"
+
+    async def start(self) -> None:
+        self.runtime.scaler = self.loop
+        self._task = asyncio.create_task(self.loop.run(), name="scaler loop (recommend-only)")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None

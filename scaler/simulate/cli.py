@@ -1,0 +1,140 @@
+"""``sluice simulate``: replay a workload through the model under Sluice and a baseline.
+
+The gateway's CLI loads the Sluice config (``gateway.settings``) and hands the policies and
+the budget here; the scaler never imports the gateway.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the heavy imports wait until a simulation really runs
+    from rich.console import Console
+
+    from scaler.policy import BudgetConfig, ScalingPolicy
+    from scaler.simulate.baselines import RunName
+    from scaler.simulate.runner import RunResult, Scenario
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The simulate options (``--config`` is added by the caller, which loads it)."""
+    parser.add_argument(
+        "--workload", "-w", type=Path, required=True, help="workload file (.yaml or .csv)"
+    )
+    parser.add_argument(
+        "--baseline",
+        choices=["independent", "static"],
+        default="independent",
+        help="what to compare Sluice with (default: independent)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("simulate-out"),
+        help="directory for report.json and report.png",
+    )
+    parser.add_argument(
+        "--duration",
+        type=float,
+        default=None,
+        help="simulated seconds (default: the workload's duration_s)",
+    )
+    parser.add_argument(
+        "--tick", type=float, default=1.0, help="scaler tick and model step, seconds (default: 1)"
+    )
+    parser.add_argument(
+        "--seed", type=int, default=None, help="random seed (default: the workload's seed)"
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def simulate_runs(
+    scenario: Scenario,
+    policies: Mapping[str, ScalingPolicy],
+    budget: BudgetConfig,
+    names: Sequence[RunName],
+    *,
+    console: Console | None = None,
+    progress: bool = True,
+) -> list[RunResult]:
+    """Run each of ``names`` on the same scenario, with a rich progress bar on ``console``."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from scaler.simulate.runner import run
+
+    console = console or Console(stderr=True)
+    results: list[RunResult] = []
+    with Progress(
+        TextColumn("{task.description:>12}"),
+        BarColumn(),
+        TextColumn("{task.completed:.0f}/{task.total:.0f} ticks"),
+        TimeElapsedColumn(),
+        console=console,
+        disable=not progress,
+        transient=False,
+    ) as bar:
+        for name in names:
+            task = bar.add_task(name, total=scenario.ticks)
+
+            def advance(done: int, task_id: Any = task) -> None:
+                bar.update(task_id, completed=done)
+
+            results.append(run(scenario, name, policies, budget, progress=advance))
+    return results
+
+
+def run_command(
+    args: argparse.Namespace,
+    policies: Mapping[str, ScalingPolicy],
+    budget: BudgetConfig,
+    config_label: str,
+) -> int:
+    """Run ``sluice simulate`` with a loaded config; returns the exit code."""
+    from rich.console import Console
+
+    from scaler.simulate.plot import write_png
+    from scaler.simulate.report import build_report, print_tables, write_json
+    from scaler.simulate.runner import SimulationError, build_scenario
+    from scaler.simulate.workload import WorkloadError, load_workload
+
+    err = Console(stderr=True)
+    try:
+        workload = load_workload(args.workload)
+        scenario = build_scenario(
+            workload, policies, duration_s=args.duration, tick_s=args.tick, seed=args.seed
+        )
+    except WorkloadError as e:
+        for line in e.problems:
+            print(line, file=sys.stderr)
+        return 2
+    except SimulationError as e:
+        print(f"{args.workload}: {e}", file=sys.stderr)
+        return 2
+    names: list[RunName] = ["sluice", args.baseline]
+    try:
+        results = simulate_runs(
+            scenario, policies, budget, names, console=err, progress=not args.no_progress
+        )
+    except NotImplementedError as e:
+        print(f"sluice simulate: the scaler engine cannot run: {e}", file=sys.stderr)
+        return 1
+    meta = {
+        "command": "sluice simulate",
+        "config": config_label,
+        "workload": str(args.workload),
+        "baseline": args.baseline,
+        "model": "processor sharing per replica, least-request dispatch, Poisson arrivals",
+    }
+    report = build_report(scenario, results, budget.cpu, meta)
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(report, out / "report.json")
+    write_png(report, out / "report.png")
+    print_tables(report, Console())
+    print(f"wrote {out / 'report.json'} and {out / 'report.png'}")
+    return 0

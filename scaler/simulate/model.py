@@ -1,0 +1,401 @@
+"""The queueing model: replicas with the CPU they are given, on a node of ``capacity_cores``.
+
+Assumptions (docs/simulate.md repeats them):
+
+* **Processor sharing per replica.**  A replica with ``c`` cores serving ``n`` requests gives
+  each ``min(request_cores_max, c / n)`` cores (egalitarian sharing, as the kernel shares a
+  CPU quota between busy threads), so a request needing ``s`` CPU-seconds alone on a
+  replica finishes after ``s / min(request_cores_max, c)`` seconds and a saturated replica
+  completes ``c / s`` requests per second.  Simulated exactly, event by event, with a
+  virtual clock per replica (a request's finish tag is the replica's virtual time at
+  arrival plus its CPU-seconds), so the cost is O(log n) per request.
+* **Dispatch** like the gateway's ``least_request``: an arrival goes to the ready replica
+  with the fewest requests in flight (ties: the oldest replica).  With no ready replica it
+  waits in the gateway's queue (FIFO) until one becomes ready.
+* **The node** has ``capacity_cores`` (the budget).  A replica's CPU is reserved from the
+  moment it is scheduled; a replica (or an in-place CPU increase) that does not fit waits,
+  first come first served, as a Kubernetes pod stays Pending (or a resize Deferred).
+* **New replicas** become ready ``startup_s`` after they are scheduled.  **CPU decreases
+  and increases that fit apply in place at once**, to replicas that are serving (the point
+  of in-place resize).  A replica removed on scale-down first stops receiving requests,
+  finishes what it holds (draining), and only then frees its CPU.
+* Nothing is dropped: every arrival is completed or still queued/in flight at the end.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Iterable
+from itertools import chain
+
+from scaler.decision import ServiceState
+from scaler.signals import ServiceSignals
+from scaler.simulate.arrivals import Arrivals
+
+PENDING, STARTING, READY, DRAINING = "pending", "starting", "ready", "draining"
+_EPS = 1e-9
+
+
+class Replica:
+    """One replica's processor-sharing server state (advanced lazily to ``t``)."""
+
+    __slots__ = (
+        "claim_seq",
+        "cores",
+        "cpu_s",
+        "phase",
+        "ready_at",
+        "rid",
+        "t",
+        "tags",
+        "target_cores",
+        "throttled_s",
+        "v",
+        "ver",
+    )
+
+    def __init__(self, rid: int, cores: float, claim_seq: int) -> None:
+        self.rid = rid
+        self.phase = PENDING
+        self.cores = cores
+        """CPU limit in force (cores); for a pending replica, what it will get."""
+        self.target_cores = cores
+        self.claim_seq = claim_seq
+        self.ready_at = math.inf
+        self.v = 0.0
+        """Virtual time: CPU-seconds each resident request has received since the replica began."""
+        self.t = 0.0
+        self.tags: list[tuple[float, float]] = []
+        """Heap of (finish tag on the virtual clock, arrival time) of the requests it holds."""
+        self.cpu_s = 0.0
+        self.throttled_s = 0.0
+        self.ver = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"Replica({self.rid}, {self.phase}, {self.cores:g} cores, {len(self.tags)} in flight)"
+        )
+
+    def advance(self, t: float, cap: float) -> None:
+        """Move this replica's clock to ``t``: resident requests progress, CPU is counted."""
+        n = len(self.tags)
+        if n and t > self.t:
+            dt = t - self.t
+            if cap * n <= self.cores:
+                per = cap
+            else:
+                per = self.cores / n
+                self.throttled_s += dt
+            self.v += per * dt
+            self.cpu_s += per * n * dt
+        self.t = t
+
+    def next_done(self, cap: float) -> float:
+        """When the request with the smallest finish tag completes if nothing else changes."""
+        n = len(self.tags)
+        per = cap if cap * n <= self.cores else self.cores / n
+        return self.t + max(self.tags[0][0] - self.v, 0.0) / per
+
+
+def _quantile(ordered: list[float], q: float) -> float:
+    """Nearest-rank quantile of an ascending, non-empty list."""
+    return ordered[max(math.ceil(q * len(ordered)) - 1, 0)]
+
+
+class ServiceModel:
+    """One service: its replicas, the gateway queue in front of them, and its counters."""
+
+    def __init__(
+        self,
+        name: str,
+        arrivals: Arrivals,
+        *,
+        startup_s: float,
+        request_cores_max: float,
+        signal_window_s: float = 10.0,
+        tick_s: float = 1.0,
+    ) -> None:
+        self.name = name
+        self.times = arrivals.times_s.tolist()
+        self.works = arrivals.cpu_s.tolist()
+        self.next_arrival = 0
+        self.startup_s = startup_s
+        self.cap = request_cores_max
+        self.replicas: list[Replica] = []
+        self.queue: deque[tuple[float, float]] = deque()
+        """Requests waiting in the gateway: (arrival time, CPU-seconds)."""
+        self.arrivals_total = 0
+        self.completions_total = 0
+        self.removed_cpu_s = 0.0
+        self.removed_throttled_s = 0.0
+        self.desired_cores = 0.0
+        self.tick_latencies: list[float] = []
+        """Latencies of the requests completed in the last simulated tick."""
+        self.latencies: list[float] = []
+        """Latencies of every completed request, in completion order."""
+        self._window_ticks = max(1, round(signal_window_s / tick_s))
+        self._window_s = self._window_ticks * tick_s
+        self._arrivals_window: deque[int] = deque(maxlen=self._window_ticks)
+        self._latency_window: deque[list[float]] = deque(maxlen=self._window_ticks)
+
+    def __repr__(self) -> str:
+        phases = [r.phase for r in self.replicas]
+        return f"ServiceModel({self.name}, replicas={phases}, queued={len(self.queue)})"
+
+    # ---- what the platform and the gateway would report ---------------------------------
+
+    @property
+    def in_flight(self) -> int:
+        return sum(len(r.tags) for r in self.replicas)
+
+    @property
+    def cpu_seconds_total(self) -> float:
+        return self.removed_cpu_s + sum(r.cpu_s for r in self.replicas)
+
+    @property
+    def throttled_seconds_total(self) -> float:
+        return self.removed_throttled_s + sum(r.throttled_s for r in self.replicas)
+
+    def active(self) -> list[Replica]:
+        """Replicas asked for: pending, starting and ready (not draining)."""
+        return [r for r in self.replicas if r.phase != DRAINING]
+
+    def reserved_cores(self) -> float:
+        """CPU held on the node: every scheduled replica's limit (draining ones included)."""
+        return sum(r.cores for r in self.replicas if r.phase != PENDING)
+
+    def count(self, phase: str) -> int:
+        return sum(1 for r in self.replicas if r.phase == phase)
+
+    def oldest_arrival(self) -> float | None:
+        """Arrival time of the oldest request still waiting or in flight."""
+        oldest = self.queue[0][0] if self.queue else math.inf
+        for r in self.replicas:
+            if r.tags:
+                oldest = min(oldest, *(a for _, a in r.tags))
+        return None if oldest == math.inf else oldest
+
+    def signals(self, now: float) -> ServiceSignals:
+        """The snapshot the gateway (and the platform's CPU accounting) would hand the scaler."""
+        recent = list(chain.from_iterable(self._latency_window))
+        recent.sort()
+        return ServiceSignals(
+            service=self.name,
+            at=now,
+            in_flight=self.in_flight,
+            queued=len(self.queue),
+            arrivals_total=self.arrivals_total,
+            completions_total=self.completions_total,
+            rps=sum(self._arrivals_window) / self._window_s,
+            latency_p50_s=_quantile(recent, 0.5) if recent else None,
+            latency_p99_s=_quantile(recent, 0.99) if recent else None,
+            ready_replicas=self.count(READY),
+            cpu_seconds_total=self.cpu_seconds_total,
+            cpu_throttled_seconds_total=self.throttled_seconds_total,
+        )
+
+    def state(self) -> ServiceState:
+        active = self.active()
+        running = [r.cores for r in active if r.phase != PENDING]
+        return ServiceState(
+            service=self.name,
+            replicas=len(active),
+            ready_replicas=sum(1 for r in active if r.phase == READY),
+            cpu_per_replica_cores=min(running) if running else self.desired_cores,
+            resize_blocked=any(
+                r.target_cores > r.cores + _EPS for r in active if r.phase != PENDING
+            ),
+        )
+
+    # ---- applying a decision --------------------------------------------------------------
+
+    def set_target(self, replicas: int, cores: float, claims: Iterable[int]) -> None:
+        """Ask for ``replicas`` replicas of ``cores`` each.
+
+        Decreases apply at once (CPU shrinks in place; surplus replicas are cancelled if not
+        yet serving, else drained); increases become claims the node grants when they fit.
+        ``claims`` yields increasing sequence numbers (first come, first served).
+        """
+        seq = iter(claims)
+        self.desired_cores = cores
+        for r in self.replicas:
+            if r.phase == PENDING:
+                r.cores = r.target_cores = cores
+                continue
+            if cores < r.cores - _EPS:
+                r.cores = cores
+            if r.phase != DRAINING and abs(cores - r.target_cores) > _EPS:
+                r.target_cores = cores
+                if cores > r.cores + _EPS:
+                    r.claim_seq = next(seq)
+        active = self.active()
+        if len(active) < replicas:
+            for _ in range(replicas - len(active)):
+                rid = max((r.rid for r in self.replicas), default=-1) + 1
+                self.replicas.append(Replica(rid, cores, next(seq)))
+        elif len(active) > replicas:
+            order = {PENDING: 0, STARTING: 1, READY: 2}
+            victims = sorted(active, key=lambda r: (order[r.phase], len(r.tags), -r.rid))
+            for r in victims[: len(active) - replicas]:
+                if r.tags:
+                    r.phase = DRAINING
+                else:
+                    self._remove(r)
+
+    def _remove(self, r: Replica) -> None:
+        self.removed_cpu_s += r.cpu_s
+        self.removed_throttled_s += r.throttled_s
+        self.replicas.remove(r)
+
+    def start(self, r: Replica, now: float) -> None:
+        """The node scheduled ``r``: it serves once its start-up delay has passed."""
+        r.phase = STARTING
+        r.ready_at = now + self.startup_s
+        r.t = now
+
+    # ---- one tick of traffic --------------------------------------------------------------
+
+    def run(self, t0: float, t1: float) -> None:
+        """Simulate ``[t0, t1)``: arrivals, dispatch, processor sharing, completions."""
+        cap = self.cap
+        reps = self.replicas
+        for r in reps:
+            if r.phase == STARTING and r.ready_at <= t0:
+                r.phase = READY
+                r.t = t0
+        ready = [r for r in reps if r.phase == READY]
+        heap: list[tuple[float, int, int, Replica]] = []
+        lat: list[float] = []
+        queue = self.queue
+        if ready and queue:
+            self._flush(t0, ready, heap)
+        for r in reps:
+            if r.tags:
+                r.ver += 1
+                heap.append((r.next_done(cap), r.rid, r.ver, r))
+        heapq.heapify(heap)
+        starting = sorted(
+            ((r.ready_at, r.rid, r) for r in reps if r.phase == STARTING and r.ready_at < t1),
+            key=lambda x: (x[0], x[1]),
+        )
+        s_i = 0
+        times, works = self.times, self.works
+        i, n_arr = self.next_arrival, len(times)
+        first = i
+        inf = math.inf
+        heappush, heappop = heapq.heappush, heapq.heappop
+        while True:
+            ta = times[i] if i < n_arr and times[i] < t1 else inf
+            tr = starting[s_i][0] if s_i < len(starting) else inf
+            tc = heap[0][0] if heap else inf
+            if tc < t1 and tc <= ta and tc <= tr:
+                _, rid, ver, r = heappop(heap)
+                if ver != r.ver:
+                    continue
+                r.advance(tc, cap)
+                tag, arrived = heappop(r.tags)
+                r.v = max(r.v, tag)
+                lat.append(tc - arrived)
+                if r.tags:
+                    r.ver += 1
+                    heappush(heap, (r.next_done(cap), rid, r.ver, r))
+                elif r.phase == DRAINING:
+                    self._remove(r)
+            elif tr < t1 and tr <= ta:
+                r = starting[s_i][2]
+                s_i += 1
+                if r.phase == STARTING:
+                    r.phase = READY
+                    r.t = tr
+                    ready.append(r)
+                    if queue:
+                        self._flush(tr, ready, heap)
+            elif ta < t1:
+                w = works[i]
+                i += 1
+                if not ready:
+                    queue.append((ta, w))
+                    continue
+                r = ready[0] if len(ready) == 1 else min(ready, key=_in_flight)
+                r.advance(ta, cap)
+                heappush(r.tags, (r.v + w, ta))
+                r.ver += 1
+                heappush(heap, (r.next_done(cap), r.rid, r.ver, r))
+            else:
+                break
+        for r in list(reps):
+            r.advance(t1, cap)
+            if r.phase == DRAINING and not r.tags:
+                self._remove(r)
+        self.next_arrival = i
+        self.arrivals_total += i - first
+        self.completions_total += len(lat)
+        self.tick_latencies = lat
+        self.latencies.extend(lat)
+        self._arrivals_window.append(i - first)
+        self._latency_window.append(lat)
+
+    def _flush(
+        self, t: float, ready: list[Replica], heap: list[tuple[float, int, int, Replica]]
+    ) -> None:
+        """Hand every request waiting in the gateway to the least-loaded ready replicas at ``t``."""
+        cap = self.cap
+        touched: set[int] = set()
+        by_rid: dict[int, Replica] = {}
+        while self.queue:
+            arrived, w = self.queue.popleft()
+            r = ready[0] if len(ready) == 1 else min(ready, key=_in_flight)
+            r.advance(t, cap)
+            heapq.heappush(r.tags, (r.v + w, arrived))
+            touched.add(r.rid)
+            by_rid[r.rid] = r
+        for rid in touched:
+            r = by_rid[rid]
+            r.ver += 1
+            heapq.heappush(heap, (r.next_done(cap), rid, r.ver, r))
+
+
+def _in_flight(r: Replica) -> int:
+    return len(r.tags)
+
+
+class Node:
+    """The machine (or cluster) the services share: ``capacity_cores`` of CPU, first come first served."""
+
+    def __init__(self, capacity_cores: float, services: dict[str, ServiceModel]) -> None:
+        self.capacity_cores = capacity_cores
+        self.services = services
+        self._seq = 0
+
+    def claims(self) -> Iterable[int]:
+        """Increasing sequence numbers for new claims on the node's CPU."""
+        while True:
+            self._seq += 1
+            yield self._seq
+
+    def reserved_cores(self) -> float:
+        return sum(s.reserved_cores() for s in self.services.values())
+
+    def schedule(self, now: float) -> None:
+        """Grant waiting claims (new replicas, in-place CPU increases) in arrival order, as they fit."""
+        waiting: list[tuple[int, ServiceModel, Replica]] = []
+        for svc in self.services.values():
+            for r in svc.replicas:
+                if r.phase == PENDING or (r.phase != DRAINING and r.target_cores > r.cores + _EPS):
+                    waiting.append((r.claim_seq, svc, r))
+        if not waiting:
+            return
+        waiting.sort(key=lambda x: x[0])
+        free = self.capacity_cores - self.reserved_cores()
+        for _, svc, r in waiting:
+            if r.phase == PENDING:
+                if r.cores <= free + _EPS:
+                    free -= r.cores
+                    svc.start(r, now)
+            else:
+                delta = r.target_cores - r.cores
+                if delta <= free + _EPS:
+                    free -= delta
+                    r.cores = r.target_cores

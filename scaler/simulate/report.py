@@ -1,0 +1,213 @@
+"""Figures from simulated runs: per-service summaries, budget use, comparison, JSON and tables."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from scaler.simulate.runner import RunResult, Scenario
+
+LOWER_IS_BETTER = {
+    "latency_p50_s",
+    "latency_p99_s",
+    "latency_max_s",
+    "requests_over_slo",
+    "time_over_slo_s",
+    "unfinished",
+}
+
+
+def _quantile(values: np.ndarray, q: float) -> float | None:
+    if values.size == 0:
+        return None
+    return float(np.quantile(values, q, method="inverted_cdf"))
+
+
+def service_summary(scenario: Scenario, result: RunResult, service: str) -> dict[str, Any]:
+    """The figures one run gives one service (latencies count unfinished requests by their age)."""
+    s = result.series[service]
+    lat = result.latencies_s[service]
+    slo = scenario.loads[service].slo_s
+    ready = s["ready_replicas"]
+    running = s["cpu_per_replica_cores"][s["cpu_per_replica_cores"] > 0]
+    return {
+        "requests": result.arrivals[service],
+        "completed": result.completed[service],
+        "unfinished": result.unfinished[service],
+        "throughput_rps": result.completed[service] / scenario.duration_s,
+        "latency_p50_s": _quantile(lat, 0.5),
+        "latency_p99_s": _quantile(lat, 0.99),
+        "latency_max_s": float(lat.max()) if lat.size else None,
+        "slo_s": slo,
+        "requests_over_slo": int((lat > slo).sum()),
+        "time_over_slo_s": float(s["over_slo"].sum() * scenario.tick_s),
+        "cpu_seconds": result.cpu_seconds[service],
+        "allocated_core_seconds": float(s["allocated_cores"].sum() * scenario.tick_s),
+        "replicas_min": int(ready.min()),
+        "replicas_max": int(ready.max()),
+        "pending_replicas_max": int(s["pending_replicas"].max()),
+        "cpu_per_replica_min_cores": float(running.min()) if running.size else 0.0,
+        "cpu_per_replica_max_cores": float(running.max()) if running.size else 0.0,
+        "rules": result.rules.get(service, {}),
+    }
+
+
+def budget_summary(scenario: Scenario, result: RunResult, budget_cores: float) -> dict[str, Any]:
+    """How much of the budget the run used, overall and while services contend for it."""
+    used = np.sum([result.series[s]["used_cores"] for s in scenario.services], axis=0)
+    allocated = np.sum([result.series[s]["allocated_cores"] for s in scenario.services], axis=0)
+    contention = scenario.contention(budget_cores)
+    n = int(contention.sum())
+    return {
+        "budget_cores": budget_cores,
+        "utilisation": float(used.mean() / budget_cores),
+        "allocated_fraction": float(allocated.mean() / budget_cores),
+        "allocated_max_cores": float(allocated.max()),
+        "contention_s": n * scenario.tick_s,
+        "utilisation_during_contention": float(used[contention].mean() / budget_cores)
+        if n
+        else None,
+        "allocated_fraction_during_contention": (
+            float(allocated[contention].mean() / budget_cores) if n else None
+        ),
+    }
+
+
+def _ratio(a: Any, b: Any) -> float | None:
+    if not isinstance(a, int | float) or not isinstance(b, int | float) or b == 0:
+        return None
+    return float(a) / float(b)
+
+
+def compare(sluice: Mapping[str, Any], baseline: Mapping[str, Any]) -> dict[str, float | None]:
+    """Sluice ÷ baseline for every numeric figure."""
+    return {
+        k: _ratio(v, baseline.get(k))
+        for k, v in sluice.items()
+        if isinstance(v, int | float) and not isinstance(v, bool)
+    }
+
+
+def build_report(
+    scenario: Scenario,
+    runs: list[RunResult],
+    budget_cores: float,
+    meta: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The whole report (what ``report.json`` holds): figures, comparison and per-tick series."""
+    out: dict[str, Any] = {
+        "meta": dict(meta),
+        "scenario": {
+            "duration_s": scenario.duration_s,
+            "tick_s": scenario.tick_s,
+            "seed": scenario.seed,
+            "budget_cores": budget_cores,
+            "services": {
+                s: {
+                    "slo_s": scenario.loads[s].slo_s,
+                    "startup_s": scenario.loads[s].startup_s,
+                    "requests": len(scenario.arrivals[s]),
+                    "offered_cores_mean": float(scenario.offered_cores[s].mean()),
+                    "offered_cores_max": float(scenario.offered_cores[s].max()),
+                }
+                for s in scenario.services
+            },
+        },
+        "runs": {},
+        "series": {
+            "time_s": (np.arange(scenario.ticks) * scenario.tick_s).tolist(),
+            "contention": scenario.contention(budget_cores).astype(int).tolist(),
+            "offered_rps": {s: scenario.offered_rps[s].tolist() for s in scenario.services},
+            "offered_cores": {s: scenario.offered_cores[s].tolist() for s in scenario.services},
+        },
+    }
+    for r in runs:
+        out["runs"][r.name] = {
+            "services": {s: service_summary(scenario, r, s) for s in scenario.services},
+            "budget": budget_summary(scenario, r, budget_cores),
+        }
+        out["series"][r.name] = {
+            s: {
+                k: [None if math.isnan(x) else round(float(x), 6) for x in v]
+                for k, v in series.items()
+            }
+            for s, series in r.series.items()
+        }
+    if len(runs) == 2:
+        first, second = runs
+        a, b = out["runs"][first.name], out["runs"][second.name]
+        out["comparison"] = {
+            "of": first.name,
+            "to": second.name,
+            "services": {s: compare(a["services"][s], b["services"][s]) for s in scenario.services},
+            "budget": compare(a["budget"], b["budget"]),
+        }
+    return out
+
+
+def write_json(report: Mapping[str, Any], path: Path) -> None:
+    path.write_text(json.dumps(report, indent=1, allow_nan=False) + "\n", encoding="utf-8")
+
+
+_ROWS: list[tuple[str, str, str]] = [
+    ("requests", "requests", "{:.0f}"),
+    ("completed", "completed", "{:.0f}"),
+    ("unfinished", "unfinished at end", "{:.0f}"),
+    ("throughput_rps", "throughput (req/s)", "{:.2f}"),
+    ("latency_p50_s", "p50 latency (s)", "{:.3f}"),
+    ("latency_p99_s", "p99 latency (s)", "{:.3f}"),
+    ("requests_over_slo", "requests over SLO", "{:.0f}"),
+    ("time_over_slo_s", "time over SLO (s)", "{:.0f}"),
+    ("cpu_seconds", "CPU-seconds used", "{:.0f}"),
+    ("replicas_min", "replicas min", "{:.0f}"),
+    ("replicas_max", "replicas max", "{:.0f}"),
+    ("cpu_per_replica_max_cores", "CPU/replica max", "{:.2f}"),
+]
+
+
+def _fmt(value: Any, pattern: str) -> str:
+    if value is None:
+        return "-"
+    return pattern.format(value)
+
+
+def print_tables(report: Mapping[str, Any], console: Console) -> None:
+    """One table per service (figures side by side, Sluice ÷ baseline), then one for the budget."""
+    names = list(report["runs"])
+    comparison = report.get("comparison", {})
+    for service, info in report["scenario"]["services"].items():
+        table = Table(title=f"{service}  (SLO {info['slo_s']:g} s)", title_justify="left")
+        table.add_column("figure")
+        for name in names:
+            table.add_column(name, justify="right")
+        if comparison:
+            table.add_column(f"{comparison['of']} ÷ {comparison['to']}", justify="right")
+        for key, label, pattern in _ROWS:
+            cells = [_fmt(report["runs"][n]["services"][service].get(key), pattern) for n in names]
+            if comparison:
+                ratio = comparison["services"][service].get(key)
+                cells.append("-" if ratio is None else f"{ratio:.3g}")
+            table.add_row(label, *cells)
+        console.print(table)
+    table = Table(
+        title=f"budget ({report['scenario']['budget_cores']:g} cores)", title_justify="left"
+    )
+    table.add_column("figure")
+    for name in names:
+        table.add_column(name, justify="right")
+    rows = [
+        ("utilisation", "CPU used / budget", "{:.1%}"),
+        ("utilisation_during_contention", "… during contention", "{:.1%}"),
+        ("allocated_fraction", "CPU allocated / budget", "{:.1%}"),
+        ("contention_s", "contention (s)", "{:.0f}"),
+    ]
+    for key, label, pattern in rows:
+        table.add_row(label, *[_fmt(report["runs"][n]["budget"].get(key), pattern) for n in names])
+    console.print(table)

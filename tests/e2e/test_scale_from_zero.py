@@ -1,0 +1,111 @@
+"""`sluice run` (platform local): scale from zero and back, decisions visible.
+
+A service at 0 replicas holds its requests in its admission queue, the scaler is woken at
+once, the first ready replica answers them; after the idle grace it goes back to zero, and
+the next requests are held and answered again.  ``GET /api/decisions`` and ``/metrics``
+show what the scaler decided and why.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.support.localpool import ROOT, needs_cgroups
+from tests.support.processes import Gateway
+from tests.support.procs import MARKER_VAR, pids_with_marker, wait_until
+
+
+def zero_config(marker: str) -> dict[str, Any]:
+    start = random.randrange(20000, 60000, 100)
+    return {
+        "platform": "local",
+        "budget": {"cpu": 2},
+        "services": {
+            "reports": {
+                "routes": [{"path": "/reports", "path_type": "Prefix"}],
+                "replicas": {
+                    "command": ["{python}", "-m", "gateway.demo", "--port", "{port}"],
+                    "port_range": [start, start + 20],
+                    "env": {MARKER_VAR: marker, "PYTHONPATH": str(ROOT)},
+                    "grace_s": 5,
+                },
+                "limits": {"queue": {"max": 50, "timeout_s": 60}},
+                "scaling": {
+                    "target": 4,
+                    "min_replicas": 0,
+                    "max_replicas": 2,
+                    "stable_window_s": 2,
+                    "panic_window_s": 1,
+                    "scale_to_zero_grace_s": 1,
+                    "cpu": {"min": 0.2, "max": 1.0, "request": 0.5},
+                },
+            }
+        },
+    }
+
+
+def burst(url: str, n: int) -> list[httpx.Response]:
+    def one(i: int) -> httpx.Response:
+        with httpx.Client(timeout=90) as c:
+            return c.get(f"{url}/reports/r{i}?cpu_ms=5")
+
+    with ThreadPoolExecutor(n) as pool:
+        return list(pool.map(one, range(n)))
+
+
+def decisions(gw: Gateway, **params: str) -> dict[str, Any]:
+    r = httpx.get(f"{gw.admin_url}/api/decisions", params=params, timeout=10)
+    r.raise_for_status()
+    body: dict[str, Any] = r.json()
+    return body
+
+
+@needs_cgroups
+def test_scale_from_zero_and_back_answers_every_held_request(tmp_path: Path) -> None:
+    marker = uuid.uuid4().hex
+    gw = Gateway(zero_config(marker), tmp_path / "zero.yaml")
+    try:
+        # min_replicas 0: nothing runs until a request comes.
+        assert pids_with_marker(marker) == []
+        for round_no in (1, 2):
+            answers = burst(gw.url, 6)
+            assert [r.status_code for r in answers] == [200] * 6, [
+                (r.status_code, r.headers.get("sluice-error"), r.text[:80]) for r in answers
+            ]
+            assert all(r.json()["cpu_ms"] == 5 for r in answers)
+            assert pids_with_marker(marker), "a replica answered, so one runs"
+            # The held requests waited in the queue: the queue metric saw them.
+            metrics = httpx.get(f"{gw.admin_url}/metrics", timeout=10).text
+            assert 'sluice_queue_wait_seconds_count{service="reports"}' in metrics
+            # Idle: back to zero replicas after the grace, every replica process gone.
+            assert wait_until(lambda: pids_with_marker(marker) == [], timeout_s=40), (
+                f"round {round_no}: still running after the idle grace\n{gw.output()[-3000:]}"
+            )
+        body = decisions(gw, service="reports")
+        recent = body["recent"]
+        assert recent, body
+        assert all(d["service"] == "reports" for d in recent)
+        # Newest first: the latest change took reports to zero; an earlier one from zero up.
+        assert recent[0]["replicas"] == 0
+        assert any(d["replicas"] >= 1 for d in recent[1:])
+        assert all(d["reasons"] and d["rule"] for d in recent)
+        assert body["latest"]["reports"]["replicas"] == 0
+        assert body["applied"] is True and body["budget"]["cpu"] == 2
+        rejected = httpx.get(f"{gw.admin_url}/metrics", timeout=10).text
+        assert 'sluice_admission_rejected_total{cause="queue-timeout",service="reports"} 0.0' in (
+            rejected
+        )
+        assert 'sluice_replicas{service="reports"} 0.0' in rejected
+        assert "sluice_budget_cpu_cores 2.0" in rejected
+    finally:
+        gw.signal(signal.SIGTERM)
+        code = gw.wait(30)
+    assert code == 0, gw.output()[-3000:]
+    assert wait_until(lambda: pids_with_marker(marker) == [], timeout_s=10)

@@ -1,0 +1,205 @@
+"""The arbiter's pieces: water-filling, hysteresis, the replicas × CPU split, FCFS baseline."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scaler.budget import (
+    IndependentClaim,
+    arbitrate_arrays,
+    arbitrate_independent,
+    split_allocation,
+    split_arrays,
+    water_fill,
+    water_fill_array,
+)
+from scaler.policy import ScalingPolicy
+
+
+@pytest.mark.parametrize(
+    ("budget", "lows", "highs", "weights", "expected"),
+    [
+        # everyone fits: everyone gets what they ask
+        (4.0, [0, 0], [1, 2], [1, 1], [1, 2]),
+        # equal weights, both want everything: equal split
+        (2.0, [0, 0], [5, 5], [1, 1], [1, 1]),
+        # weights 2:1
+        (3.0, [0, 0], [5, 5], [2, 1], [2, 1]),
+        # a small demand is met in full, the rest goes to the big one (work-conserving)
+        (2.0, [0, 0], [0.3, 5], [1, 1], [0.3, 1.7]),
+        # floors first: a floor above the equal share is kept
+        (2.0, [1.5, 0], [5, 5], [1, 1], [1.5, 0.5]),
+    ],
+)
+def test_water_fill_examples(
+    budget: float,
+    lows: list[float],
+    highs: list[float],
+    weights: list[float],
+    expected: list[float],
+) -> None:
+    assert water_fill(budget, lows, highs, weights) == pytest.approx(expected)
+    got = water_fill_array(
+        budget, np.array(lows, float), np.array(highs, float), np.array(weights, float)
+    )
+    assert got.tolist() == pytest.approx(expected)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.floats(0, 2), st.floats(0, 4), st.sampled_from([0.5, 1.0, 2.0, 3.0])),
+        min_size=1,
+        max_size=12,
+    ),
+    st.floats(0, 1),
+)
+def test_array_water_fill_equals_the_reference(
+    rows: list[tuple[float, float, float]], spare: float
+) -> None:
+    lows = [lo for lo, _, _ in rows]
+    highs = [lo + extra for lo, extra, _ in rows]
+    weights = [w for _, _, w in rows]
+    budget = sum(lows) + spare * (sum(highs) - sum(lows) + 1)
+    reference = water_fill(budget, lows, highs, weights)
+    got = water_fill_array(budget, np.array(lows), np.array(highs), np.array(weights))
+    assert got.tolist() == pytest.approx(reference, abs=1e-9)
+    assert got.sum() <= budget + 1e-9
+    assert all(lo - 1e-9 <= g <= hi + 1e-9 for lo, g, hi in zip(lows, got, highs, strict=True))
+
+
+def policy(**kw: object) -> ScalingPolicy:
+    return ScalingPolicy.model_validate(kw)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.floats(0.0, 12.0),
+    st.sampled_from([0.05, 0.1, 0.25, 0.5]),
+    st.sampled_from([1.0, 1.5, 2.0, 4.0]),
+    st.integers(0, 3),
+    st.integers(0, 9),
+    st.integers(0, 8),
+    st.booleans(),
+    st.booleans(),
+    st.one_of(st.none(), st.floats(0.01, 3.0)),
+)
+def test_array_split_equals_the_reference(
+    cores: float,
+    cpu_min: float,
+    stretch: float,
+    min_r: int,
+    extra_r: int,
+    current: int,
+    horizontal: bool,
+    squeezed: bool,
+    fixed: float | None,
+) -> None:
+    p = policy(
+        min_replicas=min_r,
+        max_replicas=max(1, min_r + extra_r),
+        cpu={"min": cpu_min, "max": cpu_min * stretch},
+        prefer="horizontal" if horizontal else "vertical",
+    )
+    cores = max(cores, min_r * cpu_min)
+    ref_r, ref_cpu = split_allocation(
+        cores,
+        p,
+        cpu_ref=p.cpu.initial_cores,
+        current_replicas=current,
+        squeezed=squeezed,
+        fixed_cpu=fixed if current else None,
+    )
+    r, cpu, _ = split_arrays(
+        np.array([cores]),
+        cpu_min=np.array([p.cpu.min]),
+        cpu_max=np.array([p.cpu.max]),
+        cpu_ref=np.array([p.cpu.initial_cores]),
+        min_r=np.array([p.min_replicas]),
+        max_r=np.array([p.max_replicas]),
+        horizontal=np.array([horizontal]),
+        current=np.array([current]),
+        squeezed=np.array([squeezed]),
+        fixed_cpu=np.array([fixed if (fixed is not None and current) else np.nan]),
+    )
+    assert (int(r[0]), float(cpu[0])) == (ref_r, pytest.approx(ref_cpu))
+    assert p.min_replicas <= ref_r <= p.max_replicas
+    assert ref_r * ref_cpu <= cores + 1e-9 or fixed is not None
+
+
+def test_vertical_first_then_horizontal() -> None:
+    p = policy(max_replicas=8, cpu={"min": 0.1, "max": 1.0, "request": 0.25})
+    assert split_allocation(0.8, p, cpu_ref=0.25, current_replicas=1, squeezed=False) == (1, 0.8)
+    assert split_allocation(2.5, p, cpu_ref=0.25, current_replicas=1, squeezed=False) == (
+        3,
+        pytest.approx(2.5 / 3),
+    )
+    h = policy(max_replicas=8, prefer="horizontal", cpu={"min": 0.1, "max": 1.0, "request": 0.25})
+    assert split_allocation(1.0, h, cpu_ref=0.25, current_replicas=1, squeezed=False) == (4, 0.25)
+
+
+def test_squeezed_keeps_replicas_and_shrinks_cpu_in_place() -> None:
+    p = policy(max_replicas=8, cpu={"min": 0.1, "max": 1.0})
+    assert split_allocation(1.2, p, cpu_ref=0.1, current_replicas=4, squeezed=True) == (
+        4,
+        pytest.approx(0.3),
+    )
+    # below cpu.min per replica, replicas go (only then)
+    assert split_allocation(0.25, p, cpu_ref=0.1, current_replicas=4, squeezed=True) == (
+        2,
+        pytest.approx(0.125),
+    )
+
+
+def arrays(**kw: list[float]) -> dict[str, np.ndarray]:
+    return {k: np.array(v, dtype=float) for k, v in kw.items()}
+
+
+def test_hysteresis_holds_a_borrower_against_small_wiggles_but_never_a_guarantee() -> None:
+    base = arrays(minimum=[0.1, 0.1], floor=[0.1, 0.1], cap=[4, 4], weight=[1, 1], fair=[1, 1])
+    band = {"hysteresis_cores": 0.05, "hysteresis_ratio": 0.05}
+    # "a" borrows; "b" wiggles 0.32 -> 0.30: "a" could grow by 0.02 but keeps 1.68 (no flap)
+    cores, ideal, _ = arbitrate_arrays(
+        2.0,
+        demand=np.array([3.0, 0.30]),
+        previous=np.array([1.68, 0.32]),
+        hold=np.zeros(2),
+        **base,
+        **band,
+    )
+    assert ideal.tolist() == pytest.approx([1.70, 0.30])
+    assert cores.tolist() == pytest.approx([1.68, 0.30])
+    # beyond the band it moves
+    cores, _, _ = arbitrate_arrays(
+        2.0,
+        demand=np.array([3.0, 0.10]),
+        previous=np.array([1.68, 0.32]),
+        hold=np.zeros(2),
+        **base,
+        **band,
+    )
+    assert cores[0] == pytest.approx(1.90)
+    # a service below min(demand, fair share) is never held back by the band
+    cores, _, _ = arbitrate_arrays(
+        2.0,
+        demand=np.array([3.0, 3.0]),
+        previous=np.array([0.97, 1.03]),
+        hold=np.zeros(2),
+        **base,
+        **band,
+    )
+    assert cores.tolist() == pytest.approx([1.0, 1.0])
+
+
+def test_independent_is_first_come_first_served_without_reclaim() -> None:
+    p = policy(min_replicas=0, max_replicas=10, cpu={"min": 0.5, "max": 0.5})
+    long = IndependentClaim("long", p, 0.5, want_replicas=4, held_replicas=4)
+    short = IndependentClaim("short", p, 0.5, want_replicas=3, held_replicas=0)
+    granted = arbitrate_independent(2.0, [short, long])
+    # "short" comes first in order, but "long" already runs its replicas: nothing is reclaimed
+    assert granted == [(0, 0.5), (4, 0.5)]
+    long_done = IndependentClaim("long", p, 0.5, want_replicas=1, held_replicas=4)
+    assert arbitrate_independent(2.0, [short, long_done]) == [(3, 0.5), (1, 0.5)]

@@ -1,0 +1,182 @@
+"""The queueing model: nothing lost, CPU within what was decided, processor sharing as theory says."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from scaler.policy import BudgetConfig, ScalingPolicy
+from scaler.simulate.arrivals import Arrivals, draw_arrivals
+from scaler.simulate.baselines import static_split
+from scaler.simulate.model import DRAINING, PENDING, READY, STARTING, Node, ServiceModel
+from scaler.simulate.runner import build_scenario, run
+from scaler.simulate.workload import parse_workload
+
+BURSTY = {
+    "duration_s": 180,
+    "seed": 3,
+    "services": {
+        "api": {"slo_s": 1, "cpu_cv": 0.5, "load": [{"at_s": 0, "rps": 16, "cpu_s": 0.1}]},
+        "reports": {
+            "slo_s": 0.5,
+            "cpu_cv": 1,
+            "startup_s": 2,
+            "load": [{"at_s": 0, "rps": 0, "cpu_s": 0.05}],
+            "bursts": [{"every_s": 60, "for_s": 10, "start_s": 30, "rps": 20, "cpu_s": 0.05}],
+        },
+    },
+}
+POLICIES = {
+    "api": ScalingPolicy(target=2, max_replicas=4, cpu={"min": 0.25, "max": 1.0, "request": 0.5}),
+    "reports": ScalingPolicy(
+        target=2, max_replicas=4, cpu={"min": 0.25, "max": 1.0, "request": 0.25}
+    ),
+}
+BUDGET = BudgetConfig(cpu=2)
+
+
+def one_service(arrivals: Arrivals, cores: float, replicas: int = 1) -> tuple[ServiceModel, Node]:
+    m = ServiceModel("a", arrivals, startup_s=0.0, request_cores_max=1.0)
+    node = Node(8.0, {"a": m})
+    m.set_target(replicas, cores, node.claims())
+    node.schedule(0.0)
+    return m, node
+
+
+@pytest.mark.parametrize("name", ["static", "sluice", "independent"])
+def test_every_arrival_is_completed_or_still_in_the_system(name: str) -> None:
+    scenario = build_scenario(parse_workload(BURSTY), POLICIES)
+    result = run(scenario, name, POLICIES, BUDGET)  # type: ignore[arg-type]
+    for s in scenario.services:
+        assert result.arrivals[s] == len(scenario.arrivals[s]) > 0
+        assert result.completed[s] + result.unfinished[s] == result.arrivals[s]
+        assert result.latencies_s[s].size == result.arrivals[s]
+        assert result.series[s]["completions"].sum() == result.completed[s]
+        assert (result.latencies_s[s] >= 0).all()
+
+
+@pytest.mark.parametrize("name", ["static", "sluice", "independent"])
+def test_cpu_used_never_exceeds_cpu_given_nor_the_budget(name: str) -> None:
+    scenario = build_scenario(parse_workload(BURSTY), POLICIES)
+    result = run(scenario, name, POLICIES, BUDGET)  # type: ignore[arg-type]
+    total_allocated = np.zeros(scenario.ticks)
+    for s in scenario.services:
+        series = result.series[s]
+        assert (series["used_cores"] <= series["allocated_cores"] + 1e-9).all()
+        total_allocated += series["allocated_cores"]
+        assert abs(result.cpu_seconds[s] - series["used_cores"].sum() * scenario.tick_s) < 1e-6
+    assert (total_allocated <= BUDGET.cpu + 1e-9).all()
+
+
+def test_a_replica_uses_at_most_its_limit_and_the_node_its_capacity() -> None:
+    times = np.linspace(0, 5, 200, endpoint=False)
+    m, _ = one_service(Arrivals(times, np.full(200, 0.2)), cores=0.5)
+    for k in range(10):
+        m.run(float(k), float(k + 1))
+        assert m.cpu_seconds_total <= 0.5 * (k + 1) + 1e-9
+    assert m.cpu_seconds_total == pytest.approx(5.0)  # saturated from t=0 to t=10
+
+
+def test_processor_sharing_matches_theory() -> None:
+    """M/G/1-PS: mean response time = s / (1 - rho), whatever the service-time distribution."""
+    w = parse_workload(
+        {
+            "services": {
+                "a": {"slo_s": 1, "cpu_cv": 1, "load": [{"at_s": 0, "rps": 5, "cpu_s": 0.1}]}
+            }
+        }
+    )
+    arrivals = draw_arrivals("a", w.services["a"], 3000.0, seed=7)
+    m, _ = one_service(arrivals, cores=1.0)
+    for k in range(3000):
+        m.run(float(k), float(k + 1))
+    mean = float(np.mean(m.latencies))
+    assert mean == pytest.approx(0.1 / (1 - 0.5), rel=0.1)
+
+
+def test_a_request_alone_runs_at_one_core_even_on_a_bigger_replica() -> None:
+    m, _ = one_service(Arrivals(np.array([0.5]), np.array([0.3])), cores=2.0)
+    m.run(0.0, 1.0)
+    assert m.latencies == [pytest.approx(0.3)]
+
+
+def test_cpu_shrinks_in_place_and_removed_replicas_drain() -> None:
+    times = np.zeros(4)
+    m, node = one_service(Arrivals(times, np.full(4, 1.0)), cores=1.0, replicas=2)
+    for r in m.replicas:
+        r.phase = READY
+    m.run(0.0, 1.0)  # 2 requests per replica, each half done
+    assert m.in_flight == 4
+    m.set_target(1, 0.5, node.claims())
+    assert [r.phase for r in m.replicas].count(DRAINING) == 1
+    assert all(r.cores == 0.5 for r in m.replicas)  # in place, at once
+    for k in range(1, 6):
+        node.schedule(float(k))
+        m.run(float(k), float(k + 1))
+    assert m.completions_total == 4
+    assert len(m.replicas) == 1  # the drained one left once empty
+
+
+def test_new_replicas_wait_for_capacity_then_for_start_up() -> None:
+    a = ServiceModel("a", Arrivals(np.zeros(0), np.zeros(0)), startup_s=3.0, request_cores_max=1.0)
+    b = ServiceModel("b", Arrivals(np.zeros(0), np.zeros(0)), startup_s=3.0, request_cores_max=1.0)
+    node = Node(2.0, {"a": a, "b": b})
+    claims = node.claims()
+    a.set_target(3, 0.5, claims)  # 1.5 cores: fits
+    b.set_target(2, 0.5, claims)  # only one of these fits
+    node.schedule(0.0)
+    assert [r.phase for r in b.replicas] == [STARTING, PENDING]
+    a.set_target(2, 0.5, claims)  # frees 0.5 (a starting replica is cancelled at once)
+    node.schedule(1.0)
+    assert [r.phase for r in b.replicas] == [STARTING, STARTING]
+    for m in (a, b):
+        m.run(1.0, 2.0)
+    assert b.state().ready_replicas == 0
+    for m in (a, b):
+        m.run(3.0, 4.0)
+    assert [r.phase for r in b.replicas] == [READY, STARTING]
+    assert node.reserved_cores() == pytest.approx(2.0)
+
+
+def test_requests_wait_in_the_gateway_while_no_replica_is_ready() -> None:
+    m = ServiceModel(
+        "a",
+        Arrivals(np.array([0.1, 0.2]), np.array([0.1, 0.1])),
+        startup_s=1.5,
+        request_cores_max=1.0,
+    )
+    node = Node(1.0, {"a": m})
+    m.set_target(1, 1.0, node.claims())
+    node.schedule(0.0)
+    m.run(0.0, 1.0)
+    assert m.signals(1.0).queued == 2
+    m.run(1.0, 2.0)  # ready at 1.5: both requests then share the core
+    assert m.completions_total == 2
+    assert sorted(m.latencies) == [pytest.approx(1.5), pytest.approx(1.6)]  # both done at 1.7
+
+
+def test_static_split_is_equal_and_within_bounds() -> None:
+    targets = static_split(POLICIES, 2.0)
+    assert {s: t.replicas * t.cpu_per_replica_cores for s, t in targets.items()} == {
+        "api": pytest.approx(1.0),
+        "reports": pytest.approx(1.0),
+    }
+    small = {"a": ScalingPolicy(cpu={"min": 0.1, "max": 0.25}, max_replicas=3)}
+    assert static_split(small, 2.0)["a"].replicas == 3  # max_replicas caps it
+    assert static_split(small, 2.0)["a"].cpu_per_replica_cores == 0.25
+
+
+def test_static_baseline_never_scales() -> None:
+    scenario = build_scenario(parse_workload(BURSTY), POLICIES)
+    result = run(scenario, "static", POLICIES, BUDGET)
+    for s in scenario.services:
+        assert set(result.series[s]["replicas"]) == {1.0}
+        assert set(result.series[s]["allocated_cores"]) == {1.0}
+
+
+def test_runs_replay_the_same_arrivals() -> None:
+    a = build_scenario(parse_workload(BURSTY), POLICIES)
+    b = build_scenario(parse_workload(BURSTY), POLICIES)
+    assert np.array_equal(a.arrivals["api"].times_s, b.arrivals["api"].times_s)
+    c = build_scenario(parse_workload(BURSTY), POLICIES, seed=99)
+    assert not np.array_equal(a.arrivals["api"].times_s, c.arrivals["api"].times_s)
