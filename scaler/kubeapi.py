@@ -467,6 +467,17 @@ class Reflector(Generic[T]):
                 loop.call_soon_threadsafe(wake.set)
 
     def _run(self) -> None:
+        """The watch thread: never dies silently (anything unexpected is logged, then retried)."""
+        while not self._stop.is_set():
+            try:
+                self._list_and_watch()
+            except Exception:  # supervised thread: log, back off, carry on
+                log.exception("watch %s: unexpected failure; restarting", self.what)
+                self.last_error = "unexpected failure (see log)"
+                self.resource_version = None
+                self._back_off(self.backoff_max_s / 4)
+
+    def _list_and_watch(self) -> None:
         backoff = self.backoff_initial_s
         gone_streak = 0
         while not self._stop.is_set():
@@ -502,8 +513,8 @@ class Reflector(Generic[T]):
                 log.warning("watch %s failed (%s); retrying in <= %.1fs", self.what, err, backoff)
                 backoff = self._back_off(backoff)
                 continue
-            if events == 0 and time.monotonic() - started < 1.0:
-                # the server closed a watch at once with nothing to say: back off, no busy loop
+            if events == 0 and time.monotonic() - started < self.watch_timeout_s / 2:
+                # the server ended a watch early with nothing to say: back off, no busy loop
                 backoff = self._back_off(backoff)
             else:
                 backoff = self.backoff_initial_s
