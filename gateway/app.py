@@ -43,6 +43,7 @@ from scaler.loop import ScalerLoop
 from scaler.signals import ServiceSignals
 
 if TYPE_CHECKING:
+    from gateway.kubernetes_platform import KubernetesRunner
     from gateway.local_platform import LocalRunner
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,8 @@ class Runtime:
         """Set by ``serve`` when the config came from a file (``POST /api/reload``)."""
         self._checkers: dict[str, HealthChecker] = {}
         self.scaler: ScalerLoop | None = None
+        self.platform: object | None = None
+        """The platform runner ``serve`` started (LocalRunner, KubernetesRunner, RecommendRunner)."""
         """The scaler loop of this gateway (local: applied; static: recommend-only), read by
         ``GET /api/decisions`` and ``/metrics``."""
 
@@ -216,26 +219,26 @@ async def serve(
     runtime.apply_routes(routes_from_settings(settings))
     for update in endpoints_from_settings(settings):
         runtime.apply_endpoints(update)
-    if settings.platform not in ("static", "local"):
-        log.warning(
-            "platform %r has no endpoint source yet: serving the config file's endpoints",
-            settings.platform,
-        )
-
     try:
         telemetry = Telemetry.start(settings.telemetry.traces)
     except TelemetryError as e:
         print(f"sluice: telemetry: {e}", file=sys.stderr, flush=True)
         return 2
-    runner: LocalRunner | RecommendRunner | None = None
+    runner: LocalRunner | KubernetesRunner | RecommendRunner | None = None
     if settings.platform == "local":
         from gateway.local_platform import LocalRunner
 
         runner = LocalRunner(runtime, settings, tracer=telemetry.tracer)
         await runner.start()
-    elif settings.platform == "static":
+    elif settings.platform == "kubernetes":
+        from gateway.kubernetes_platform import KubernetesRunner
+
+        runner = KubernetesRunner(runtime, settings, tracer=telemetry.tracer)
+        await runner.start()
+    else:
         runner = RecommendRunner(runtime, settings, tracer=telemetry.tracer)
         await runner.start()
+    runtime.platform = runner
     stop = stop or asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)

@@ -31,16 +31,19 @@ import httpx
 
 from gateway.discovery.kubernetes import KubernetesDiscovery, default_identity
 from gateway.settings import Settings
+from gateway.telemetry.scaler import TracedEngine
 from scaler.actuators.kubernetes import KubernetesActuator
 from scaler.engine import Engine
 from scaler.kubeapi import KubeApi
 from scaler.leader import LeaderElector
-from scaler.loop import ScalerLoop
+from scaler.loop import ScalerLoop, TickEngine
 from scaler.peer_signals import PeerSignals
 from scaler.policy import ScalingPolicy
 from scaler.signals import ServiceSignals
 
 if TYPE_CHECKING:
+    from opentelemetry.trace import Tracer
+
     from gateway.app import Runtime
 
 log = logging.getLogger(__name__)
@@ -133,8 +136,10 @@ class KubernetesRunner:
         *,
         api: KubeApi | None = None,
         interval_s: float = 1.0,
+        tracer: Tracer | None = None,
     ) -> None:
         self.runtime = runtime
+        self.tracer = tracer
         self.settings = settings
         self._api = api
         self.interval_s = interval_s
@@ -155,9 +160,10 @@ class KubernetesRunner:
                 out.setdefault(name, policy)
         return out
 
-    def _engine(self) -> Engine:
+    def _engine(self) -> TickEngine:
         self._policies = self.policies()
-        return Engine(self._policies, self.settings.budget)
+        engine = Engine(self._policies, self.settings.budget)
+        return engine if self.tracer is None else TracedEngine(engine, self.tracer)
 
     async def start(self) -> None:
         self.http = httpx.AsyncClient()
@@ -169,6 +175,7 @@ class KubernetesRunner:
             self.platform.actuator,
             interval_s=self.interval_s,
         )
+        self.runtime.scaler = self.loop  # GET /api/decisions and the decision metrics
         self._tasks = [
             asyncio.create_task(self._feed_routes(), name="kubernetes routes"),
             asyncio.create_task(self._feed_endpoints(), name="kubernetes endpoints"),

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import re
 from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -16,7 +17,6 @@ import pytest
 from gateway.app import Runtime, serve
 from gateway.kubernetes_platform import KubernetesRunner
 from gateway.settings import parse_settings
-from scaler.kubeapi import KubeApi
 from scaler.peer_signals import PeerSignals
 from tests.support.fake_kube import FakeKube
 from tests.support.kube_objects import deployment, endpoint_slice, ingress
@@ -51,17 +51,35 @@ async def until(pred: Callable[[], Any]) -> None:
             await asyncio.sleep(0.03)
 
 
+def kubeconfig_for(fake: FakeKube, path: Path) -> str:
+    path.write_text(
+        f"""
+apiVersion: v1
+kind: Config
+clusters: [{{name: fake, cluster: {{server: "{fake.url}"}}}}]
+users: [{{name: sluice, user: {{token: test-token}}}}]
+contexts: [{{name: fake, context: {{cluster: fake, user: sluice}}}}]
+current-context: fake
+"""
+    )
+    return str(path)
+
+
 @contextlib.asynccontextmanager
 async def live_gateway(
-    fake: FakeKube, capsys: pytest.CaptureFixture[str]
+    fake: FakeKube, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> AsyncIterator[tuple[str, str, KubernetesRunner]]:
-    """The real gateway (serve) with the Kubernetes platform runner against the fake API."""
+    """The real gateway (``serve``, as ``sluice run`` runs it) on platform kubernetes, reaching
+    the fake API through a kubeconfig: the composition root starts the KubernetesRunner."""
     settings = parse_settings(
         {
             "listen": {"host": "127.0.0.1", "port": 0},
             "admin": {"host": "127.0.0.1", "port": 0},
             "platform": "kubernetes",
-            "kubernetes": {"status_addresses": ["127.0.0.1"]},
+            "kubernetes": {
+                "status_addresses": ["127.0.0.1"],
+                "kubeconfig": kubeconfig_for(fake, tmp_path / "kubeconfig"),
+            },
         }
     )
     stop = asyncio.Event()
@@ -71,26 +89,21 @@ async def live_gateway(
         started.set_result(runtime)
 
     server = asyncio.create_task(serve(settings, stop, on_ready))
-    runner = None
     try:
         async with asyncio.timeout(TIMEOUT_S):
             runtime = await started
         line = re.search(r"sluice listening data=(\S+) admin=(\S+)", capsys.readouterr().out)
         assert line is not None
-        runner = KubernetesRunner(
-            runtime, settings, api=KubeApi.connect(host=fake.url), interval_s=0.2
-        )
-        await runner.start()
+        runner = runtime.platform
+        assert isinstance(runner, KubernetesRunner)
         yield line.group(1), line.group(2), runner
     finally:
-        if runner is not None:
-            await runner.stop()
         stop.set()
         await asyncio.wait_for(server, TIMEOUT_S)
 
 
 async def test_ingress_changes_route_live_traffic(
-    fake: FakeKube, capsys: pytest.CaptureFixture[str]
+    fake: FakeKube, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     with upstreams("web", "api") as (web, api_up):
         fake.put(ingress("shop", [("shop.test", "/", "Prefix", "web", "http")]))
@@ -100,7 +113,7 @@ async def test_ingress_changes_route_live_traffic(
             endpoint_slice("api-1", "api", [("127.0.0.1", READY)], [("http", port_of(api_up))])
         )
         async with (
-            live_gateway(fake, capsys) as (url, admin_url, _),
+            live_gateway(fake, capsys, tmp_path) as (url, admin_url, _),
             httpx.AsyncClient(base_url=url, timeout=10) as client,
         ):
             host = {"Host": "shop.test"}
@@ -177,14 +190,14 @@ async def served_by_host(client: httpx.AsyncClient, host: str, name: str) -> boo
 
 
 async def test_endpoint_churn_drains_and_uses_terminating_only_as_last_resort(
-    fake: FakeKube, capsys: pytest.CaptureFixture[str]
+    fake: FakeKube, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     with upstreams("w1", "w2") as (w1, w2):
         fake.put(ingress("shop", [(None, "/", "Prefix", "web", "http")]))
         for s in web_slice((w1, READY)):
             fake.put(s)
         async with (
-            live_gateway(fake, capsys) as (url, _, _),
+            live_gateway(fake, capsys, tmp_path) as (url, _, _),
             httpx.AsyncClient(base_url=url, timeout=10) as client,
         ):
 
@@ -220,7 +233,7 @@ async def test_endpoint_churn_drains_and_uses_terminating_only_as_last_resort(
 
 
 async def test_live_load_scales_the_deployment_through_the_runner(
-    fake: FakeKube, capsys: pytest.CaptureFixture[str]
+    fake: FakeKube, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     """Real requests -> this gateway's /api/signals -> merged by the leader -> engine ->
     /scale on the Deployment, all through KubernetesRunner."""
@@ -242,7 +255,7 @@ async def test_live_load_scales_the_deployment_through_the_runner(
             fake.put(s)
         fake.put(deployment("web", 1))
         async with (
-            live_gateway(fake, capsys) as (url, admin_url, runner),
+            live_gateway(fake, capsys, tmp_path) as (url, admin_url, runner),
             httpx.AsyncClient(base_url=url, timeout=30) as client,
         ):
             # the gateway's own Service lists this replica's admin port: it is its own peer
