@@ -13,7 +13,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
@@ -30,6 +30,7 @@ from pydantic import (
 
 from scaler.localpool.config import ReplicasConfig
 from scaler.policy import BudgetConfig, KeyedValueError, ScalingPolicy, check_floors
+from scaler.validation import validation_problems
 
 PathType = Literal["Exact", "Prefix", "ImplementationSpecific"]
 BalancerName = Literal["round_robin", "least_request", "peak_ewma"]
@@ -735,47 +736,6 @@ def _check_local_services(services: dict[str, ServiceConfig]) -> None:
         seen.append((name, spec))
 
 
-def _format_loc(loc: Iterable[int | str]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += f".{part}" if out else str(part)
-    return out
-
-
-def _format_error(err: dict[str, Any]) -> tuple[str, str]:
-    """One pydantic error -> (key path, problem) in Sluice's words."""
-    loc = [p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-"))]
-    kind = err["type"]
-    ctx = err.get("ctx") or {}
-    value = err.get("input")
-    if kind == "value_error" and isinstance(ctx.get("error"), KeyedValueError):
-        keyed: KeyedValueError = ctx["error"]
-        return _format_loc([*loc, *keyed.key.split(".")]), keyed.message
-    if kind == "literal_error":
-        expected = re.findall(r"'([^']*)'", str(ctx.get("expected", "")))
-        return _format_loc(loc), f"must be one of {', '.join(expected)}, got {value!r}"
-    if kind == "missing":
-        return _format_loc(loc), "is required"
-    if kind == "extra_forbidden":
-        return _format_loc(loc), "unknown key"
-    bounds = {
-        "greater_than": (">", "gt"),
-        "greater_than_equal": (">=", "ge"),
-        "less_than": ("<", "lt"),
-        "less_than_equal": ("<=", "le"),
-    }
-    if kind in bounds:
-        op, key = bounds[kind]
-        return _format_loc(loc), f"must be {op} {ctx.get(key)}, got {value!r}"
-    if kind == "value_error":
-        return _format_loc(loc), str(ctx.get("error", err["msg"]))
-    msg = err["msg"][0].lower() + err["msg"][1:]
-    return _format_loc(loc), f"{msg}, got {value!r}"
-
-
 def parse_settings(data: Any, source: str = "<config>") -> Settings:
     """Validate already-parsed YAML/JSON data; raise :class:`ConfigError` with one line per problem."""
     if data is None:
@@ -790,11 +750,6 @@ def parse_settings(data: Any, source: str = "<config>") -> Settings:
             for path, problem in validation_problems(e)
         ]
         raise ConfigError(problems) from None
-
-
-def validation_problems(e: ValidationError) -> list[tuple[str, str]]:
-    """A pydantic error as (key path, problem) pairs in Sluice's words (also used for annotations)."""
-    return [_format_error(dict(err)) for err in e.errors(include_url=False)]
 
 
 def load_settings(path: str | Path) -> Settings:

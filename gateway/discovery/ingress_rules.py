@@ -18,9 +18,10 @@ import yaml
 from pydantic import ValidationError
 
 from gateway.discovery import RouteRule, RoutesUpdate
-from gateway.settings import RouteConfig, ServiceConfig, validation_problems
+from gateway.settings import RouteConfig, ServiceConfig
 from scaler.kube_model import Ingress, IngressBackend, Workload
 from scaler.policy import BudgetConfig, KeyedValueError, ScalingPolicy, check_floors
+from scaler.validation import validation_problems
 
 PREFIX = "sluice.io/"
 LEGACY_CLASS_ANNOTATION = "kubernetes.io/ingress.class"

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import csv
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
@@ -36,6 +35,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from scaler.policy import KeyedValueError
+from scaler.validation import format_error
 
 _SERVICE_NAME = re.compile(r"^[a-z0-9]([a-z0-9._-]*[a-z0-9])?(/[a-z0-9]([a-z0-9._-]*[a-z0-9])?)?$")
 
@@ -179,47 +179,6 @@ class Workload(_Model):
         return self
 
 
-def _format_loc(loc: Iterable[int | str]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += f".{part}" if out else str(part)
-    return out
-
-
-def _format_error(err: dict[str, Any]) -> tuple[str, str]:
-    loc = [p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-"))]
-    kind = err["type"]
-    ctx = err.get("ctx") or {}
-    value = err.get("input")
-    if kind == "value_error" and isinstance(ctx.get("error"), KeyedValueError):
-        keyed: KeyedValueError = ctx["error"]
-        return _format_loc([*loc, *keyed.key.split(".")]), keyed.message
-    if kind == "missing":
-        return _format_loc(loc), "is required"
-    if kind == "extra_forbidden":
-        return _format_loc(loc), "unknown key"
-    bounds = {
-        "greater_than": (">", "gt"),
-        "greater_than_equal": (">=", "ge"),
-        "less_than": ("<", "lt"),
-        "less_than_equal": ("<=", "le"),
-    }
-    if kind in bounds:
-        op, key = bounds[kind]
-        bound = ctx.get(key)
-        shown = f"{bound:g}" if isinstance(bound, float) else bound
-        return _format_loc(loc), f"must be {op} {shown}, got {value!r}"
-    if kind == "too_short":
-        return _format_loc(loc), f"must have at least {ctx.get('min_length')} item(s)"
-    if kind == "value_error":
-        return _format_loc(loc), str(ctx.get("error", err["msg"]))
-    msg = err["msg"][0].lower() + err["msg"][1:]
-    return _format_loc(loc), f"{msg}, got {value!r}"
-
-
 def parse_workload(data: Any, source: str = "<workload>") -> Workload:
     """Validate parsed YAML data; raise :class:`WorkloadError` with one line per problem."""
     if not isinstance(data, dict):
@@ -230,7 +189,7 @@ def parse_workload(data: Any, source: str = "<workload>") -> Workload:
     except ValidationError as e:
         problems = []
         for err in e.errors(include_url=False):
-            path, problem = _format_error(dict(err))
+            path, problem = format_error(dict(err))
             problems.append(f"{source}: {path}: {problem}" if path else f"{source}: {problem}")
         raise WorkloadError(problems) from None
 

@@ -42,7 +42,7 @@ def problems(data: object) -> list[str]:
         ),
         (
             {"services": {"a": {"limits": {"queue": {"timeout_s": 0}}}}},
-            "cfg.yaml: services.a.limits.queue.timeout_s: must be > 0.0, got 0",
+            "cfg.yaml: services.a.limits.queue.timeout_s: must be > 0, got 0",
         ),
         (
             {"services": {"a": {"limits": {"concurrency_per_replica": 0}}}},
@@ -50,7 +50,7 @@ def problems(data: object) -> list[str]:
         ),
         (
             {"services": {"a": {"limits": {"rate_limit": {"rps": 0}}}}},
-            "cfg.yaml: services.a.limits.rate_limit.rps: must be > 0.0, got 0",
+            "cfg.yaml: services.a.limits.rate_limit.rps: must be > 0, got 0",
         ),
         (
             {"services": {"a": {"retries": {"retry_on": ["5xx"]}}}},
@@ -66,10 +66,10 @@ def problems(data: object) -> list[str]:
         ),
         (
             {"services": {"a": {"outlier_detection": {"max_ejection_percent": 101}}}},
-            "cfg.yaml: services.a.outlier_detection.max_ejection_percent: must be <= 100.0, got 101",
+            "cfg.yaml: services.a.outlier_detection.max_ejection_percent: must be <= 100, got 101",
         ),
         ({"limits": {"max_headers": 0}}, "cfg.yaml: limits.max_headers: must be >= 1, got 0"),
-        ({"shutdown": {"drain_s": -1}}, "cfg.yaml: shutdown.drain_s: must be >= 0.0, got -1"),
+        ({"shutdown": {"drain_s": -1}}, "cfg.yaml: shutdown.drain_s: must be >= 0, got -1"),
     ],
 )
 def test_keyed_errors(data: object, expected: str) -> None:

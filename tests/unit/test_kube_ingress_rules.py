@@ -156,7 +156,7 @@ def test_annotation_problems_name_the_annotation() -> None:
         assert any(p.startswith(expected) for p in problems), (key, problems)
     policy, problems = policy_from_annotations({"sluice.io/scaling": "{tolerance: 2}"})
     assert policy is None
-    assert problems == ["annotation sluice.io/scaling (tolerance): must be < 1.0, got 2"]
+    assert problems == ["annotation sluice.io/scaling (tolerance): must be < 1, got 2"]
     assert policy_from_annotations({"other.io/x": "1"}) == (None, [])
 
 

@@ -95,11 +95,11 @@ def test_a_local_service_loads_with_defaults() -> None:
         ),
         (
             local({"api": {"replicas": replicas(readiness={"timeout_s": 0})}}),
-            "cfg.yaml: services.api.replicas.readiness.timeout_s: must be > 0.0, got 0",
+            "cfg.yaml: services.api.replicas.readiness.timeout_s: must be > 0, got 0",
         ),
         (
             local({"api": {"replicas": replicas(grace_s=-1)}}),
-            "cfg.yaml: services.api.replicas.grace_s: must be >= 0.0, got -1",
+            "cfg.yaml: services.api.replicas.grace_s: must be >= 0, got -1",
         ),
         (
             local({"api": {"replicas": replicas(restart_backoff_s=5, restart_backoff_max_s=1)}}),

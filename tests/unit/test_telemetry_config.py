@@ -51,11 +51,11 @@ def test_a_full_section_loads() -> None:
     [
         (
             {"sampler": {"ratio": 1.5}},
-            "cfg.yaml: telemetry.traces.sampler.ratio: must be <= 1.0, got 1.5",
+            "cfg.yaml: telemetry.traces.sampler.ratio: must be <= 1, got 1.5",
         ),
         (
             {"sampler": {"ratio": -0.1}},
-            "cfg.yaml: telemetry.traces.sampler.ratio: must be >= 0.0, got -0.1",
+            "cfg.yaml: telemetry.traces.sampler.ratio: must be >= 0, got -0.1",
         ),
         (
             {"sampler": {"type": "always_on"}},
