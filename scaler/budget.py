@@ -166,6 +166,16 @@ def arbitrate_independent(
     return out
 
 
+def _vertical_replicas(cores: float, cpu_min: float, cpu_max: float) -> int:
+    """Replicas for ``cores`` grown vertically: whole replicas of ``cpu.max``, plus one more
+    only if the remainder is worth at least ``cpu.min``.  Rounding a sliver up to a new
+    replica would spread the CPU over one more replica, cutting the serving replicas' CPU
+    while the new one starts (1.05 cores: 2 × 0.53, not 1 × 1.0); the sliver (< ``cpu.min``)
+    is left for others instead."""
+    whole = math.floor(cores / cpu_max + _EPS)
+    return whole + (1 if cores - whole * cpu_max >= cpu_min - _EPS else 0)
+
+
 def split_allocation(  # the plain reference for split_arrays
     cores: float,
     policy: ScalingPolicy,
@@ -174,6 +184,7 @@ def split_allocation(  # the plain reference for split_arrays
     current_replicas: int,
     squeezed: bool,
     fixed_cpu: float | None = None,
+    ready_replicas: int | None = None,
     explain: Explanation | None = None,
 ) -> tuple[int, float]:
     """Turn ``cores`` into ``(replicas, cpu per replica)`` within the policy's bounds.
@@ -183,7 +194,10 @@ def split_allocation(  # the plain reference for split_arrays
     shrink their CPU first, removing replicas only below ``cpu.min``.  Otherwise
     ``prefer: vertical`` grows CPU per replica up to ``cpu.max`` before adding replicas,
     ``horizontal`` adds replicas of ``cpu_ref`` cores.  ``fixed_cpu`` (a resize is blocked)
-    keeps the CPU per replica and changes only the replica count.
+    keeps the CPU per replica and changes only the replica count.  ``ready_replicas``
+    (squeezed, not frozen): replicas still starting are not kept at the expense of the
+    serving ones -- every replica gets the same CPU, so keeping a starting replica would cut
+    the serving ones' CPU while serving nothing; it goes unless the cores keep it whole.
     """
     cpu_min = policy.cpu.min
     cpu_max = policy.cpu.max
@@ -204,7 +218,8 @@ def split_allocation(  # the plain reference for split_arrays
             explain.add("resize blocked: CPU stays %.2f, scaling replicas instead", cpu)
         return replicas, cpu
     if squeezed and current_replicas > 0:
-        replicas = min(max(current_replicas, lo, math.ceil(cores / cpu_max - _EPS)), hi)
+        kept = current_replicas if ready_replicas is None else min(current_replicas, ready_replicas)
+        replicas = min(max(kept, lo, _vertical_replicas(cores, cpu_min, cpu_max)), hi)
         if replicas and explain is not None:
             explain.add(
                 "squeezed: shrinking CPU per replica in place, keeping %d replicas", replicas
@@ -212,7 +227,7 @@ def split_allocation(  # the plain reference for split_arrays
     elif policy.prefer == "horizontal":
         replicas = min(max(math.ceil(cores / cpu_ref - _EPS), lo), hi)
     else:
-        replicas = min(max(math.ceil(cores / cpu_max - _EPS), lo), hi)
+        replicas = min(max(_vertical_replicas(cores, cpu_min, cpu_max), lo), hi)
     if replicas and cores / replicas < cpu_min - _EPS:
         fewer = max(lo, math.floor(cores / cpu_min + _EPS))
         if explain is not None:
@@ -341,18 +356,22 @@ def split_arrays(
     current: IntArray,
     squeezed: BoolArray,
     fixed_cpu: FloatArray,
+    ready: IntArray | None = None,
 ) -> tuple[IntArray, FloatArray, IntArray]:
-    """:func:`split_allocation` on arrays; ``fixed_cpu`` is NaN where a resize is possible.
+    """:func:`split_allocation` on arrays; ``fixed_cpu`` is NaN where a resize is possible,
+    ``ready`` is ``ready_replicas`` (pass ``current`` where starting replicas must be kept).
 
     Returns ``(replicas, cpu per replica, note)`` with note codes 0 none, 1 squeezed,
     2 fewer replicas fit at cpu.min, 3 resize blocked, 4 resize blocked and CPU cut.
     """
     eps = _EPS
-    r_vertical = np.ceil(cores / cpu_max - eps).astype(np.int64)
+    whole = np.floor(cores / cpu_max + eps)
+    r_vertical = (whole + (cores - whole * cpu_max >= cpu_min - eps)).astype(np.int64)
     r_horizontal = np.ceil(cores / cpu_ref - eps).astype(np.int64)
     r = np.where(horizontal, r_horizontal, r_vertical)
     sq = squeezed & (current > 0)
-    r = np.where(sq, np.maximum(current, r_vertical), r)
+    kept = current if ready is None else np.minimum(current, ready)
+    r = np.where(sq, np.maximum(kept, r_vertical), r)
     r = np.minimum(np.maximum(r, min_r), max_r)
     note = np.where(sq & (r > 0), 1, 0)
     thin = (r > 0) & (cores / np.maximum(r, 1) < cpu_min - eps)

@@ -239,6 +239,9 @@ class Engine:
                 squeezed=frozen | (cores < soft - 1e-6),
                 # A blocked resize: scale replicas instead -- unless frozen (keep replicas).
                 fixed_cpu=np.where(blocked & (cur_r > 0) & ~frozen, cur_cpu, np.nan),
+                # Squeezed: a starting replica is not kept at the serving ones' expense
+                # (frozen: every replica is kept).
+                ready=np.where(frozen, cur_r, ready.astype(np.int64)),
             )
             pending = {}
         allocated = replicas * cpu

@@ -141,6 +141,81 @@ def test_vertical_first_then_horizontal() -> None:
     assert split_allocation(1.0, h, cpu_ref=0.25, current_replicas=1, squeezed=False) == (4, 0.25)
 
 
+@pytest.mark.parametrize(
+    ("cores", "current", "squeezed", "expected"),
+    [
+        # a sliver above one full replica (< cpu.min) does not split the CPU over a new,
+        # not yet serving replica: 1 × 1.0, not 2 × 0.53 (the 0.05 is left for others)
+        (1.05, 1, False, (1, 1.0)),
+        (1.05, 1, True, (1, 1.0)),
+        (2.2, 2, False, (2, 1.0)),
+        # a remainder worth cpu.min or more is a replica
+        (1.25, 1, False, (2, 0.625)),
+        (2.5, 1, False, (3, 2.5 / 3)),
+        # below one replica: in place
+        (0.8, 1, False, (1, 0.8)),
+    ],
+)
+def test_vertical_adds_a_replica_only_for_a_remainder_worth_cpu_min(
+    cores: float, current: int, squeezed: bool, expected: tuple[int, float]
+) -> None:
+    p = policy(max_replicas=4, cpu={"min": 0.25, "max": 1.0, "request": 0.25})
+    r, cpu = split_allocation(cores, p, cpu_ref=0.25, current_replicas=current, squeezed=squeezed)
+    assert (r, cpu) == (expected[0], pytest.approx(expected[1]))
+    ar, acpu, _ = split_arrays(
+        np.array([cores]),
+        cpu_min=np.array([0.25]),
+        cpu_max=np.array([1.0]),
+        cpu_ref=np.array([0.25]),
+        min_r=np.array([1]),
+        max_r=np.array([4]),
+        horizontal=np.array([False]),
+        current=np.array([current]),
+        squeezed=np.array([squeezed]),
+        fixed_cpu=np.array([np.nan]),
+    )
+    assert (int(ar[0]), float(acpu[0])) == (expected[0], pytest.approx(expected[1]))
+
+
+@pytest.mark.parametrize(
+    ("cores", "current", "ready", "expected"),
+    [
+        # squeezed back to 1 core while the second replica is still starting: the serving
+        # replica keeps 1 core (not 2 × 0.5 with only 0.5 serving for the start-up time)
+        (1.0, 2, 1, (1, 1.0)),
+        # ready replicas are kept, CPU shrinks in place
+        (1.0, 2, 2, (2, 0.5)),
+        (1.5, 3, 2, (2, 0.75)),
+        # a starting replica the cores keep whole stays
+        (2.0, 2, 1, (2, 1.0)),
+        # nothing ready yet: what the cores fill at cpu.max
+        (1.0, 3, 0, (1, 1.0)),
+    ],
+)
+def test_squeezed_does_not_keep_starting_replicas_at_the_serving_ones_expense(
+    cores: float, current: int, ready: int, expected: tuple[int, float]
+) -> None:
+    p = policy(max_replicas=4, cpu={"min": 0.25, "max": 1.0, "request": 0.25})
+    r, cpu = split_allocation(
+        cores, p, cpu_ref=0.25, current_replicas=current, squeezed=True, ready_replicas=ready
+    )
+    assert (r, cpu) == (expected[0], pytest.approx(expected[1]))
+    ar, acpu, _ = split_arrays(
+        np.array([cores]),
+        cpu_min=np.array([0.25]),
+        cpu_max=np.array([1.0]),
+        cpu_ref=np.array([0.25]),
+        min_r=np.array([1]),
+        max_r=np.array([4]),
+        horizontal=np.array([False]),
+        current=np.array([current]),
+        squeezed=np.array([True]),
+        fixed_cpu=np.array([np.nan]),
+        ready=np.array([ready]),
+    )
+    assert (int(ar[0]), float(acpu[0])) == (expected[0], pytest.approx(expected[1]))
+
+
 def test_squeezed_keeps_replicas_and_shrinks_cpu_in_place() -> None:
     p = policy(max_replicas=8, cpu={"min": 0.1, "max": 1.0})
     assert split_allocation(1.2, p, cpu_ref=0.1, current_replicas=4, squeezed=True) == (
