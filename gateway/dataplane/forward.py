@@ -148,13 +148,12 @@ class Exchange:
     """A copy of the framed body sent so far (idempotent requests; dropped once too big)."""
     replay_bytes = 0
 
-    def __init__(
+    def __init__(  # noqa: PLR0917  (positional: one call per request, no keyword matching)
         self,
         client: ClientConnection,
         method: bytes,
         target: bytes,
         headers: list[tuple[bytes, bytes]],
-        *,
         keep_alive: bool,
         http11: bool,
     ) -> None:
@@ -216,8 +215,13 @@ class Exchange:
         dp.active.add(self)
         # -- issue 4: admission — a free slot dispatches now; queued -> _admitted() later;
         # refused (rate limit, queue full) or timed out in the queue -> 429/503 + Retry-After.
+        admission = service.admission
+        if admission.try_take():
+            self.slot = True
+            self.dispatch()
+            return
         try:
-            waiter = service.admission.admit(self._admitted, self._refused)
+            waiter = admission.admit(self._admitted, self._refused)
         except AdmissionError as e:
             self._refused(e)
             return
