@@ -239,6 +239,16 @@ class Admission:
             return None
         return self._enqueue(on_admit, on_reject)
 
+    def try_take(self) -> bool:
+        """Take a slot at once when one is free, nobody queues and no rate limit applies.
+
+        The data plane's fast path (no callbacks to create); on False it calls :meth:`admit`.
+        """
+        if self._limiter is None and self.in_use < self.capacity and not self.queued:
+            self.in_use += 1
+            return True
+        return False
+
     def release(self) -> None:
         """A request that held a slot has finished."""
         self.in_use -= 1

@@ -112,11 +112,12 @@ class ServiceStats:
         self.arrivals_total += 1
         self.in_flight += 1
         sec = int(now)
-        i = sec % len(self._slot_sec)
-        if self._slot_sec[i] == sec:
+        slot_sec = self._slot_sec
+        i = sec % len(slot_sec)
+        if slot_sec[i] == sec:
             self._slot_count[i] += 1
         else:
-            self._slot_sec[i] = sec
+            slot_sec[i] = sec
             self._slot_count[i] = 1
 
     def complete(self, status: int, latency_s: float, now: float, failed: bool = False) -> None:

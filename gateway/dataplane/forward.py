@@ -148,13 +148,12 @@ class Exchange:
     """A copy of the framed body sent so far (idempotent requests; dropped once too big)."""
     replay_bytes = 0
 
-    def __init__(
+    def __init__(  # noqa: PLR0917  (positional: one call per request, no keyword matching)
         self,
         client: ClientConnection,
         method: bytes,
         target: bytes,
         headers: list[tuple[bytes, bytes]],
-        *,
         keep_alive: bool,
         http11: bool,
     ) -> None:
@@ -184,7 +183,7 @@ class Exchange:
         self.req_chunked = head.chunked
         self.has_body = head.has_body
         self.expect_continue = head.expect_continue
-        tracing = client.dp.tracing
+        tracing = dp.tracing
         if tracing is not None:
             self.span = tracing.start(
                 head.traceparent, head.tracestate, self.method, path, head.host, client.peer_ip
@@ -208,16 +207,21 @@ class Exchange:
             self.keep_alive = False
             self.reply_error(Cause.BODY_TOO_LARGE)
             return
-        now = client.dp.loop.time()
+        now = dp.loop.time()
         self.started_at = now
         self.deadline_total = now + service.total_s
         service.stats.arrive(now)
         self.arrived = True
-        client.dp.active.add(self)
+        dp.active.add(self)
         # -- issue 4: admission — a free slot dispatches now; queued -> _admitted() later;
         # refused (rate limit, queue full) or timed out in the queue -> 429/503 + Retry-After.
+        admission = service.admission
+        if admission.try_take():
+            self.slot = True
+            self.dispatch()
+            return
         try:
-            waiter = service.admission.admit(self._admitted, self._refused)
+            waiter = admission.admit(self._admitted, self._refused)
         except AdmissionError as e:
             self._refused(e)
             return
@@ -279,7 +283,8 @@ class Exchange:
         self.endpoint = ep
         if self.span is not None:
             self.attempt_span = self.span.attempt(ep.host, ep.port)
-        pool = self.pool = _pool_of(ep)
+        pool = cast(EndpointConnections, ep.pool or _pool_of(ep))
+        self.pool = pool
         if self.expect_continue and self.has_body and not self.req_done and not self.client.closed:
             self.client.transport.write(CONTINUE)
             self.continue_sent = True
@@ -348,16 +353,19 @@ class Exchange:
             client.pause(PAUSE_BACKPRESSURE)
         if self.req_done:
             self._request_sent()
-        else:
-            self._arm(self.deadline_total)
+        elif self.deadline_total < self.deadline_next:  # _arm, inlined
+            self.deadline_next = self.deadline_total
 
     def _request_sent(self) -> None:
         self.req_sent = True
         if self.resp_state == 0:
             service = self.service
             assert service is not None
-            self.deadline_header = self.client.dp.loop.time() + service.response_header_s
-            self._arm(min(self.deadline_header, self.deadline_total))
+            deadline = self.deadline_header = self.client.dp.loop.time() + service.response_header_s
+            if self.deadline_total < deadline:  # noqa: PLR1730  (no min() call per request)
+                deadline = self.deadline_total
+            if deadline < self.deadline_next:  # noqa: PLR1730  (_arm, inlined)
+                self.deadline_next = deadline
 
     # -- request body from the client ----------------------------------------------------------
 
@@ -533,7 +541,8 @@ class Exchange:
 
     def _arm(self, deadline: float) -> None:
         """Be checked at ``deadline`` at the latest (the data plane's sweep calls ``check``)."""
-        self.deadline_next = min(self.deadline_next, deadline)
+        if deadline < self.deadline_next:  # noqa: PLR1730  (no min() call per request)
+            self.deadline_next = deadline
 
     def check(self, now: float) -> None:
         """A deadline passed: fail with the timeout that expired, or wait for the next one."""
@@ -610,7 +619,8 @@ class Exchange:
         self.done = True
         if self.wbuf:
             self.flush()
-        dp = self.client.dp
+        client = self.client
+        dp = client.dp
         active = dp.active
         active.discard(self)
         if not active and dp.drained is not None:
@@ -619,8 +629,7 @@ class Exchange:
         if task is not None:
             self.connect_task = None
             task.cancel()
-        loop = self.client.dp.loop
-        now = loop.time()
+        now = dp.loop.time()
         up = self.upstream
         if up is not None:
             self.upstream = None
@@ -657,7 +666,7 @@ class Exchange:
                 self.waiter = None
             if self.retried:
                 service.retry_budget.finish()
-        self.client.exchange_done(self)
+        client.exchange_done(self)
 
     def _end_spans(self, status: int, failed: bool) -> None:
         """End the attempt and SERVER spans (sampled requests only)."""

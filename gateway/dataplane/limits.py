@@ -94,7 +94,31 @@ def check_head(
         if version == "2.0":
             raise RequestRejected(Cause.VERSION_NOT_SUPPORTED, "HTTP/2 is not served")
         raise RequestRejected(Cause.BAD_REQUEST, f"HTTP/{version}")
-    _check_target(method, target)
+    if target[:1] != b"/" or b"#" in target:
+        _check_target(method, target)
+    key = (version, tuple(headers))
+    if key == _last_checked.key:  # the same fields as the previous head: same verdict
+        return _last_checked.length
+    length = _check_fields(version, headers)
+    _last_checked.key = key
+    _last_checked.length = length
+    return length
+
+
+class _LastChecked:
+    """The fields of the last head that passed :func:`_check_fields`, and its result."""
+
+    __slots__ = ("key", "length")
+
+    def __init__(self) -> None:
+        self.key: tuple[str, tuple[tuple[bytes, bytes], ...]] | None = None
+        self.length: int | None = None
+
+
+_last_checked = _LastChecked()
+
+
+def _check_fields(version: str, headers: list[tuple[bytes, bytes]]) -> int | None:
     host: bytes | None = None
     hosts = 0
     te: list[bytes] | None = None

@@ -252,14 +252,10 @@ class ClientConnection(asyncio.Protocol):
         except RequestRejected as e:
             self._stop_parsing(e.cause)
         exchange = Exchange(
-            self,
-            method,
-            self.url,
-            self.headers,
-            keep_alive=parser.should_keep_alive(),
-            http11=version == "1.1",
+            self, method, self.url, self.headers, parser.should_keep_alive(), version == "1.1"
         )
-        exchange.declared_length = declared_length
+        if declared_length is not None:
+            exchange.declared_length = declared_length
         self.parsing = exchange
         if self.current is None:
             self.current = exchange
@@ -298,7 +294,8 @@ class ClientConnection(asyncio.Protocol):
     def exchange_done(self, exchange: Exchange) -> None:
         if self.current is exchange:
             self.current = None
-        self.unpause(PAUSE_BUFFER | PAUSE_BACKPRESSURE)
+        if self.pause_bits:
+            self.unpause(PAUSE_BUFFER | PAUSE_BACKPRESSURE)
         if self.closed:
             return
         self.last_active = self.dp.loop.time()

@@ -173,7 +173,8 @@ class EndpointConnections:
     def put(self, conn: UpstreamConnection, now: float) -> None:
         """Return a connection whose last exchange completed cleanly."""
         conn.exchange = None
-        conn.resume_reading()  # watch for the upstream closing it while idle
+        if conn.read_paused:
+            conn.resume_reading()  # watch for the upstream closing it while idle
         if self.closed or conn.closed or len(self.idle) >= MAX_IDLE_PER_ENDPOINT:
             conn.abort()
             return
