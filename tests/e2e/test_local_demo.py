@@ -201,10 +201,19 @@ def test_reclaim_lowers_the_borrowers_cpu_without_failing_its_in_flight_requests
                 answers[name].append(c.get(f"/{name}/w?cpu_ms={cpu_ms}").status_code)
 
     threads: list[threading.Thread] = []
+    clients: list[httpx.Client] = []
     try:
         with httpx.Client(base_url=gw.url, timeout=30) as c:
             assert wait_until(lambda: c.get("/api/x").status_code == 200, timeout_s=30)
-            assert wait_until(lambda: c.get("/reports/x").status_code == 200, timeout_s=30)
+        # reports must stay idle until its load starts (a warm-up request would already give it
+        # its share, leaving nothing to reclaim): wait for its replica through the admin API.
+        with httpx.Client(base_url=gw.admin_url, timeout=10) as a:
+
+            def reports_routable() -> bool:
+                services = a.get("/api/services").json()["services"]
+                return any(e["routable"] for e in services["reports"]["endpoints"])
+
+            assert wait_until(reports_routable, timeout_s=30)
         # api alone is busy: it borrows the CPU reports does not use (beyond its fair share 1.0).
         threads = [threading.Thread(target=client, args=("api", 200)) for _ in range(4)]
         for t in threads:
@@ -220,6 +229,7 @@ def test_reclaim_lowers_the_borrowers_cpu_without_failing_its_in_flight_requests
         for t in more:
             t.start()
         admin = httpx.Client(base_url=gw.admin_url, timeout=10)
+        clients.append(admin)
 
         def reclaimed_from_api() -> bool:
             recent = admin.get(
@@ -247,6 +257,8 @@ def test_reclaim_lowers_the_borrowers_cpu_without_failing_its_in_flight_requests
         assert answers["reports"] and set(answers["reports"]) == {200}
         assert reclaimed < borrowed
     finally:
+        for client in clients:
+            client.close()
         for e in halt.values():
             e.set()
         for t in threads:
