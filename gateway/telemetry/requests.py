@@ -301,21 +301,11 @@ class RequestSpan:
         ``error`` defaults to what :meth:`failed` recorded.
         """
         attributes = self.attributes
-        status = _UNSET
         if error is None:
             error = self._error
-        if status_code is not None:
-            attributes["http.response.status_code"] = status_code
         if request_body_bytes is not None:
             attributes["http.request.body.size"] = request_body_bytes
-        if response_body_bytes is not None:
-            attributes["http.response.body.size"] = response_body_bytes
-        if error is not None:
-            attributes["error.type"] = error
-            status = Status(StatusCode.ERROR, error)
-        elif status_code is not None and status_code >= 500:
-            attributes["error.type"] = str(status_code)
-            status = _ERROR
+        status = _outcome(attributes, status_code, response_body_bytes, error, 500)
         tracing = self._tracing
         tracing._emit(
             ReadableSpan(
@@ -371,17 +361,7 @@ class AttemptSpan:
     ) -> None:
         """The attempt finished with ``status_code``, or failed with ``error`` (e.g. 'connect_refused')."""
         attributes = self.attributes
-        status = _UNSET
-        if status_code is not None:
-            attributes["http.response.status_code"] = status_code
-        if response_body_bytes is not None:
-            attributes["http.response.body.size"] = response_body_bytes
-        if error is not None:
-            attributes["error.type"] = error
-            status = Status(StatusCode.ERROR, error)
-        elif status_code is not None and status_code >= 400:
-            attributes["error.type"] = str(status_code)
-            status = _ERROR
+        status = _outcome(attributes, status_code, response_body_bytes, error, 400)
         tracing = self._tracing
         tracing._emit(
             ReadableSpan(
@@ -397,3 +377,25 @@ class AttemptSpan:
                 instrumentation_scope=tracing._scope,
             )
         )
+
+
+def _outcome(
+    attributes: dict[str, str | int | float],
+    status_code: int | None,
+    response_body_bytes: int | None,
+    error: str | None,
+    error_from: int,
+) -> Status:
+    """Record the response attributes; the span status (HTTP semantic conventions: a SERVER
+    span is an error from 5xx, a CLIENT span from 4xx, ``error_from`` says which)."""
+    if status_code is not None:
+        attributes["http.response.status_code"] = status_code
+    if response_body_bytes is not None:
+        attributes["http.response.body.size"] = response_body_bytes
+    if error is not None:
+        attributes["error.type"] = error
+        return Status(StatusCode.ERROR, error)
+    if status_code is not None and status_code >= error_from:
+        attributes["error.type"] = str(status_code)
+        return _ERROR
+    return _UNSET

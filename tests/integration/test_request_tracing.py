@@ -218,6 +218,9 @@ def test_the_admin_api_lists_recent_traces_with_filters(gw: Gateway) -> None:
     assert [s["kind"] for s in t["spans"]] == ["SERVER", "CLIENT"]
     assert body["buffer"]["tracing"] == "on"
 
+    # A failing request of its own (earlier tests' traces may have been evicted from the ring
+    # buffer by the scaler's tick spans, one a second).
+    assert httpx.get(f"{gw.url}/dead/x").status_code == 502
     errors = httpx.get(f"{gw.admin_url}/api/traces", params={"status": "error", "limit": 100})
     assert errors.json()["traces"]
     assert all(t["status"] == "error" for t in errors.json()["traces"])
