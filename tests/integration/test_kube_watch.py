@@ -9,6 +9,14 @@ from tests.support.fake_kube import FakeKube
 from tests.support.kube_objects import ingress
 
 
+async def watch_open(fake: FakeKube, plural: str) -> None:
+    """Wait until the reflector's watch is streaming, so faults hit that watch (not a request
+    still on its way to the fake server)."""
+    async with asyncio.timeout(10):
+        while fake.open_watches(plural) < 1:
+            await asyncio.sleep(0.02)
+
+
 async def test_errors_back_off_exponentially_then_list_and_watch_resume() -> None:
     with FakeKube() as fake:
         fake.put(ingress("a", [("a.test", "/", "Prefix", "a", 80)]))
@@ -27,6 +35,7 @@ async def test_errors_back_off_exponentially_then_list_and_watch_resume() -> Non
             assert "500" in (reflector.last_error or "")
 
             # a failing watch is retried from the same resourceVersion: no relist
+            await watch_open(fake, "ingresses")
             fake.fail("watch", "ingresses", 503, times=1)
             fake.drop_watches()
             fake.put(ingress("b", [("b.test", "/", "Prefix", "b", 80)]))
@@ -63,6 +72,7 @@ async def test_watches_that_end_at_once_back_off_instead_of_spinning() -> None:
             snapshots = reflector.snapshots()
             async with asyncio.timeout(10):
                 await anext(snapshots)
+            await watch_open(fake, "ingresses")
             fake.watch_lifetime_s = 0  # every watch now ends at once, saying nothing
             fake.drop_watches()
             async with asyncio.timeout(15):
