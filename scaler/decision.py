@@ -9,6 +9,7 @@ a ``tuple[str, ...]``, reading ``inputs`` a ``dict[str, float]``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Protocol, overload
 
@@ -141,6 +142,9 @@ class Decision:
     """The figures the decision was made from (a dict; pass a dict or a ReasonSource)."""
     frozen: bool = False
     """True when the service's signals were stale or missing: nothing changed."""
+    wake_concurrency: float = math.inf
+    """Wake the scaler before the next tick when the service's concurrency (in flight +
+    queued) reaches this: the load this decision cannot absorb (inf: never)."""
 
     @classmethod
     def explained(  # noqa: PLR0917 - positional on purpose: called once per service per tick
@@ -154,6 +158,7 @@ class Decision:
         frozen: bool,
         source: ReasonSource,
         index: int,
+        wake_concurrency: float = math.inf,
     ) -> Decision:
         """Build a decision whose reasons and inputs ``source`` renders on first use (the
         engine's fast path: one dict, no per-field frozen-dataclass ``__setattr__``)."""
@@ -169,6 +174,7 @@ class Decision:
                 "allocated_cores": allocated_cores,
                 "rule": rule,
                 "frozen": frozen,
+                "wake_concurrency": wake_concurrency,
                 "_source": source,
                 "_index": index,
             },

@@ -175,7 +175,7 @@ class Engine:
         ki = self.kpa_index
         if len(ki):
             self.kpa.observe(now, value[ki], fresh[ki])
-            kpa_tick = self.kpa.recommend(now, capacity[ki], cur_r[ki], active[ki])
+            kpa_tick = self.kpa.recommend(now, capacity[ki], cur_r[ki], active[ki], value[ki])
             wanted[ki] = kpa_tick.replicas
             load[ki] = kpa_tick.load
             hold[ki] = kpa_tick.hold
@@ -246,6 +246,7 @@ class Engine:
             pending = {}
         allocated = replicas * cpu
         self._allocation = allocated
+        wake = self._wake_levels(allocated, concurrency, frozen)
         for i, track in self.hpa.items():
             if not frozen[i]:
                 ref = self.cpu_ref[i]
@@ -277,8 +278,10 @@ class Engine:
             pending=pending,
             used=self._cpu_used.copy(),
             throttled=self._thr_rate.copy(),
+            wake=wake,
         )
         rules = rule_names(kpa_tick, self.kpa_index, hpa_notes, frozen_code, n)
+        wake_list = wake.tolist()
         rep_list = replicas.tolist()
         cpu_list = cpu.tolist()
         alloc_list = allocated.tolist()
@@ -286,8 +289,8 @@ class Engine:
         new = object.__new__
         put = object.__setattr__
         out: dict[str, Decision] = {}
-        for i, (name, r, c, a, rule, fz) in enumerate(
-            zip(names, rep_list, cpu_list, alloc_list, rules, frozen_list, strict=True)
+        for i, (name, r, c, a, rule, fz, w) in enumerate(
+            zip(names, rep_list, cpu_list, alloc_list, rules, frozen_list, wake_list, strict=True)
         ):
             # Decision.explained, inlined: this loop is the tick's largest Python cost.
             decision = new(Decision)
@@ -302,6 +305,7 @@ class Engine:
                     "allocated_cores": a,
                     "rule": rule,
                     "frozen": fz,
+                    "wake_concurrency": w,
                     "_source": view,
                     "_index": i,
                 },
@@ -310,6 +314,31 @@ class Engine:
         return out
 
     # -- pieces ----------------------------------------------------------------------
+
+    def _wake_levels(
+        self, allocated: FloatArray, concurrency: FloatArray, frozen: BoolArray
+    ) -> FloatArray:
+        """Per service, the concurrency at which the data plane should wake the scaler early.
+
+        A tick every second is a second of a burst served at the old CPU; the gateway sees the
+        burst at once.  A KPA concurrency service's level is what would panic the KPA at the
+        CPU just allocated (``panic_threshold × target × utilisation × cores / cpu.request``)
+        or twice the concurrency seen now when that is higher (the budget could not give
+        more), and at least 1 (a service given nothing wakes on its first request).  Frozen,
+        rps, HPA-mode and ``independent`` services never wake early (an HPA does not)."""
+        wake = np.full(self.n, math.inf)
+        ki = self.kpa_index
+        if not len(ki) or self.budget.arbitration == "independent":
+            return wake
+        kpa = self.kpa
+        capacity = allocated[ki] / self.cpu_ref[ki]
+        level = np.maximum(
+            kpa.threshold * kpa.target_value * capacity, kpa.threshold * concurrency[ki]
+        )
+        level = np.maximum(np.ceil(level - _EPS), 1.0)
+        eligible = ~frozen[ki] & ~self.is_rps[ki]
+        wake[ki] = np.where(eligible, level, math.inf)
+        return wake
 
     def _rates(self, sigs: list[ServiceSignals | None], at: FloatArray, fresh: BoolArray) -> None:
         """Arrival rate and CPU use from successive counters (counters going back restart)."""
@@ -409,11 +438,12 @@ class Engine:
         frozen: BoolArray,
     ) -> tuple[FloatArray, FloatArray]:
         """Cores each service needs now: the load's reference replicas at ``cpu.request``
+        (the load may be above the replicas the windows keep: CPU moves in place, replicas
+        follow the windows)
         (at least ``cpu.min`` for one kept replica; ``min_replicas × cpu.min`` is the
         arbiter's minimum anyway), or measured use with headroom and a throttling boost.
         Frozen services: what they hold.  Replicas kept beyond the load are the caller's
         soft demand."""
-        load = np.minimum(load, wanted)
         least = np.minimum(wanted, 1) * self.cpu_min  # a kept replica needs at least cpu.min
         demand = np.maximum(load * self.cpu_ref, least)
         used = self._cpu_used

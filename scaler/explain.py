@@ -92,6 +92,7 @@ class TickView:
     pending: dict[int, Explanation]
     used: FloatArray
     throttled: FloatArray
+    wake: FloatArray
     _flows: dict[str, str] | None = None
     _kpa_pos: dict[int, int] | None = None
 
@@ -217,4 +218,6 @@ class TickView:
             out["cpu_used_cores"] = float(self.used[i])
         if not np.isnan(self.throttled[i]):
             out["cpu_throttled_s_per_s"] = float(self.throttled[i])
+        if np.isfinite(self.wake[i]):
+            out["wake_concurrency"] = float(self.wake[i])
         return out

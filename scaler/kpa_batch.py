@@ -54,7 +54,10 @@ class KpaTick:
 
     replicas: IntArray
     load: IntArray
-    """Reference replicas the load needs now: the panic-window want (CPU follows this)."""
+    """Reference replicas the load needs now: the larger of the panic-window want and this
+    tick's instant want (CPU follows this)."""
+    want_instant: IntArray
+    """Reference replicas this tick's metric snapshot alone needs."""
     hold: IntArray
     """Reference replicas the KPA keeps (stable window, rate limits, panic's no-scale-down)."""
     rule: IntArray
@@ -218,9 +221,20 @@ class KpaBatch:
     # -- decisions -------------------------------------------------------------------
 
     def recommend(
-        self, now: float, ready: FloatArray, current: IntArray, active: BoolArray
+        self,
+        now: float,
+        ready: FloatArray,
+        current: IntArray,
+        active: BoolArray,
+        instant: FloatArray | None = None,
     ) -> KpaTick:
-        """Replicas wanted for every service; state changes only where ``active`` is set."""
+        """Replicas wanted for every service; state changes only where ``active`` is set.
+
+        ``instant`` is the metric right now (this tick's snapshot, not a window average):
+        CPU follows the larger of its want and the panic window's, so a burst gets CPU the
+        tick it is seen and a backlog keeps its CPU until it has drained.  Replicas still
+        follow the windows.
+        """
         stable, panic = self.averages(now)
         has_stable = ~np.isnan(stable)
         valid = active & has_stable & ~np.isnan(panic)
@@ -251,7 +265,11 @@ class KpaBatch:
 
         # CPU follows the load now (the panic window); the replicas the windows, rate limits
         # and panic keep beyond that are held, and their CPU is only lent spare CPU.
-        load = np.minimum(want_p, self.max_r)
+        want_i = np.zeros_like(want_p)
+        if instant is not None:
+            want_i = np.where(valid, np.maximum(np.ceil(instant / tv - _EPS), 0), 0)
+            want_i = want_i.astype(np.int64)
+        load = np.minimum(np.maximum(want_p, want_i), self.max_r)
         kept = np.minimum(desired, self.max_r)
         zero = desired == 0
         idle_for = now - self.last_active
@@ -278,6 +296,7 @@ class KpaBatch:
         return KpaTick(
             replicas=desired,
             load=np.where(valid, load, current),
+            want_instant=want_i,
             hold=np.where(valid, kept, 0),
             rule=rule,
             stable=stable,
@@ -339,6 +358,11 @@ class KpaBatch:
             lines.append(
                 f"idle, holding 1 replica until idle for {self.zero_after_s[i]:g}s "
                 "(stable window + scale_to_zero_grace_s)"
+            )
+        if tick.want_instant[i] > max(tick.want_panic[i], tick.want_stable[i]):
+            lines.append(
+                f"CPU follows this tick's {p.metric}: {tick.want_instant[i]} replicas' worth "
+                f"(more than the windows' {max(tick.want_panic[i], tick.want_stable[i])})"
             )
         unclamped = int(tick.unclamped[i])
         top = int(self.max_r[i])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 import pytest
@@ -275,8 +276,10 @@ def test_panic_keeps_replicas_but_lends_the_cpu_the_load_no_longer_needs() -> No
     engine = Engine(pols, BudgetConfig(cpu=2))
     states: dict[str, ServiceState] = {}
     peak = None
+    # 80 in flight is over twice what short's fair share (1 core = 4 replicas' worth of
+    # target 7) serves, so it panics even with its CPU raised in place at once.
     for t in range(36):
-        load = {"long": 500, "short": 40 if 10 <= t < 20 else 0}
+        load = {"long": 500, "short": 80 if 10 <= t < 20 else 0}
         d = tick_loop(engine, range(t, t + 1), load, states)
         if t == 19:
             peak = d["short"]
@@ -288,3 +291,46 @@ def test_panic_keeps_replicas_but_lends_the_cpu_the_load_no_longer_needs() -> No
     assert short.allocated_cores == pytest.approx(short.inputs["demand_cores"])
     assert long.allocated_cores == pytest.approx(2.0 - short.allocated_cores)
     assert any("keeps replicas worth" in r for r in short.reasons)
+
+
+def test_cpu_follows_the_instant_load_and_drains_a_backlog() -> None:
+    """The tick a burst is seen it gets CPU (not a sixth of it through the panic window),
+    and keeps it while the requests are still there."""
+    pols = {"long": policy(max_replicas=8), "short": policy(min_replicas=1, max_replicas=4)}
+    engine = Engine(pols, BudgetConfig(cpu=2))
+    states: dict[str, ServiceState] = {}
+    idle = tick_loop(engine, range(30), {"long": 500, "short": 0}, states)
+    assert idle["short"].allocated_cores == pytest.approx(0.1), "idle: cpu.min, the rest lent"
+    burst = tick_loop(engine, range(30, 31), {"long": 500, "short": 20}, states)
+    # 20 in flight at target 10 × 0.7 = 3 replicas' worth of 0.25 cores, at once
+    assert burst["short"].allocated_cores == pytest.approx(0.75)
+    assert any("CPU follows this tick's concurrency" in r for r in burst["short"].reasons)
+    backlog = tick_loop(engine, range(31, 45), {"long": 500, "short": 20}, states)
+    assert backlog["short"].allocated_cores == pytest.approx(0.75)
+
+
+def test_wake_levels_say_when_the_data_plane_should_not_wait_for_the_tick() -> None:
+    pols = {
+        "long": policy(max_replicas=8),
+        "short": policy(min_replicas=1, max_replicas=4),
+        "zero": policy(min_replicas=0),
+        "rate": policy(metric="rps"),
+        "hpa": policy(mode="hpa"),
+    }
+    engine = Engine(pols, BudgetConfig(cpu=4))
+    states: dict[str, ServiceState] = {}
+    load = {"long": 500, "short": 0, "zero": 0, "rate": 0, "hpa": 0}
+    d = tick_loop(engine, range(20), load, states)
+    # short holds 1 replica at cpu.min 0.1 = 0.4 reference replicas: panic (2×) at 0.4 × 7 × 2
+    assert d["short"].wake_concurrency == math.ceil(2 * 7 * 0.1 / 0.25)
+    assert d["short"].inputs["wake_concurrency"] == d["short"].wake_concurrency
+    # long is held by the budget: wake again only if its load doubles
+    assert d["long"].wake_concurrency == 1000
+    assert d["zero"].replicas == 0 and d["zero"].wake_concurrency == 1, "first request wakes"
+    assert d["rate"].wake_concurrency == math.inf and d["hpa"].wake_concurrency == math.inf
+    # frozen (no signals for zero any more) and independent services never wake early
+    signals = {n: ServiceSignals(n, 20.0, in_flight=0) for n in ("long", "short", "rate", "hpa")}
+    assert engine.tick(20.0, signals, states)["zero"].wake_concurrency == math.inf
+    independent = Engine(pols, BudgetConfig(cpu=4, arbitration="independent"))
+    d = tick_loop(independent, range(3), {"long": 500, "short": 0, "zero": 0}, {})
+    assert all(x.wake_concurrency == math.inf for x in d.values())
