@@ -28,6 +28,8 @@ class Target:
 
     replicas: int
     cpu_per_replica_cores: float
+    wake_concurrency: float = math.inf
+    """Tick early when the service's concurrency reaches this (``Decision.wake_concurrency``)."""
 
 
 class Controller(Protocol):
@@ -74,7 +76,7 @@ class EngineController:
         for service, d in decisions.items():
             self.rules.setdefault(service, Counter())[d.rule] += 1
             if not d.frozen:
-                out[service] = Target(d.replicas, d.cpu_per_replica_cores)
+                out[service] = Target(d.replicas, d.cpu_per_replica_cores, d.wake_concurrency)
         return out
 
 

@@ -131,8 +131,12 @@ class ServiceModel:
         self.removed_cpu_s = 0.0
         self.removed_throttled_s = 0.0
         self.desired_cores = 0.0
+        self.clock = 0.0
+        """The time the model has been simulated to."""
         self.tick_latencies: list[float] = []
-        """Latencies of the requests completed in the last simulated tick."""
+        """Latencies of the requests completed in the current tick (until :meth:`close_tick`)."""
+        self.tick_arrivals = 0
+        """Arrivals in the current tick (until :meth:`close_tick`)."""
         self.latencies: list[float] = []
         """Latencies of every completed request, in completion order."""
         self._window_ticks = max(1, round(signal_window_s / tick_s))
@@ -149,6 +153,11 @@ class ServiceModel:
     @property
     def in_flight(self) -> int:
         return sum(len(r.tags) for r in self.replicas)
+
+    @property
+    def concurrency(self) -> int:
+        """In flight plus queued in the gateway (what a decision's wake level is compared with)."""
+        return sum(len(r.tags) for r in self.replicas) + len(self.queue)
 
     @property
     def cpu_seconds_total(self) -> float:
@@ -255,12 +264,36 @@ class ServiceModel:
         r.ready_at = now + self.startup_s
         r.t = now
 
-    # ---- one tick of traffic --------------------------------------------------------------
+    # ---- traffic --------------------------------------------------------------------------
 
-    def run(self, t0: float, t1: float) -> None:
-        """Simulate ``[t0, t1)``: arrivals, dispatch, processor sharing, completions."""
+    def run(
+        self,
+        t0: float,
+        t1: float,
+        *,
+        wake_level: float = math.inf,
+        through: bool = False,
+        settle: bool = True,
+    ) -> float | None:
+        """Simulate ``[t0, t1)`` (``[t0, t1]`` with ``through``): arrivals, dispatch, processor
+        sharing, completions.  The model is then at ``t1`` (:attr:`clock`).
+
+        Resumable: one regular tick's traffic may be simulated in consecutive pieces (early
+        ticks fall between them), each starting where the last ended; arrivals and latencies
+        add up in :attr:`tick_arrivals` / :attr:`tick_latencies` until :meth:`close_tick`.
+        With ``wake_level``, it stops right after the arrival that brings the concurrency (in
+        flight + queued) to that level and returns the arrival's time (the model is then at
+        that time); ``None`` when the level is not reached.
+
+        ``settle=False`` leaves each replica's clock at its last event instead of moving it
+        to the end: pieces that end with no tick after them then give bit for bit what one
+        whole run gives.  Settle (any run to the current :attr:`clock` does) before reading
+        CPU counters or changing a replica's CPU.
+        """
         cap = self.cap
         reps = self.replicas
+        # Events at exactly t1 belong to this piece only with ``through``.
+        lim = math.nextafter(t1, math.inf) if through else t1
         for r in reps:
             if r.phase == STARTING and r.ready_at <= t0:
                 r.phase = READY
@@ -271,13 +304,15 @@ class ServiceModel:
         queue = self.queue
         if ready and queue:
             self._flush(t0, ready, heap)
+        concurrency = len(queue)
         for r in reps:
             if r.tags:
+                concurrency += len(r.tags)
                 r.ver += 1
                 heap.append((r.next_done(cap), r.rid, r.ver, r))
         heapq.heapify(heap)
         starting = sorted(
-            ((r.ready_at, r.rid, r) for r in reps if r.phase == STARTING and r.ready_at < t1),
+            ((r.ready_at, r.rid, r) for r in reps if r.phase == STARTING and r.ready_at < lim),
             key=lambda x: (x[0], x[1]),
         )
         s_i = 0
@@ -285,12 +320,13 @@ class ServiceModel:
         i, n_arr = self.next_arrival, len(times)
         first = i
         inf = math.inf
+        stop: float | None = None
         heappush, heappop = heapq.heappush, heapq.heappop
         while True:
-            ta = times[i] if i < n_arr and times[i] < t1 else inf
+            ta = times[i] if i < n_arr and times[i] < lim else inf
             tr = starting[s_i][0] if s_i < len(starting) else inf
             tc = heap[0][0] if heap else inf
-            if tc < t1 and tc <= ta and tc <= tr:
+            if tc < lim and tc <= ta and tc <= tr:
                 _, rid, ver, r = heappop(heap)
                 if ver != r.ver:
                     continue
@@ -298,12 +334,13 @@ class ServiceModel:
                 tag, arrived = heappop(r.tags)
                 r.v = max(r.v, tag)
                 lat.append(tc - arrived)
+                concurrency -= 1
                 if r.tags:
                     r.ver += 1
                     heappush(heap, (r.next_done(cap), rid, r.ver, r))
                 elif r.phase == DRAINING:
                     self._remove(r)
-            elif tr < t1 and tr <= ta:
+            elif tr < lim and tr <= ta:
                 r = starting[s_i][2]
                 s_i += 1
                 if r.phase == STARTING:
@@ -312,30 +349,55 @@ class ServiceModel:
                     ready.append(r)
                     if queue:
                         self._flush(tr, ready, heap)
-            elif ta < t1:
+            elif ta < lim:
                 w = works[i]
                 i += 1
+                concurrency += 1
                 if not ready:
                     queue.append((ta, w))
-                    continue
-                r = ready[0] if len(ready) == 1 else min(ready, key=_in_flight)
-                r.advance(ta, cap)
-                heappush(r.tags, (r.v + w, ta))
-                r.ver += 1
-                heappush(heap, (r.next_done(cap), r.rid, r.ver, r))
+                else:
+                    r = ready[0] if len(ready) == 1 else min(ready, key=_in_flight)
+                    r.advance(ta, cap)
+                    heappush(r.tags, (r.v + w, ta))
+                    r.ver += 1
+                    heappush(heap, (r.next_done(cap), r.rid, r.ver, r))
+                if concurrency >= wake_level:
+                    stop = t1 = ta
+                    break
             else:
                 break
-        for r in list(reps):
-            r.advance(t1, cap)
-            if r.phase == DRAINING and not r.tags:
-                self._remove(r)
+        if settle:
+            for r in list(reps):
+                r.advance(t1, cap)
+                if r.phase == DRAINING and not r.tags:
+                    self._remove(r)
+        self.clock = t1
         self.next_arrival = i
         self.arrivals_total += i - first
         self.completions_total += len(lat)
-        self.tick_latencies = lat
-        self.latencies.extend(lat)
-        self._arrivals_window.append(i - first)
-        self._latency_window.append(lat)
+        self.tick_arrivals += i - first
+        self.tick_latencies += lat
+        self.latencies += lat
+        return stop
+
+    def close_tick(self) -> None:
+        """End the current regular tick: its arrivals and latencies join the signal windows."""
+        self._arrivals_window.append(self.tick_arrivals)
+        self._latency_window.append(self.tick_latencies)
+        self.tick_arrivals = 0
+        self.tick_latencies = []
+
+    def wake_bound(self, level: float) -> float:
+        """The earliest time the concurrency can reach ``level`` (``clock`` if it has).
+
+        Concurrency rises only at arrivals, one at a time, and the arrivals are known in
+        advance: it cannot reach ``level`` before the (level - concurrency now)-th next one.
+        """
+        need = math.ceil(level - self.concurrency)
+        if need <= 0:
+            return self.clock
+        k = self.next_arrival + need - 1
+        return self.times[k] if k < len(self.times) else math.inf
 
     def _flush(
         self, t: float, ready: list[Replica], heap: list[tuple[float, int, int, Replica]]
