@@ -143,6 +143,8 @@ class ServiceModel:
         self._window_s = self._window_ticks * tick_s
         self._arrivals_window: deque[int] = deque(maxlen=self._window_ticks)
         self._latency_window: deque[list[float]] = deque(maxlen=self._window_ticks)
+        self._window_stats: tuple[float, float | None, float | None] | None = None
+        self._target: tuple[int, float] | None = None
 
     def __repr__(self) -> str:
         phases = [r.phase for r in self.replicas]
@@ -186,23 +188,45 @@ class ServiceModel:
                 oldest = min(oldest, *(a for _, a in r.tags))
         return None if oldest == math.inf else oldest
 
+    def _windowed(self) -> tuple[float, float | None, float | None]:
+        """rps and latency p50/p99 over the signal window (the last whole ticks), computed
+        once per tick however many (early) ticks read them."""
+        if self._window_stats is None:
+            recent = list(chain.from_iterable(self._latency_window))
+            recent.sort()
+            self._window_stats = (
+                sum(self._arrivals_window) / self._window_s,
+                _quantile(recent, 0.5) if recent else None,
+                _quantile(recent, 0.99) if recent else None,
+            )
+        return self._window_stats
+
     def signals(self, now: float) -> ServiceSignals:
-        """The snapshot the gateway (and the platform's CPU accounting) would hand the scaler."""
-        recent = list(chain.from_iterable(self._latency_window))
-        recent.sort()
+        """The snapshot the gateway (and the platform's CPU accounting) would hand the scaler.
+
+        Counters are exact at ``now``; rps and latency percentiles cover the last whole ticks
+        (at an early tick, not the part of the current tick before it)."""
+        in_flight = ready = 0
+        cpu_s = throttled_s = 0.0
+        for r in self.replicas:
+            in_flight += len(r.tags)
+            ready += r.phase == READY
+            cpu_s += r.cpu_s
+            throttled_s += r.throttled_s
+        rps, p50, p99 = self._windowed()
         return ServiceSignals(
             service=self.name,
             at=now,
-            in_flight=self.in_flight,
+            in_flight=in_flight,
             queued=len(self.queue),
             arrivals_total=self.arrivals_total,
             completions_total=self.completions_total,
-            rps=sum(self._arrivals_window) / self._window_s,
-            latency_p50_s=_quantile(recent, 0.5) if recent else None,
-            latency_p99_s=_quantile(recent, 0.99) if recent else None,
-            ready_replicas=self.count(READY),
-            cpu_seconds_total=self.cpu_seconds_total,
-            cpu_throttled_seconds_total=self.throttled_seconds_total,
+            rps=rps,
+            latency_p50_s=p50,
+            latency_p99_s=p99,
+            ready_replicas=ready,
+            cpu_seconds_total=self.removed_cpu_s + cpu_s,
+            cpu_throttled_seconds_total=self.removed_throttled_s + throttled_s,
         )
 
     def state(self) -> ServiceState:
@@ -227,6 +251,9 @@ class ServiceModel:
         yet serving, else drained); increases become claims the node grants when they fit.
         ``claims`` yields increasing sequence numbers (first come, first served).
         """
+        if (replicas, cores) == self._target:
+            return  # the same target again changes nothing (only set_target moves it)
+        self._target = (replicas, cores)
         seq = iter(claims)
         self.desired_cores = cores
         for r in self.replicas:
@@ -384,6 +411,7 @@ class ServiceModel:
         """End the current regular tick: its arrivals and latencies join the signal windows."""
         self._arrivals_window.append(self.tick_arrivals)
         self._latency_window.append(self.tick_latencies)
+        self._window_stats = None
         self.tick_arrivals = 0
         self.tick_latencies = []
 
