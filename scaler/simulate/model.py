@@ -175,7 +175,11 @@ class ServiceModel:
 
     def reserved_cores(self) -> float:
         """CPU held on the node: every scheduled replica's limit (draining ones included)."""
-        return sum(r.cores for r in self.replicas if r.phase != PENDING)
+        total = 0.0
+        for r in self.replicas:
+            if r.phase != PENDING:
+                total += r.cores
+        return total
 
     def count(self, phase: str) -> int:
         return sum(1 for r in self.replicas if r.phase == phase)
@@ -214,32 +218,43 @@ class ServiceModel:
             cpu_s += r.cpu_s
             throttled_s += r.throttled_s
         rps, p50, p99 = self._windowed()
-        return ServiceSignals(
-            service=self.name,
-            at=now,
-            in_flight=in_flight,
-            queued=len(self.queue),
-            arrivals_total=self.arrivals_total,
-            completions_total=self.completions_total,
-            rps=rps,
-            latency_p50_s=p50,
-            latency_p99_s=p99,
-            ready_replicas=ready,
-            cpu_seconds_total=self.removed_cpu_s + cpu_s,
-            cpu_throttled_seconds_total=self.removed_throttled_s + throttled_s,
+        return ServiceSignals(  # positional (in field order): this runs at every tick
+            self.name,
+            now,
+            in_flight,
+            len(self.queue),
+            self.arrivals_total,
+            self.completions_total,
+            0,  # errors_total: the model fails nothing
+            rps,
+            p50,
+            p99,
+            ready,
+            self.removed_cpu_s + cpu_s,
+            self.removed_throttled_s + throttled_s,
         )
 
     def state(self) -> ServiceState:
-        active = self.active()
-        running = [r.cores for r in active if r.phase != PENDING]
+        """What the platform reports: replicas asked for, ready, CPU in force, blocked resizes."""
+        replicas = ready = 0
+        least = math.inf
+        blocked = False
+        for r in self.replicas:
+            phase = r.phase
+            if phase == DRAINING:
+                continue
+            replicas += 1
+            if phase == PENDING:
+                continue
+            ready += phase == READY
+            least = r.cores if r.cores < least else least
+            blocked = blocked or r.target_cores > r.cores + _EPS
         return ServiceState(
-            service=self.name,
-            replicas=len(active),
-            ready_replicas=sum(1 for r in active if r.phase == READY),
-            cpu_per_replica_cores=min(running) if running else self.desired_cores,
-            resize_blocked=any(
-                r.target_cores > r.cores + _EPS for r in active if r.phase != PENDING
-            ),
+            self.name,
+            replicas,
+            ready,
+            least if least != math.inf else self.desired_cores,
+            blocked,
         )
 
     # ---- applying a decision --------------------------------------------------------------
@@ -338,10 +353,12 @@ class ServiceModel:
                 r.ver += 1
                 heap.append((r.next_done(cap), r.rid, r.ver, r))
         heapq.heapify(heap)
-        starting = sorted(
-            ((r.ready_at, r.rid, r) for r in reps if r.phase == STARTING and r.ready_at < lim),
-            key=lambda x: (x[0], x[1]),
-        )
+        # (ready_at, rid) orders them: rids are unique, so the replicas are never compared
+        starting = [
+            (r.ready_at, r.rid, r) for r in reps if r.phase == STARTING and r.ready_at < lim
+        ]
+        if len(starting) > 1:
+            starting.sort()
         s_i = 0
         times, works = self.times, self.works
         i, n_arr = self.next_arrival, len(times)
