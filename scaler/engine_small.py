@@ -8,13 +8,15 @@ over the services does the same arithmetic in a fraction of that.
 
 Each function here mirrors one array function, named in its docstring, operation for
 operation and in the same order, so both forms give the same decisions bit for bit
-(IEEE-754 arithmetic on Python floats is numpy's on float64).  Two things are not redone in
-Python: sums over the services use numpy's own summation (its pairwise order differs from a
-left fold), and the KPA windows' bucket ring moves (``KpaBatch._advance``, once a second)
-stay in numpy.  The state stays in the engine's and the batch's numpy arrays, read at the
-start of a tick and written back at its end, so one engine may use either form.
+(IEEE-754 arithmetic on Python floats is numpy's on float64; ``np.maximum(a, b)`` is
+``a if a >= b else b`` as no NaN reaches those spots; sums over the services follow numpy's
+pairwise order, :func:`_sum`).  ``max()``/``min()`` calls are written as conditional
+expressions in the loops: a builtin call costs several times more.
+
+An engine picks its form once (``Engine.small``) and keeps its memory between ticks in that
+form: :class:`Counters` and :class:`KpaWindows` here, the arrays there.
 ``tests/unit/test_engine_small.py`` and ``benchmarks/engine_equivalence.py`` hold the two
-forms equal; change both together.
+forms equal: a change to the engine's decisions goes into both.
 """
 
 from __future__ import annotations
