@@ -356,20 +356,25 @@ class Engine:
 
         A tick every second is a second of a burst served at the old CPU; the gateway sees the
         burst at once.  A KPA concurrency service's level is what would panic the KPA at the
-        CPU just allocated (``panic_threshold × target × utilisation × cores / cpu.request``)
-        or twice the concurrency seen now when that is higher (the budget could not give
-        more), and at least 1 (a service given nothing wakes on its first request).  Frozen,
-        rps, HPA-mode and ``independent`` services never wake early (an HPA does not)."""
+        CPU just allocated (``panic_threshold × target × utilisation × cores / cpu.request``,
+        counting at least one reference replica: a service lending its CPU away is not woken
+        by every second request) or twice the concurrency seen now when that is higher (the
+        budget could not give more), and at least 1; a service given nothing wakes on its
+        first request.  Frozen, rps, HPA-mode and ``independent`` services never wake early
+        (an HPA does not), nor any with ``budget.early_ticks`` off."""
         wake = np.full(self.n, math.inf)
         ki = self.kpa_index
-        if not len(ki) or self.budget.arbitration == "independent":
+        budget = self.budget
+        if not len(ki) or budget.arbitration == "independent" or not budget.early_ticks:
             return wake
         kpa = self.kpa
         capacity = allocated[ki] / self.cpu_ref[ki]
         level = np.maximum(
-            kpa.threshold * kpa.target_value * capacity, kpa.threshold * concurrency[ki]
+            kpa.threshold * kpa.target_value * np.maximum(capacity, 1.0),
+            kpa.threshold * concurrency[ki],
         )
         level = np.maximum(np.ceil(level - _EPS), 1.0)
+        level = np.where(capacity > 0, level, 1.0)
         eligible = ~frozen[ki] & ~self.is_rps[ki]
         wake[ki] = np.where(eligible, level, math.inf)
         return wake

@@ -894,7 +894,8 @@ def _wake_levels(
     wake = [_INF] * e.n
     c = e.lists
     ki = c.kpa_index
-    if not ki or e.budget.arbitration == "independent":
+    budget = e.budget
+    if not ki or budget.arbitration == "independent" or not budget.early_ticks:
         return wake
     k = e.kpa_lists
     ceil = math.ceil
@@ -902,7 +903,10 @@ def _wake_levels(
         if frozen[i] or c.is_rps[i]:
             continue
         capacity = allocated[i] / c.cpu_ref[i]
-        level = k.threshold[j] * k.target_value[j] * capacity
+        if not capacity > 0:
+            wake[i] = 1.0
+            continue
+        level = k.threshold[j] * k.target_value[j] * (capacity if capacity >= 1.0 else 1.0)
         busy = k.threshold[j] * concurrency[i]
         level = float(ceil((level if level >= busy else busy) - _EPS))
         wake[i] = level if level >= 1.0 else 1.0

@@ -19,8 +19,8 @@ def config(endpoints: list[str], early_ticks: bool) -> dict[str, object]:
             "api": {
                 "routes": [{"path": "/"}],
                 "endpoints": endpoints,
-                # idle at cpu.min 0.1 = 0.4 replicas' worth of target 2 × 0.7: the wake level
-                # is ceil(2 × 1.4 × 0.4) = 2 requests in flight
+                # idle at cpu.min 0.1 (under one replica's worth of cpu.request, so counted as
+                # one) at target 2 × 0.7: the wake level is ceil(2 × 1.4) = 3 in flight
                 "scaling": {
                     "target": 2,
                     "min_replicas": 1,
@@ -50,9 +50,8 @@ def test_a_burst_over_the_wake_level_ticks_early_and_the_switch_turns_it_off(
             with gateway(cfg, tmp_path / f"early-{early}.yaml") as g:
                 admin = httpx.Client(base_url=g.admin_url, timeout=10)
                 assert wait_until(lambda c=admin: c.get("/api/decisions").json()["ticks"] >= 2)
-                if early:
-                    latest = admin.get("/api/decisions").json()["latest"]["api"]
-                    assert latest["wake_concurrency"] == 2
+                latest = admin.get("/api/decisions").json()["latest"]["api"]
+                assert latest["wake_concurrency"] == (3 if early else None)
                 assert burst(g.url, 6) == [200] * 6
                 body = admin.get("/api/decisions").json()
                 if early:

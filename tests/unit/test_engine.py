@@ -321,8 +321,9 @@ def test_wake_levels_say_when_the_data_plane_should_not_wait_for_the_tick() -> N
     states: dict[str, ServiceState] = {}
     load = {"long": 500, "short": 0, "zero": 0, "rate": 0, "hpa": 0}
     d = tick_loop(engine, range(20), load, states)
-    # short holds 1 replica at cpu.min 0.1 = 0.4 reference replicas: panic (2×) at 0.4 × 7 × 2
-    assert d["short"].wake_concurrency == math.ceil(2 * 7 * 0.1 / 0.25)
+    # short holds 1 replica at cpu.min 0.1 = 0.4 reference replicas, counted as one: the
+    # KPA's panic (2×) level of one replica of target 10 × 0.7
+    assert d["short"].wake_concurrency == 2 * 7
     assert d["short"].inputs["wake_concurrency"] == d["short"].wake_concurrency
     # long is held by the budget: wake again only if its load doubles
     assert d["long"].wake_concurrency == 1000
@@ -331,6 +332,9 @@ def test_wake_levels_say_when_the_data_plane_should_not_wait_for_the_tick() -> N
     # frozen (no signals for zero any more) and independent services never wake early
     signals = {n: ServiceSignals(n, 20.0, in_flight=0) for n in ("long", "short", "rate", "hpa")}
     assert engine.tick(20.0, signals, states)["zero"].wake_concurrency == math.inf
-    independent = Engine(pols, BudgetConfig(cpu=4, arbitration="independent"))
-    d = tick_loop(independent, range(3), {"long": 500, "short": 0, "zero": 0}, {})
-    assert all(x.wake_concurrency == math.inf for x in d.values())
+    for budget in (
+        BudgetConfig(cpu=4, arbitration="independent"),
+        BudgetConfig(cpu=4, early_ticks=False),
+    ):
+        d = tick_loop(Engine(pols, budget), range(3), {"long": 500, "short": 0, "zero": 0}, {})
+        assert all(x.wake_concurrency == math.inf for x in d.values())
