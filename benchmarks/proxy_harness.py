@@ -312,32 +312,40 @@ async def micro(requests: int, runs: int, check: bool = True) -> list[float]:
     client.connection_made(MemoryTransport(("127.0.0.1", 40000)))  # type: ignore[arg-type]
     out = []
     for _ in range(runs):
+        _control("--instr=on")
         t0 = time.process_time()
         for _ in range(requests):
             client.data_received(MICRO_REQUEST)
             up.data_received(MICRO_RESPONSE)
         out.append((time.process_time() - t0) / requests * 1e6)
+        _control("--instr=off")
     if check and runtime.services["bench"].stats.codes != {200: requests * runs}:
         raise RuntimeError(f"unexpected outcomes: {runtime.services['bench'].stats.codes}")
     return out
 
 
 def run_callgrind(args: argparse.Namespace) -> int:
-    """Re-run this script under callgrind; report instructions per forwarded request."""
+    """Re-run this script under callgrind; report instructions per forwarded request.
+
+    With ``--micro N``: the memory-transport loop (everything in it is per request);
+    else the socket run, counted only inside socket callbacks (``uv__stream_io``): the
+    per-request path without timers and the scaler's ticks.
+    """
     if not shutil.which("valgrind"):
         raise SystemExit("--callgrind needs valgrind")
     with tempfile.TemporaryDirectory(prefix="sluice-callgrind-") as tmp:
         out = Path(tmp) / "callgrind.out"
         report = Path(tmp) / "report.json"
-        # Instrumented only around the load, and counted only inside socket callbacks
-        # (uv__stream_io): the per-request path, without timers and the scaler's ticks.
         argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no"]
-        argv += ["--toggle-collect=uv__stream_io"]
+        if not args.micro:
+            argv += ["--toggle-collect=uv__stream_io"]
         argv += [f"--callgrind-out-file={out}", sys.executable, __file__]
         argv += ["--runs", "1", "--duration-s", str(args.duration_s), "--json", str(report)]
-        argv += ["--connections", str(args.connections)]
+        argv += ["--connections", str(args.connections), "--micro", str(args.micro)]
         env = {**os.environ, "SLUICE_HARNESS_CALLGRIND": "1"}
-        subprocess.run(argv, check=True, env=env, stdout=subprocess.DEVNULL)
+        done = subprocess.run(argv, check=False, env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SystemExit(f"valgrind run failed:\n{done.stderr[-3000:]}")
         requests = json.loads(report.read_text())["sluice"]["requests"]
         total = 0
         for line in out.read_text().splitlines():
@@ -372,6 +380,9 @@ def main(argv: list[str] | None = None) -> int:
         import uvloop
 
         per = uvloop.run(micro(args.micro, args.runs))
+        if args.json is not None:
+            summary = {"cpu_us_per_request": per, "requests": args.micro * args.runs}
+            args.json.write_text(json.dumps({"sluice": summary}) + "\n")
         print(
             f"micro: {statistics.median(per):.2f} us CPU per request (median of {len(per)}, "
             f"min {min(per):.2f}): the Python path without sockets"

@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from http import HTTPStatus
 
+from gateway.dataplane.limits import check_fields
+
 HOP_BY_HOP = frozenset(
     {
         b"connection",
@@ -93,6 +95,21 @@ def connection_tokens(headers: list[tuple[bytes, bytes]]) -> frozenset[bytes]:
     return frozenset(tokens)
 
 
+def response_fields(raw_head: bytes) -> list[tuple[bytes, bytes]]:
+    """The fields of a response head as llhttp accepted it (status line, then ``name: value``
+    lines, each ending in CRLF), as its ``on_header`` callbacks would give them.
+
+    llhttp has already refused what is not a valid head (bare LF, obs-fold, whitespace
+    before the colon), so a split is enough: a value loses its leading SP/HTAB and keeps
+    trailing whitespace, as llhttp reports it.
+    """
+    out = []
+    for line in raw_head.split(b"\r\n")[1:-1]:
+        name, _, value = line.partition(b":")
+        out.append((name, value.lstrip(b" \t")))
+    return out
+
+
 def _is_chunked(value: bytes) -> bool:
     return value.rsplit(b",", 1)[-1].strip().lower() == b"chunked"
 
@@ -112,6 +129,8 @@ class RequestHead:
     """The client's W3C ``traceparent`` (forwarded as is; b"" when it sent several: invalid)."""
     tracestate: bytes | None = None
     """The client's ``tracestate`` fields joined with ',' (forwarded as is)."""
+    declared_length: int | None = None
+    """The request's Content-Length (None without one)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +150,7 @@ class RequestFields:
     has_body: bool
     traceparent: bytes | None
     tracestate: bytes | None
+    declared_length: int | None = None
 
 
 def request_fields(
@@ -144,6 +164,7 @@ def request_fields(
     out: list[bytes] = []
     host = via = xff = xfp = xfh = b""
     expect_continue = chunked = has_body = False
+    declared_length: int | None = None
     traceparent: bytes | None = None
     tracestate: bytes | None = None
     named: set[bytes] | None = None
@@ -169,6 +190,8 @@ def request_fields(
             host = value
         elif action == _CONTENT_LENGTH:
             has_body = has_body or value.strip() not in (b"0", b"")
+            digits = value.strip()
+            declared_length = int(digits) if digits.isdigit() else None
         elif action == _VIA:
             via = via + b", " + value if via else value
             continue
@@ -213,6 +236,7 @@ def request_fields(
         has_body,
         traceparent,
         tracestate,
+        declared_length,
     )
 
 
@@ -241,6 +265,7 @@ def request_head(
         fields.has_body,
         fields.traceparent,
         fields.tracestate,
+        fields.declared_length,
     )
 
 
@@ -348,16 +373,20 @@ def rewrite_response(
 
 
 class HeadCache:
-    """Memoises header rewriting per distinct input, bounded (cleared when full).
+    """Memoises the request-head checks and header rewriting per distinct input, bounded
+    (cleared when full).
 
     Clients and upstreams repeat the same header sets (a keep-alive session, one upstream's
-    responses within a second), so most heads cost a tuple hash and a dict lookup instead
-    of a pass over every field.  Keys hold the whole input (the request line and the
-    peer's address are added per request), so a hit is exactly what the pure functions
-    would return.
+    responses within a second), so most heads cost a tuple comparison or a dict lookup
+    instead of passes over every field.  A request's header set is checked
+    (``limits.check_fields``) when it is first seen; a refused one is not remembered.
+    Keys hold the whole input (the request line and the peer's address are added per
+    request), so a hit is exactly what the pure functions would return.
     """
 
     __slots__ = (
+        "_last_fields",
+        "_last_fields_key",
         "_last_request",
         "_last_request_key",
         "_last_response",
@@ -371,7 +400,9 @@ class HeadCache:
         self.max_entries = max_entries
         self._requests: dict[tuple[object, ...], RequestFields] = {}
         self._responses: dict[tuple[object, ...], ResponseHead] = {}
-        # The previous input and result of each direction (checked before the dicts).
+        # The previous input and result of each (checked before the dicts).
+        self._last_fields_key: tuple[object, ...] | None = None
+        self._last_fields = RequestFields(b"", b"", b"", False, False, False, None, None)
         self._last_request_key: tuple[object, ...] | None = None
         self._last_request = RequestHead(b"", b"", False, False, False)
         self._last_response_key: tuple[object, ...] | None = None
@@ -381,24 +412,33 @@ class HeadCache:
         self,
         method: bytes,
         target: bytes,
+        version: str,
         headers: list[tuple[bytes, bytes]],
         peer_ip: bytes,
         trusted: bool,
-        drop: frozenset[bytes] | set[bytes] = frozenset(),
+        drop: frozenset[bytes] = frozenset(),
     ) -> RequestHead:
-        fields_key = (tuple(headers), trusted, frozenset(drop) if drop else None)
-        # The same request as the previous one (a benchmark, a health checker, a client
-        # polling): comparing with it is cheaper than hashing the fields for the dict.
-        key = (method, target, peer_ip, fields_key)
+        """The head to send upstream; raises ``RequestRejected`` for a refused header set."""
+        fields_key = (tuple(headers), version, trusted, drop)
+        if fields_key == self._last_fields_key:
+            fields = self._last_fields
+        else:
+            cache = self._requests
+            found = cache.get(fields_key)
+            if found is None:
+                check_fields(version, headers)
+                found = request_fields(headers, trusted=trusted, drop=drop)
+                if len(cache) >= self.max_entries:
+                    cache.clear()
+                cache[fields_key] = found
+            fields = found
+            self._last_fields_key = fields_key
+            self._last_fields = fields
+        # The same request line from the same peer as the previous one (a client polling,
+        # a health checker): comparing is cheaper than joining the head again.
+        key = (method, target, peer_ip, fields)
         if key == self._last_request_key:
             return self._last_request
-        cache = self._requests
-        fields = cache.get(fields_key)
-        if fields is None:
-            fields = request_fields(headers, trusted=trusted, drop=drop)
-            if len(cache) >= self.max_entries:
-                cache.clear()
-            cache[fields_key] = fields
         head = request_head(method, target, fields, peer_ip)
         self._last_request_key = key
         self._last_request = head
@@ -407,13 +447,15 @@ class HeadCache:
     def response(  # noqa: PLR0917  (positional on purpose: called once per response)
         self,
         status: int,
-        headers: list[tuple[bytes, bytes]],
+        raw_head: bytes,
         date: bytes,
         http11: bool,
         head_only: bool,
         keep_alive: bool,
     ) -> ResponseHead:
-        key = (status, tuple(headers), date, http11, head_only, keep_alive)
+        """The rewritten head for an upstream head received as ``raw_head`` (see
+        :func:`response_fields`; the status is the one llhttp read from it)."""
+        key = (raw_head, date, http11, head_only, keep_alive)
         if key == self._last_response_key:
             return self._last_response
         cache = self._responses
@@ -422,7 +464,7 @@ class HeadCache:
             head = rewrite_response(
                 status,
                 reason_phrase(status),
-                headers,
+                response_fields(raw_head),
                 date,
                 http11=http11,
                 head_only=head_only,
