@@ -481,7 +481,7 @@ class Exchange:
             self.on_upstream_body_end()
         up = self.upstream
         reusable = up is not None and self.req_sent and up.parser.should_keep_alive()
-        self._finish(self.resp_status, reusable=reusable)
+        self._finish(self.resp_status, False, reusable)
 
     def on_upstream_body_end(self) -> None:
         if self.wbuf is None:

@@ -372,6 +372,37 @@ def rewrite_response(
     return ResponseHead(b"".join(out), chunked, close_delimited, keep_alive)
 
 
+class CheckedFields:
+    """A request header set as the cache keeps it: rewritten, and checked per HTTP version."""
+
+    __slots__ = ("fields", "keep_alive_token", "passed")
+
+    def __init__(self, fields: RequestFields, keep_alive_token: bool) -> None:
+        self.fields = fields
+        self.keep_alive_token = keep_alive_token
+        """A Connection or Proxy-Connection field mentions keep-alive (conservatively: the
+        substring, any case), so llhttp may keep even an HTTP/1.0 connection alive."""
+        self.passed: set[str] = set()
+        """HTTP versions whose field checks (``limits.check_fields``) this set passed."""
+
+    def check(self, version: str, headers: list[tuple[bytes, bytes]]) -> None:
+        """``limits.check_fields`` for ``version`` (raises ``RequestRejected``), remembered
+        when it passes."""
+        check_fields(version, headers)
+        self.passed.add(version)
+
+    def __repr__(self) -> str:
+        return f"CheckedFields(host={self.fields.host!r}, passed={sorted(self.passed)})"
+
+
+def _names_keep_alive(headers: list[tuple[bytes, bytes]]) -> bool:
+    return any(
+        b"keep-alive" in value.lower()
+        for name, value in headers
+        if name.lower() in (b"connection", b"proxy-connection")
+    )
+
+
 class HeadCache:
     """Memoises the request-head checks and header rewriting per distinct input, bounded
     (cleared when full).
@@ -398,17 +429,19 @@ class HeadCache:
 
     def __init__(self, max_entries: int = 1024) -> None:
         self.max_entries = max_entries
-        self._requests: dict[tuple[object, ...], RequestFields] = {}
+        self._requests: dict[tuple[object, ...], CheckedFields] = {}
         self._responses: dict[tuple[object, ...], ResponseHead] = {}
         # The previous input and result of each (checked before the dicts).
         self._last_fields_key: tuple[object, ...] | None = None
-        self._last_fields = RequestFields(b"", b"", b"", False, False, False, None, None)
+        self._last_fields = CheckedFields(
+            RequestFields(b"", b"", b"", False, False, False, None, None), False
+        )
         self._last_request_key: tuple[object, ...] | None = None
         self._last_request = RequestHead(b"", b"", False, False, False)
         self._last_response_key: tuple[object, ...] | None = None
         self._last_response = ResponseHead(b"", False, False, False)
 
-    def request(  # noqa: PLR0917  (positional on purpose: called once per request)
+    def request(  # noqa: PLR0917  (positional on purpose)
         self,
         method: bytes,
         target: bytes,
@@ -418,24 +451,42 @@ class HeadCache:
         trusted: bool,
         drop: frozenset[bytes] = frozenset(),
     ) -> RequestHead:
-        """The head to send upstream; raises ``RequestRejected`` for a refused header set."""
-        fields_key = (tuple(headers), version, trusted, drop)
-        if fields_key == self._last_fields_key:
-            fields = self._last_fields
-        else:
-            cache = self._requests
-            found = cache.get(fields_key)
-            if found is None:
-                check_fields(version, headers)
-                found = request_fields(headers, trusted=trusted, drop=drop)
-                if len(cache) >= self.max_entries:
-                    cache.clear()
-                cache[fields_key] = found
-            fields = found
-            self._last_fields_key = fields_key
-            self._last_fields = fields
-        # The same request line from the same peer as the previous one (a client polling,
-        # a health checker): comparing is cheaper than joining the head again.
+        """The head to send upstream; raises ``RequestRejected`` for a refused header set.
+
+        The three steps the data plane takes separately (see ``ClientConnection``)."""
+        checked = self.fields(headers, trusted, drop)
+        if version not in checked.passed:
+            checked.check(version, headers)
+        return self.head(method, target, checked.fields, peer_ip)
+
+    def fields(
+        self,
+        headers: list[tuple[bytes, bytes]],
+        trusted: bool,
+        drop: frozenset[bytes] = frozenset(),
+    ) -> CheckedFields:
+        """The rewritten fields of a request's header set (not yet checked for a version)."""
+        key = (tuple(headers), trusted, drop)
+        if key == self._last_fields_key:
+            return self._last_fields
+        cache = self._requests
+        checked = cache.get(key)
+        if checked is None:
+            checked = CheckedFields(
+                request_fields(headers, trusted=trusted, drop=drop), _names_keep_alive(headers)
+            )
+            if len(cache) >= self.max_entries:
+                cache.clear()
+            cache[key] = checked
+        self._last_fields_key = key
+        self._last_fields = checked
+        return checked
+
+    def head(
+        self, method: bytes, target: bytes, fields: RequestFields, peer_ip: bytes
+    ) -> RequestHead:
+        """``request_head``, joined again only when the request line or the peer changed
+        (a client polling, a health checker: comparing is cheaper than joining)."""
         key = (method, target, peer_ip, fields)
         if key == self._last_request_key:
             return self._last_request

@@ -255,25 +255,35 @@ class ClientConnection(asyncio.Protocol):
             self._stop_parsing(Cause.HEADERS_TOO_LARGE)
         parser = self.parser
         method = parser.get_method()
-        version = parser.get_http_version()
         target = self.url
         headers = self.headers
+        heads = self.dp.heads
+        keep_alive = parser.should_keep_alive()
         try:
-            # The common request line (origin-form, no fragment, HTTP/1.x) needs no checks;
-            # the header set is checked by the head cache, once per distinct set.
+            checked = heads.fields(headers, self.trusted)
+            # llhttp keeps a connection alive by default only in HTTP/1.1 (other versions
+            # need a keep-alive token), so keep-alive without one means 1.1: no need to ask
+            # (get_http_version formats a new str per call, ~3 % of a request's work).
+            if keep_alive and not checked.keep_alive_token:
+                version = "1.1"
+            else:
+                version = parser.get_http_version()
+            # The common request line (origin-form, no fragment, HTTP/1.x) needs no checks.
             if target[:1] != b"/" or b"#" in target or version not in _SERVED_VERSIONS:
                 check_request_line(method, target, version)
                 if target[:1] != b"/":  # absolute-form: its own fields are checked first
                     check_fields(version, headers)
                     target, headers = origin_form(target, headers)
-            head = self.dp.heads.request(
-                method, target, version, headers, self.peer_ip, self.trusted
-            )
+                    checked = heads.fields(headers, self.trusted)
+            # The header set is checked once per distinct set and version.
+            if version not in checked.passed:
+                checked.check(version, headers)
         except RequestRejected as e:
             self._stop_parsing(e.cause)
-        exchange = Exchange(
-            self, method, target, headers, head, parser.should_keep_alive(), version == "1.1"
-        )
+        head = heads.head(method, target, checked.fields, self.peer_ip)
+        exchange = Exchange(self, method, target, headers, head, keep_alive, version == "1.1")
+        if not head.has_body:  # the request is complete now (llhttp ends it without a body)
+            exchange.req_done = True
         self.parsing = exchange
         if self.current is None:
             self.current = exchange
@@ -294,7 +304,8 @@ class ClientConnection(asyncio.Protocol):
         exchange = self.parsing
         if exchange is not None:
             self.parsing = None
-            exchange.on_request_end()
+            if not exchange.req_done:
+                exchange.on_request_end()
 
     # -- used by Exchange -------------------------------------------------------------------
 
