@@ -211,6 +211,7 @@ async def sample_decisions(gw: Gateway, stop: asyncio.Event, t0: float) -> dict[
     """Every second: the latest decision per service (for the plot); every decision seen."""
     timeline: list[dict[str, Any]] = []
     seen: dict[tuple[str, float], dict[str, Any]] = {}
+    early_ticks = 0
     async with httpx.AsyncClient(base_url=gw.admin, timeout=5) as client:
         while not stop.is_set():
             try:
@@ -218,6 +219,7 @@ async def sample_decisions(gw: Gateway, stop: asyncio.Event, t0: float) -> dict[
             except httpx.HTTPError:
                 body = None
             if body is not None:
+                early_ticks = body.get("early_ticks", 0)
                 timeline.append(
                     {
                         "t_s": time.monotonic() - t0,
@@ -235,7 +237,7 @@ async def sample_decisions(gw: Gateway, stop: asyncio.Event, t0: float) -> dict[
                     seen[(d["service"], d["at"])] = d
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 1.0)
-    return {"timeline": timeline, "decisions": list(seen.values())}
+    return {"timeline": timeline, "decisions": list(seen.values()), "early_ticks": early_ticks}
 
 
 def summarize(
@@ -265,6 +267,7 @@ def summarize(
         },
         "killed_in_flight": len(killed),
         "reclaim_decisions": len(reclaims),
+        "early_ticks": sampled["early_ticks"],
         "max_replicas": {
             name: max((p[name]["replicas"] for p in sampled["timeline"] if name in p), default=0)
             for name in ("api", "reports")
@@ -352,6 +355,7 @@ def table(results: dict[str, dict[str, Any]]) -> str:
         ("lost requests", "lost_requests", ""),
         ("killed in flight (502/reset)", "killed_in_flight", ""),
         ("decisions that reclaimed CPU", "reclaim_decisions", ""),
+        ("early ticks", "early_ticks", ""),
     ]
     out = [f"{'':<32} {'shared':>12} {'independent':>12}"]
     for label, key, kind in rows:

@@ -18,6 +18,12 @@ no endpoint at all its capacity is 0, so requests wait in the same bounded queue
 timeout) instead of getting 503 at once; ``on_hold`` wakes the scaler, and the first ready
 endpoint (``set_replicas``) dispatches them in order.
 
+**Early ticks** (:meth:`Admission.arm_early_wake`): after each scaler tick the service is
+armed with its decision's ``wake_concurrency``; the request that takes the concurrency (slots
+taken + queued) to that level calls ``on_early_wake`` once (the scaler ticks early, so a burst
+gets its CPU at once instead of at the next regular tick).  On the hot path this is one
+comparison.
+
 Whoever got a slot (at once or through ``on_admit``) calls :meth:`Admission.release` exactly
 once when the request ends.  A client that leaves while queued calls :meth:`abandon`.
 
@@ -126,10 +132,12 @@ class Admission:
         "_rate_retry_after_s",
         "_wake_scheduled",
         "capacity",
+        "early_wake_at",
         "gauge",
         "hold_when_empty",
         "in_use",
         "max_body_bytes",
+        "on_early_wake",
         "on_hold",
         "per_replica",
         "queue_max",
@@ -166,6 +174,9 @@ class Admission:
         self.on_hold: Callable[[], None] | None = None
         """Called when a request starts waiting while the service has no endpoint (the
         platform wakes its scaler at once)."""
+        self.early_wake_at = math.inf
+        """Concurrency (slots taken + queued) at which ``on_early_wake`` is called, once."""
+        self.on_early_wake: Callable[[], None] | None = None
         self.wait_counts = [0] * (len(QUEUE_WAIT_BUCKETS_S) + 1)
         self.wait_sum_s = 0.0
         self.rejected: dict[str, int] = {
@@ -208,6 +219,12 @@ class Admission:
         self.on_hold = on_hold
         self.set_replicas(self.replicas)
 
+    def arm_early_wake(self, level: float, on_wake: Callable[[], None] | None) -> None:
+        """Call ``on_wake`` once when the concurrency (slots taken + queued) reaches ``level``
+        (the scaler's latest ``Decision.wake_concurrency``; inf disarms)."""
+        self.early_wake_at = level if on_wake is not None else math.inf
+        self.on_early_wake = on_wake
+
     def set_replicas(self, replicas: int) -> None:
         """The number of endpoints taking requests changed: recompute the slots."""
         self.replicas = replicas
@@ -236,8 +253,13 @@ class Admission:
             self._take_token()
         if self.in_use < self.capacity and not self.queued:
             self.in_use += 1
+            if self.in_use >= self.early_wake_at:
+                self._wake_early()
             return None
-        return self._enqueue(on_admit, on_reject)
+        waiter = self._enqueue(on_admit, on_reject)
+        if self.in_use + self.queued >= self.early_wake_at:
+            self._wake_early()
+        return waiter
 
     def try_take(self) -> bool:
         """Take a slot at once when one is free, nobody queues and no rate limit applies.
@@ -246,6 +268,8 @@ class Admission:
         """
         if self._limiter is None and self.in_use < self.capacity and not self.queued:
             self.in_use += 1
+            if self.in_use >= self.early_wake_at:
+                self._wake_early()
             return True
         return False
 
@@ -261,6 +285,12 @@ class Admission:
             self._drop(waiter)
 
     # -- slow paths -----------------------------------------------------------------------
+
+    def _wake_early(self) -> None:
+        """The load reached what the scaler's last decision can absorb: tell it, once."""
+        self.early_wake_at = math.inf
+        if self.on_early_wake is not None:
+            self.on_early_wake()
 
     def _loop_now(self) -> asyncio.AbstractEventLoop:
         loop = self._loop

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
@@ -45,6 +47,7 @@ def decision_json(d: Decision) -> dict[str, Any]:
         "allocated_cores": d.allocated_cores,
         "rule": d.rule,
         "frozen": d.frozen,
+        "wake_concurrency": d.wake_concurrency if math.isfinite(d.wake_concurrency) else None,
         "reasons": list(d.reasons),
         "inputs": d.inputs,
     }
@@ -81,6 +84,7 @@ def decisions_route(runtime: Runtime) -> Route:
                 "platform": runtime.settings.platform,
                 "applied": runtime.settings.platform != "static",
                 "ticks": loop.ticks,
+                "early_ticks": loop.early_ticks,
                 "budget": {
                     "cpu": budget.cpu,
                     "arbitration": budget.arbitration,
@@ -92,6 +96,24 @@ def decisions_route(runtime: Runtime) -> Route:
         )
 
     return Route("/api/decisions", decisions)
+
+
+def early_wakes(
+    runtime: Runtime, loop: ScalerLoop, enabled: bool
+) -> Callable[[Mapping[str, Decision]], None]:
+    """The loop's ``on_decisions`` hook: arm every service's admission with its decision's
+    wake level, so the data plane ticks the loop early when a burst reaches it
+    (``budget.early_ticks``; disabled: every level is disarmed)."""
+
+    def arm(decisions: Mapping[str, Decision]) -> None:
+        services = runtime.services
+        for name, decision in decisions.items():
+            service = services.get(name)
+            if service is not None:
+                level = decision.wake_concurrency if enabled else math.inf
+                service.admission.arm_early_wake(level, loop.wake)
+
+    return arm
 
 
 class RecommendRunner:
@@ -119,7 +141,14 @@ class RecommendRunner:
             {name: s.scaling for name, s in settings.services.items()}, settings.budget
         )
         ticks: TickEngine = self.engine if tracer is None else TracedEngine(self.engine, tracer)
-        self.loop = ScalerLoop(ticks, runtime.signals, self.actuator, interval_s=interval_s)
+        self.loop = ScalerLoop(
+            ticks,
+            runtime.signals,
+            self.actuator,
+            interval_s=interval_s,
+            early_tick_gap_s=settings.budget.early_tick_gap_s,
+        )
+        self.loop.on_decisions = early_wakes(runtime, self.loop, settings.budget.early_ticks)
         self._task: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:

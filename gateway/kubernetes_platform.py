@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 
+from gateway.decisions import early_wakes
 from gateway.discovery.kubernetes import KubernetesDiscovery, default_identity
 from gateway.settings import Settings
 from gateway.telemetry.scaler import TracedEngine
@@ -174,6 +175,10 @@ class KubernetesRunner:
             self.platform.signals,
             self.platform.actuator,
             interval_s=self.interval_s,
+            early_tick_gap_s=self.settings.budget.early_tick_gap_s,
+        )
+        self.loop.on_decisions = early_wakes(
+            self.runtime, self.loop, self.settings.budget.early_ticks
         )
         self.runtime.scaler = self.loop  # GET /api/decisions and the decision metrics
         self._tasks = [

@@ -24,6 +24,7 @@ import functools
 import logging
 from typing import TYPE_CHECKING
 
+from gateway.decisions import early_wakes
 from gateway.discovery.local import LocalPlatform, local_platform
 from gateway.settings import Settings
 from gateway.telemetry.scaler import TracedEngine
@@ -55,7 +56,14 @@ class LocalRunner:
             {name: s.scaling for name, s in settings.services.items()}, settings.budget
         )
         ticks: TickEngine = self.engine if tracer is None else TracedEngine(self.engine, tracer)
-        self.loop = ScalerLoop(ticks, self.signals, self.platform.actuator, interval_s=interval_s)
+        self.loop = ScalerLoop(
+            ticks,
+            self.signals,
+            self.platform.actuator,
+            interval_s=interval_s,
+            early_tick_gap_s=settings.budget.early_tick_gap_s,
+        )
+        self.loop.on_decisions = early_wakes(runtime, self.loop, settings.budget.early_ticks)
         self._tasks: list[asyncio.Task[None]] = []
 
     def __repr__(self) -> str:

@@ -4,8 +4,14 @@
 running event loop's ``time()``), asks a signals provider for the latest snapshots, asks the
 actuator what is in force, calls the pure engine, hands the decisions to the actuator and
 keeps the recent ones for the admin API.  It is supervised: an exception in a tick is logged
-and counted, and the loop carries on at the next tick.  ``wake()`` runs a tick at once (scale
-from zero: a request is waiting for a service at 0 replicas).
+and counted, and the loop carries on at the next tick.
+
+Regular ticks keep to a fixed grid (every ``interval_s``).  ``wake()`` asks for an **early
+tick** in between: at once, or ``early_tick_gap_s`` after the previous tick if that was more
+recent (the rate limit on wakes).  The data plane wakes the loop when a request is waiting
+for a service at 0 replicas (scale from zero) or when a service's concurrency reaches its
+latest decision's ``wake_concurrency`` (a burst the decision cannot absorb): a burst then
+gets its CPU within milliseconds, not up to a tick later.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import math
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Protocol
@@ -63,18 +70,25 @@ class ScalerLoop:
         history: int = 256,
         on_decisions: Callable[[Mapping[str, Decision]], None] | None = None,
         wait: Waiter = wait_event,
+        early_tick_gap_s: float = 0.1,
     ) -> None:
         if interval_s <= 0:
             raise ValueError(f"interval_s must be > 0, got {interval_s!r}")
+        if early_tick_gap_s <= 0:
+            raise ValueError(f"early_tick_gap_s must be > 0, got {early_tick_gap_s!r}")
         self.engine = engine
         self.interval_s = interval_s
+        self.early_tick_gap_s = early_tick_gap_s
         self._signals = signals
         self._actuator = actuator
         self._clock = clock
-        self._on_decisions = on_decisions
+        self.on_decisions = on_decisions
         self._wait = wait
         self._wake = asyncio.Event()
+        self._never = asyncio.Event()
         self.ticks = 0
+        self.early_ticks = 0
+        """Ticks run between the regular ones because of :meth:`wake`."""
         self.errors = 0
         self.last: dict[str, Decision] = {}
         """The latest decision per service."""
@@ -90,7 +104,7 @@ class ScalerLoop:
         return self._clock() if self._clock is not None else asyncio.get_running_loop().time()
 
     def wake(self) -> None:
-        """Run the next tick now instead of at the end of the interval."""
+        """Tick early: now, or ``early_tick_gap_s`` after the previous tick."""
         self._wake.set()
 
     async def tick(self) -> dict[str, Decision]:
@@ -117,14 +131,27 @@ class ScalerLoop:
                 )
         self.last = decisions
         self.ticks += 1
-        if self._on_decisions is not None:
-            self._on_decisions(decisions)
+        if self.on_decisions is not None:
+            self.on_decisions(decisions)
         return decisions
 
     async def run(self, max_ticks: int | None = None) -> None:
         """Tick forever (or ``max_ticks`` times); cancel the task to stop."""
         done = 0
+        next_at = self.now()  # the first regular tick: at once
+        last_at = -math.inf
         while max_ticks is None or done < max_ticks:
+            now = self.now()
+            if now < next_at and not self._wake.is_set():
+                await self._wait(self._wake, next_at - now)
+                now = self.now()
+            early = now < next_at
+            if early and now < last_at + self.early_tick_gap_s:
+                # woken too soon after the previous tick: wait out the gap (more wakes
+                # meanwhile are folded into this one)
+                await self._wait(self._never, min(last_at + self.early_tick_gap_s, next_at) - now)
+                now = self.now()
+                early = now < next_at
             self._wake.clear()
             try:
                 await self.tick()
@@ -133,11 +160,11 @@ class ScalerLoop:
             except Exception:
                 self.errors += 1
                 log.exception("scaler tick failed; carrying on at the next tick")
+            last_at = now
+            if early:
+                self.early_ticks += 1
+            else:
+                next_at += self.interval_s
+                if next_at <= self.now():  # a tick (or the machine) ran late: skip, don't burst
+                    next_at = self.now() + self.interval_s
             done += 1
-            if max_ticks is not None and done >= max_ticks:
-                break
-            await self._sleep()
-
-    async def _sleep(self) -> None:
-        if not self._wake.is_set():
-            await self._wait(self._wake, self.interval_s)

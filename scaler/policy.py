@@ -217,6 +217,19 @@ class BudgetConfig(_Model):
             "first come first served on the budget (the one-HPA-per-service baseline)."
         ),
     )
+    early_ticks: bool = Field(
+        default=True,
+        description=(
+            "Tick early when a service's concurrency reaches the level its last decision cannot "
+            "absorb (Decision.wake_concurrency), instead of waiting for the next regular tick."
+        ),
+    )
+    early_tick_gap_s: float = Field(
+        default=0.1,
+        gt=0,
+        le=10,
+        description="Shortest time between two ticks when ticking early (rate limit on wakes).",
+    )
 
 
 def check_floors(budget: BudgetConfig, policies: dict[str, ScalingPolicy]) -> None:

@@ -321,3 +321,33 @@ def test_without_hold_zero_endpoints_dispatch_at_once(loop: SteppedLoop) -> None
     a.hold_at_zero(lambda: None)
     a.hold_at_zero(None)
     assert a.admit(*rec.callbacks("r1")) is None
+
+
+def test_early_wake_fires_once_when_concurrency_reaches_the_armed_level(
+    loop: SteppedLoop,
+) -> None:
+    adm = Admission("api", limits(per=2, qmax=10), replicas=1, loop=loop)
+    woken: list[int] = []
+    adm.arm_early_wake(3, lambda: woken.append(adm.in_use + adm.queued))
+    rec = Recorder()
+    assert adm.try_take()  # 1 in flight
+    assert adm.admit(*rec.callbacks("b")) is None  # 2 in flight: below the level
+    assert woken == []
+    assert isinstance(adm.admit(*rec.callbacks("c")), Waiter)  # 2 + 1 queued = 3
+    assert woken == [3]
+    assert isinstance(adm.admit(*rec.callbacks("d")), Waiter)
+    assert woken == [3], "once per arming"
+    adm.arm_early_wake(1, None)  # no callback: disarmed whatever the level
+    adm.release()
+    assert woken == [3]
+
+
+def test_early_wake_on_the_fast_path_and_inf_disarms(loop: SteppedLoop) -> None:
+    adm = Admission("api", limits(per=None), replicas=1, loop=loop)
+    woken: list[str] = []
+    adm.arm_early_wake(float("inf"), lambda: woken.append("x"))
+    for _ in range(50):
+        assert adm.try_take()
+    assert woken == []
+    adm.arm_early_wake(51, lambda: woken.append("y"))
+    assert adm.try_take() and woken == ["y"]

@@ -11,7 +11,7 @@ import pytest
 from scaler.actuators.none import RecommendOnlyActuator
 from scaler.decision import Decision, ServiceState
 from scaler.engine import Engine
-from scaler.loop import ScalerLoop
+from scaler.loop import ScalerLoop, Waiter
 from scaler.policy import BudgetConfig, ScalingPolicy
 from scaler.signals import ServiceSignals
 
@@ -133,6 +133,51 @@ async def test_wake_runs_a_tick_at_once() -> None:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+
+
+def scripted_waiter(clock: FakeClock, wakes: list[float], loop: list[ScalerLoop]) -> Waiter:
+    """Jumps the clock like FakeClock.wait, but calls ``wake()`` at the times in ``wakes``."""
+
+    async def wait(event: asyncio.Event, timeout_s: float) -> None:
+        if event.is_set():
+            return
+        end = clock.now + timeout_s
+        if wakes and wakes[0] < end:
+            clock.now = wakes.pop(0)
+            loop[0].wake()
+        else:
+            clock.now = end
+
+    return wait
+
+
+@pytest.mark.parametrize(
+    ("wake_at", "ticks_at"),
+    [
+        (100.5, [100.0, 100.5, 101.0, 102.0]),  # early tick at once, the grid unchanged
+        (100.03, [100.0, 100.1, 101.0, 102.0]),  # too soon after the last tick: wait the gap
+        (100.97, [100.0, 100.97, 101.0, 102.0]),  # the regular tick stays on its grid
+    ],
+)
+async def test_wake_ticks_early_at_most_once_a_gap_and_keeps_the_grid(
+    wake_at: float, ticks_at: list[float]
+) -> None:
+    clock = FakeClock()
+    actuator = RecommendOnlyActuator()
+    holder: list[ScalerLoop] = []
+    loop = ScalerLoop(
+        engine(),
+        lambda: {"api": ServiceSignals("api", clock.now)},
+        actuator,
+        clock=clock,
+        interval_s=1.0,
+        early_tick_gap_s=0.1,
+        wait=scripted_waiter(clock, [wake_at], holder),
+    )
+    holder.append(loop)
+    await loop.run(max_ticks=4)
+    assert [d.at for d in actuator.applied] == pytest.approx(ticks_at)
+    assert loop.early_ticks == 1
 
 
 def test_bad_interval_is_refused() -> None:
