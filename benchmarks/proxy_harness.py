@@ -4,6 +4,7 @@
     python benchmarks/proxy_harness.py --nginx             # also nginx as a proxy, same load
     python benchmarks/proxy_harness.py --py-spy prof.svg   # flame graph of one run (py-spy)
     python benchmarks/proxy_harness.py --callgrind         # user-space instructions/request
+    python benchmarks/proxy_harness.py --side-by-side ../main   # this tree vs another, at once
 
 ``benchmarks/proxy.py`` is the end-to-end comparison (req/s, latency, nginx in the same
 run), but on a shared 2-core machine its req/s swing with whatever else runs.  This
@@ -35,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -229,6 +231,73 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+# ---------------------------------------------------------------- --side-by-side TREE
+
+
+def side_by_side(args: argparse.Namespace) -> int:
+    """This tree's gateway and ``TREE``'s, both on core 0, each under its own wrk -c50 at
+    the same time: whatever else runs on the machine disturbs both alike, so the CPU per
+    request of the two is comparable even when neither figure is steady on its own."""
+    bench.ensure_tools()
+    trees = {"this": ROOT, "other": args.side_by_side.resolve()}
+    processes: list[Any] = []
+    with tempfile.TemporaryDirectory(prefix="sluice-sbs-") as tmp, bench.stopping(processes):
+        workdir = Path(tmp)
+        upstream_port = bench.free_port()
+        upstream = bench.start_nginx(
+            "upstream",
+            bench.UPSTREAM_SERVER.format(port=upstream_port, body="ok\\n"),
+            bench.LOAD_CORE,
+            workdir,
+        )
+        processes.append(upstream)
+        bench.wait_until_serving(upstream, upstream_port)
+        gateways = {}
+        for name, tree in trees.items():
+            port, admin = bench.free_port(), bench.free_port()
+            config = workdir / f"{name}.yaml"
+            config.write_text(
+                bench.SLUICE_CONFIG.format(port=port, admin_port=admin, upstream_port=upstream_port)
+            )
+            argv = [sys.executable, "-m", "gateway", "run", "--config", str(config)]
+            proc = bench.start(name, argv, bench.PROXY_CORE, workdir, cwd=tree)
+            processes.append(proc)
+            bench.wait_until_serving(proc, admin, "/readyz")
+            bench.wait_until_serving(proc, port)
+            bench.wrk(port, args.connections, 1, 30)  # warm-up
+            gateways[name] = (port, proc)
+        ratios = []
+        for n in range(1, args.runs + 1):
+            done: dict[str, Any] = {}
+            cpu0 = {name: proc.group_cpu_s() for name, (_, proc) in gateways.items()}
+
+            threads = [
+                threading.Thread(target=_load, args=(args, name, port, done))
+                for name, (port, _) in gateways.items()
+            ]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            per = {
+                name: (proc.group_cpu_s() - cpu0[name]) / done[name].requests * 1e6
+                for name, (_, proc) in gateways.items()
+            }
+            ratios.append(per["this"] / per["other"])
+            print(
+                f"run {n}: this {per['this']:.1f} us/req ({done['this'].rps:,.0f} req/s), "
+                f"other {per['other']:.1f} us/req ({done['other'].rps:,.0f} req/s), "
+                f"this/other {ratios[-1]:.3f}, load {os.getloadavg()[0]:.2f}",
+                flush=True,
+            )
+    print(f"\nCPU per request, this tree / {trees['other']}: {statistics.median(ratios):.3f}")
+    return 0
+
+
+def _load(args: argparse.Namespace, name: str, port: int, done: dict[str, Any]) -> None:
+    done[name] = bench.wrk(port, args.connections, args.duration_s, args.duration_s + 30)
+
+
 # ---------------------------------------------------------------- --micro: no sockets
 
 MICRO_REQUEST = b"GET / HTTP/1.1\r\nHost: bench.test\r\nUser-Agent: wrk\r\n\r\n"
@@ -369,6 +438,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--micro", type=int, default=0, help="N requests through memory transports (no sockets)"
     )
+    parser.add_argument(
+        "--side-by-side",
+        type=Path,
+        default=None,
+        metavar="TREE",
+        help="run this tree's gateway and TREE's at once, each under its own wrk; compare",
+    )
     parser.add_argument("--py-spy", type=Path, default=None, help="record a py-spy flame graph")
     parser.add_argument("--json", type=Path, default=None, help="write the summary as JSON")
     args = parser.parse_args(argv)
@@ -376,6 +452,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--runs must be >= 1 and --duration-s > 0")
     if args.callgrind:
         return run_callgrind(args)
+    if args.side_by_side is not None:
+        return side_by_side(args)
     if args.micro:
         import uvloop
 
