@@ -1,13 +1,15 @@
 """The seed scenario in the simulator: Sluice vs `independent` vs `static`, with the goals.
 
-    python benchmarks/shared_budget_sim.py [--duration S] [--out DIR] [--speed]
+    python benchmarks/shared_budget_sim.py [--duration S] [--out DIR] [--speed] [--early-ticks on|off|both]
 
 Runs benchmarks/workloads/long_short.yaml (api: long-lived, reports: bursts of 10 s every
 60 s) on the 2-CPU config benchmarks/workloads/long_short.config.yaml through the queueing
 model and the real engine, three times on the very same arrivals, and prints:
 reports' p99 latency (goal: independent ÷ Sluice >= 10), api's throughput (goal: Sluice ÷
-independent >= 0.95) and budget utilisation during contention (goal: >= 90 %).
-`--speed` also times one hour of ten services at 1 s ticks.  Writes DIR/shared_budget_sim.json.
+independent >= 0.95) and budget utilisation during contention (goal: >= 90 %), with
+``budget.early_ticks`` on and off (``--early-ticks on|off|both``).
+`--speed` also times one hour of ten services at 1 s ticks (wall and CPU time).
+Writes DIR/shared_budget_sim.json.
 """
 
 from __future__ import annotations
@@ -31,27 +33,37 @@ from scaler.policy import BudgetConfig, ScalingPolicy  # noqa: E402
 from scaler.simulate.cli import simulate_runs  # noqa: E402
 from scaler.simulate.report import build_report  # noqa: E402
 from scaler.simulate.runner import build_scenario, run  # noqa: E402
-from scaler.simulate.workload import load_workload, parse_workload  # noqa: E402
+from scaler.simulate.workload import Workload, load_workload, parse_workload  # noqa: E402
 
 CONFIG = ROOT / "benchmarks" / "workloads" / "long_short.config.yaml"
 WORKLOAD = ROOT / "benchmarks" / "workloads" / "long_short.yaml"
 
 
-def seed_scenario(duration_s: float | None, console: Console) -> dict[str, object]:
+def seed_config() -> tuple[Workload, dict[str, ScalingPolicy], BudgetConfig]:
+    """The seed scenario: its workload, the services' policies and the budget."""
     settings = load_settings(CONFIG)
     policies = {n: s.scaling for n, s in settings.services.items()}
-    scenario = build_scenario(load_workload(WORKLOAD), policies, duration_s=duration_s)
+    return load_workload(WORKLOAD), policies, settings.budget
+
+
+def seed_scenario(
+    duration_s: float | None, console: Console, early_ticks: bool = True
+) -> dict[str, object]:
+    workload, policies, budget = seed_config()
+    budget = budget.model_copy(update={"early_ticks": early_ticks})
+    scenario = build_scenario(workload, policies, duration_s=duration_s)
     started = time.perf_counter()
-    results = simulate_runs(
-        scenario, policies, settings.budget, ["sluice", "independent", "static"]
-    )
+    cpu_started = time.process_time()
+    results = simulate_runs(scenario, policies, budget, ["sluice", "independent", "static"])
     wall_s = time.perf_counter() - started
+    cpu_s = time.process_time() - cpu_started
     report = build_report(
-        scenario, results, settings.budget.cpu, {"config": str(CONFIG), "workload": str(WORKLOAD)}
+        scenario, results, budget.cpu, {"config": str(CONFIG), "workload": str(WORKLOAD)}
     )
     runs = report["runs"]
     table = Table(
-        title=f"seed scenario: {scenario.duration_s:g} s, budget {settings.budget.cpu:g} cores"
+        title=f"seed scenario: {scenario.duration_s:g} s, budget {budget.cpu:g} cores, "
+        f"early ticks {'on' if early_ticks else 'off'}"
     )
     table.add_column("figure")
     for name in runs:
@@ -71,6 +83,7 @@ def seed_scenario(duration_s: float | None, console: Console) -> dict[str, objec
         ("utilisation in contention", "utilisation_during_contention"),
     ):
         table.add_row(label, *[f"{runs[n]['budget'][key]:.1%}" for n in runs])
+    table.add_row("early ticks", *[f"{runs[n]['ticks']['early']}" for n in runs])
     console.print(table)
     s, i = runs["sluice"], runs["independent"]
     goals = {
@@ -88,12 +101,19 @@ def seed_scenario(duration_s: float | None, console: Console) -> dict[str, objec
     for key, value in goals.items():
         ok = value >= targets[key]
         console.print(f"{key}: {value:.3g} (goal >= {targets[key]:g}) {'met' if ok else 'NOT met'}")
-    console.print(f"simulated 3 runs in {wall_s:.1f} s wall")
-    return {"goals": goals, "targets": targets, "wall_s": wall_s, "runs": runs}
+    console.print(f"simulated 3 runs in {wall_s:.1f} s wall, {cpu_s:.1f} s CPU")
+    return {
+        "early_ticks": early_ticks,
+        "goals": goals,
+        "targets": targets,
+        "wall_s": wall_s,
+        "cpu_s": cpu_s,
+        "runs": runs,
+    }
 
 
-def speed(console: Console) -> dict[str, float]:
-    """One hour of ten services at 1 s ticks (Sluice run only), timed."""
+def speed_scenario() -> tuple[Workload, dict[str, ScalingPolicy], BudgetConfig]:
+    """One hour of ten services (steady load doubling every 5 min, 10 s bursts), budget 8."""
     services = {
         f"svc{i}": {
             "slo_s": 0.5,
@@ -109,16 +129,33 @@ def speed(console: Console) -> dict[str, float]:
         s: ScalingPolicy(target=2, max_replicas=8, cpu={"min": 0.1, "max": 1.0, "request": 0.25})
         for s in services
     }
-    budget = BudgetConfig(cpu=8)
+    return workload, policies, BudgetConfig(cpu=8)
+
+
+def speed(console: Console, early_ticks: bool = True) -> dict[str, float]:
+    """One hour of ten services at 1 s ticks (Sluice run only), timed."""
+    workload, policies, budget = speed_scenario()
+    budget = budget.model_copy(update={"early_ticks": early_ticks})
     started = time.perf_counter()
+    cpu_started = time.process_time()
     scenario = build_scenario(workload, policies)
     result = run(scenario, "sluice", policies, budget)
     wall_s = time.perf_counter() - started
+    cpu_s = time.process_time() - cpu_started
     requests = sum(result.arrivals.values())
     console.print(
-        f"speed: 1 h of 10 services at 1 s ticks ({requests} requests): {wall_s:.1f} s wall"
+        f"speed: 1 h of 10 services at 1 s ticks, early ticks {'on' if early_ticks else 'off'} "
+        f"({requests} requests, {scenario.ticks} regular + {result.early_ticks} early ticks): "
+        f"{wall_s:.1f} s wall, {cpu_s:.1f} s CPU"
     )
-    return {"wall_s": wall_s, "requests": requests}
+    return {
+        "early_ticks": early_ticks,
+        "wall_s": wall_s,
+        "cpu_s": cpu_s,
+        "requests": requests,
+        "regular_ticks": scenario.ticks,
+        "early_tick_count": result.early_ticks,
+    }
 
 
 def main() -> int:
@@ -128,19 +165,30 @@ def main() -> int:
     )
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument("--speed", action="store_true", help="also time 1 h of 10 services")
+    parser.add_argument(
+        "--early-ticks",
+        choices=["on", "off", "both"],
+        default="both",
+        help="budget.early_ticks for the runs (default: both, on first)",
+    )
     args = parser.parse_args()
     console = Console()
-    out = {
+    modes = {"on": [True], "off": [False], "both": [True, False]}[args.early_ticks]
+    out: dict[str, object] = {
         "machine": {
             "python": platform.python_version(),
             "platform": platform.platform(),
             "cpus": os.cpu_count(),
             "load_avg": os.getloadavg(),
-        },
-        "seed_scenario": seed_scenario(args.duration, console),
+        }
     }
+    for early in modes:
+        suffix = "" if early else "_early_ticks_off"
+        out["seed_scenario" + suffix] = seed_scenario(args.duration, console, early)
     if args.speed:
-        out["speed"] = speed(console)
+        for early in modes:
+            suffix = "" if early else "_early_ticks_off"
+            out["speed" + suffix] = speed(console, early)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "shared_budget_sim.json"
     path.write_text(json.dumps(out, indent=1) + "\n")

@@ -4,7 +4,9 @@ Contract (other parts of Sluice code against it; extend, don't rename):
 
 * ``Engine(policies, budget)`` holds per-service window state in memory; no I/O, no clock.
   Optional keywords: ``staleness_s`` (signals older than this freeze the service, default
-  3 s = 3 ticks at 1 s), ``hysteresis_cores`` / ``hysteresis_ratio`` (the arbiter's band).
+  3 s = 3 ticks at 1 s), ``hysteresis_cores`` / ``hysteresis_ratio`` (the arbiter's band),
+  ``small`` (tick in plain Python: default for up to ``SMALL_MAX_SERVICES`` services;
+  ``False`` forces the array form, which decides exactly the same).
 * ``tick(now, signals, states)`` takes the time on the injected clock, the latest
   ``ServiceSignals`` per service (a service missing from ``signals``, or whose snapshot is
   stale, is frozen, never scaled down) and the platform's ``ServiceState`` per service,
@@ -19,7 +21,10 @@ allocation is split into replicas × CPU per replica.
 
 Every per-service quantity lives in a numpy array indexed like the policies, so one tick is
 a few dozen array operations whatever the number of services; each decision renders its
-reasons from the tick's arrays only when someone reads them (``scaler.explain``).
+reasons from the tick's arrays only when someone reads them (``scaler.explain``).  Those few
+hundred numpy calls cost about half a millisecond however few the services, so an engine
+with a few services runs the same steps on Python lists instead (``scaler.engine_small``,
+several times faster there; same decisions bit for bit).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from scaler.budget import (
     split_arrays,
 )
 from scaler.decision import Decision, Explanation, ServiceState
+from scaler.engine_small import Counters, EngineLists, KpaLists, KpaWindows, fits, tick_small
 from scaler.explain import FROZEN_REASONS, TickView, rule_names
 from scaler.hpa import HpaBehaviorState, NoMetricsError, PodSample, calculate_replicas
 from scaler.kpa_batch import RULES, KpaBatch, reference_max
@@ -71,6 +77,7 @@ class Engine:
         staleness_s: float = 3.0,
         hysteresis_cores: float = 0.05,
         hysteresis_ratio: float = 0.05,
+        small: bool | None = None,
     ) -> None:
         if staleness_s <= 0:
             raise ValueError(f"staleness_s must be > 0, got {staleness_s!r}")
@@ -111,6 +118,13 @@ class Engine:
         self.kpa = KpaBatch([pols[i] for i in self.kpa_index])
         self.hpa = {i: _HpaTrack(p) for i, p in enumerate(pols) if p.mode == "hpa"}
         self._by_name = {name: i for i, name in enumerate(self.names)}
+        self.lists = EngineLists.of(self)
+        self.kpa_lists = KpaLists.of(self.kpa)
+        self.small = fits(self) if small is None else small and fits(self)
+        """Tick in plain Python (``scaler.engine_small``): a few services, same decisions.
+        Its memory then lives in ``counters`` and ``kpa_windows`` instead of the arrays."""
+        self.counters = Counters(n) if self.small else None
+        self.kpa_windows = KpaWindows(self.kpa) if self.small else None
         nan = np.full(n, np.nan)
         self._last_at = nan.copy()
         self._arrivals_at = nan.copy()
@@ -143,6 +157,8 @@ class Engine:
         states: Mapping[str, ServiceState],
     ) -> dict[str, Decision]:
         """Decide every configured service's replicas and CPU for this tick."""
+        if self.small:
+            return tick_small(self, now, signals, states)
         names = self.names
         n = self.n
         sigs = [signals.get(name) for name in names]
@@ -281,16 +297,34 @@ class Engine:
             wake=wake,
         )
         rules = rule_names(kpa_tick, self.kpa_index, hpa_notes, frozen_code, n)
-        wake_list = wake.tolist()
-        rep_list = replicas.tolist()
-        cpu_list = cpu.tolist()
-        alloc_list = allocated.tolist()
-        frozen_list = frozen.tolist()
+        return self.decisions(
+            now,
+            view,
+            replicas.tolist(),
+            cpu.tolist(),
+            allocated.tolist(),
+            rules,
+            frozen.tolist(),
+            wake.tolist(),
+        )
+
+    def decisions(  # noqa: PLR0917 - the tick's columns, positional like Decision.explained
+        self,
+        now: float,
+        view: TickView,
+        replicas: list[int],
+        cpu: list[float],
+        allocated: list[float],
+        rules: list[str],
+        frozen: list[bool],
+        wake: list[float],
+    ) -> dict[str, Decision]:
+        """One decision per service from the tick's columns (reasons rendered from ``view``)."""
         new = object.__new__
         put = object.__setattr__
         out: dict[str, Decision] = {}
         for i, (name, r, c, a, rule, fz, w) in enumerate(
-            zip(names, rep_list, cpu_list, alloc_list, rules, frozen_list, wake_list, strict=True)
+            zip(self.names, replicas, cpu, allocated, rules, frozen, wake, strict=True)
         ):
             # Decision.explained, inlined: this loop is the tick's largest Python cost.
             decision = new(Decision)

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from scaler.budget import FloatArray, IntArray
+from scaler.budget import IntArray
 from scaler.decision import Explanation
-from scaler.kpa_batch import RULES, KpaTick
+from scaler.kpa_batch import RULES, Floats, Ints, KpaTick
 
 if TYPE_CHECKING:
     from scaler.engine import Engine
@@ -47,7 +47,7 @@ def rule_names(
     """The rule that fired, per service."""
     rules = [""] * n
     if kpa is not None:
-        codes = kpa.rule.tolist()
+        codes = np.asarray(kpa.rule).tolist()
         if len(codes) == n:  # every service is KPA: positions line up
             rules = [RULES[c] for c in codes]
         else:
@@ -69,30 +69,31 @@ def _names(items: list[tuple[float, str]]) -> str:
 
 @dataclass(slots=True)
 class TickView:
-    """One tick's arrays, kept for rendering reasons later.  Never mutated."""
+    """One tick's arrays (or lists, from the small form), kept for rendering reasons later.
+    Never mutated."""
 
     engine: Engine
     now: float
     kpa: KpaTick | None
     hpa: dict[int, tuple[str, Explanation, dict[str, float]]]
-    value: FloatArray
-    frozen_code: IntArray
-    current: IntArray
-    current_cpu: FloatArray
-    wanted: IntArray
-    demand: FloatArray
-    soft: FloatArray
-    previous: FloatArray
-    cores: FloatArray
-    ideal: FloatArray
-    taken: FloatArray
-    replicas: IntArray
-    cpu: FloatArray
-    split_note: IntArray
+    value: Floats
+    frozen_code: Ints
+    current: Ints
+    current_cpu: Floats
+    wanted: Ints
+    demand: Floats
+    soft: Floats
+    previous: Floats
+    cores: Floats
+    ideal: Floats
+    taken: Floats
+    replicas: Ints
+    cpu: Floats
+    split_note: Ints
     pending: dict[int, Explanation]
-    used: FloatArray
-    throttled: FloatArray
-    wake: FloatArray
+    used: Floats
+    throttled: Floats
+    wake: Floats
     _flows: dict[str, str] | None = None
     _kpa_pos: dict[int, int] | None = None
 

@@ -27,6 +27,11 @@ from scaler.policy import ScalingPolicy
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
+Floats = FloatArray | Sequence[float]
+"""Per-service values of a tick: arrays (the engine's array form) or Python sequences (its
+small form, ``scaler.engine_small``); readers index them one service at a time."""
+Ints = IntArray | Sequence[int]
+Bools = BoolArray | Sequence[bool]
 
 _EPS = 1e-9
 
@@ -52,32 +57,32 @@ class KpaTick:
     Kept read-only after the tick: decisions render their reasons from it on demand.
     """
 
-    replicas: IntArray
-    load: IntArray
+    replicas: Ints
+    load: Ints
     """Reference replicas the load needs now: the larger of the panic-window want and this
     tick's instant want (CPU follows this)."""
-    want_instant: IntArray
+    want_instant: Ints
     """Reference replicas this tick's metric snapshot alone needs."""
-    hold: IntArray
+    hold: Ints
     """Reference replicas the KPA keeps (stable window, rate limits, panic's no-scale-down)."""
-    rule: IntArray
+    rule: Ints
     """Index into :data:`RULES`."""
-    stable: FloatArray
-    panic: FloatArray
-    ready: FloatArray
-    want_stable: IntArray
-    want_panic: IntArray
-    desired_stable: IntArray
+    stable: Floats
+    panic: Floats
+    ready: Floats
+    want_stable: Ints
+    want_panic: Ints
+    desired_stable: Ints
     """want_stable after the scale-up/down rate limits."""
-    unclamped: IntArray
-    entered_panic: BoolArray
-    left_panic: BoolArray
-    held_in_panic: BoolArray
+    unclamped: Ints
+    entered_panic: Bools
+    left_panic: Bools
+    held_in_panic: Bools
     """In panic and the recommendation would have gone down: kept up."""
-    max_panic: IntArray
-    rate_limited: BoolArray
-    idle_for: FloatArray
-    active: BoolArray
+    max_panic: Ints
+    rate_limited: Bools
+    idle_for: Floats
+    active: Bools
 
 
 class KpaBatch:

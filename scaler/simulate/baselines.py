@@ -28,6 +28,8 @@ class Target:
 
     replicas: int
     cpu_per_replica_cores: float
+    wake_concurrency: float = math.inf
+    """Tick early when the service's concurrency reaches this (``Decision.wake_concurrency``)."""
 
 
 class Controller(Protocol):
@@ -71,10 +73,14 @@ class EngineController:
     ) -> dict[str, Target]:
         decisions = self.engine.tick(now, signals, states)
         out: dict[str, Target] = {}
+        rules = self.rules
         for service, d in decisions.items():
-            self.rules.setdefault(service, Counter())[d.rule] += 1
+            counts = rules.get(service)
+            if counts is None:
+                counts = rules[service] = Counter()
+            counts[d.rule] += 1
             if not d.frozen:
-                out[service] = Target(d.replicas, d.cpu_per_replica_cores)
+                out[service] = Target(d.replicas, d.cpu_per_replica_cores, d.wake_concurrency)
         return out
 
 

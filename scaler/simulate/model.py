@@ -131,14 +131,20 @@ class ServiceModel:
         self.removed_cpu_s = 0.0
         self.removed_throttled_s = 0.0
         self.desired_cores = 0.0
+        self.clock = 0.0
+        """The time the model has been simulated to."""
         self.tick_latencies: list[float] = []
-        """Latencies of the requests completed in the last simulated tick."""
+        """Latencies of the requests completed in the current tick (until :meth:`close_tick`)."""
+        self.tick_arrivals = 0
+        """Arrivals in the current tick (until :meth:`close_tick`)."""
         self.latencies: list[float] = []
         """Latencies of every completed request, in completion order."""
         self._window_ticks = max(1, round(signal_window_s / tick_s))
         self._window_s = self._window_ticks * tick_s
         self._arrivals_window: deque[int] = deque(maxlen=self._window_ticks)
         self._latency_window: deque[list[float]] = deque(maxlen=self._window_ticks)
+        self._window_stats: tuple[float, float | None, float | None] | None = None
+        self._target: tuple[int, float] | None = None
 
     def __repr__(self) -> str:
         phases = [r.phase for r in self.replicas]
@@ -149,6 +155,11 @@ class ServiceModel:
     @property
     def in_flight(self) -> int:
         return sum(len(r.tags) for r in self.replicas)
+
+    @property
+    def concurrency(self) -> int:
+        """In flight plus queued in the gateway (what a decision's wake level is compared with)."""
+        return sum(len(r.tags) for r in self.replicas) + len(self.queue)
 
     @property
     def cpu_seconds_total(self) -> float:
@@ -164,7 +175,11 @@ class ServiceModel:
 
     def reserved_cores(self) -> float:
         """CPU held on the node: every scheduled replica's limit (draining ones included)."""
-        return sum(r.cores for r in self.replicas if r.phase != PENDING)
+        total = 0.0
+        for r in self.replicas:
+            if r.phase != PENDING:
+                total += r.cores
+        return total
 
     def count(self, phase: str) -> int:
         return sum(1 for r in self.replicas if r.phase == phase)
@@ -177,36 +192,69 @@ class ServiceModel:
                 oldest = min(oldest, *(a for _, a in r.tags))
         return None if oldest == math.inf else oldest
 
+    def _windowed(self) -> tuple[float, float | None, float | None]:
+        """rps and latency p50/p99 over the signal window (the last whole ticks), computed
+        once per tick however many (early) ticks read them."""
+        if self._window_stats is None:
+            recent = list(chain.from_iterable(self._latency_window))
+            recent.sort()
+            self._window_stats = (
+                sum(self._arrivals_window) / self._window_s,
+                _quantile(recent, 0.5) if recent else None,
+                _quantile(recent, 0.99) if recent else None,
+            )
+        return self._window_stats
+
     def signals(self, now: float) -> ServiceSignals:
-        """The snapshot the gateway (and the platform's CPU accounting) would hand the scaler."""
-        recent = list(chain.from_iterable(self._latency_window))
-        recent.sort()
-        return ServiceSignals(
-            service=self.name,
-            at=now,
-            in_flight=self.in_flight,
-            queued=len(self.queue),
-            arrivals_total=self.arrivals_total,
-            completions_total=self.completions_total,
-            rps=sum(self._arrivals_window) / self._window_s,
-            latency_p50_s=_quantile(recent, 0.5) if recent else None,
-            latency_p99_s=_quantile(recent, 0.99) if recent else None,
-            ready_replicas=self.count(READY),
-            cpu_seconds_total=self.cpu_seconds_total,
-            cpu_throttled_seconds_total=self.throttled_seconds_total,
+        """The snapshot the gateway (and the platform's CPU accounting) would hand the scaler.
+
+        Counters are exact at ``now``; rps and latency percentiles cover the last whole ticks
+        (at an early tick, not the part of the current tick before it)."""
+        in_flight = ready = 0
+        cpu_s = throttled_s = 0.0
+        for r in self.replicas:
+            in_flight += len(r.tags)
+            ready += r.phase == READY
+            cpu_s += r.cpu_s
+            throttled_s += r.throttled_s
+        rps, p50, p99 = self._windowed()
+        return ServiceSignals(  # positional (in field order): this runs at every tick
+            self.name,
+            now,
+            in_flight,
+            len(self.queue),
+            self.arrivals_total,
+            self.completions_total,
+            0,  # errors_total: the model fails nothing
+            rps,
+            p50,
+            p99,
+            ready,
+            self.removed_cpu_s + cpu_s,
+            self.removed_throttled_s + throttled_s,
         )
 
     def state(self) -> ServiceState:
-        active = self.active()
-        running = [r.cores for r in active if r.phase != PENDING]
+        """What the platform reports: replicas asked for, ready, CPU in force, blocked resizes."""
+        replicas = ready = 0
+        least = math.inf
+        blocked = False
+        for r in self.replicas:
+            phase = r.phase
+            if phase == DRAINING:
+                continue
+            replicas += 1
+            if phase == PENDING:
+                continue
+            ready += phase == READY
+            least = r.cores if r.cores < least else least
+            blocked = blocked or r.target_cores > r.cores + _EPS
         return ServiceState(
-            service=self.name,
-            replicas=len(active),
-            ready_replicas=sum(1 for r in active if r.phase == READY),
-            cpu_per_replica_cores=min(running) if running else self.desired_cores,
-            resize_blocked=any(
-                r.target_cores > r.cores + _EPS for r in active if r.phase != PENDING
-            ),
+            self.name,
+            replicas,
+            ready,
+            least if least != math.inf else self.desired_cores,
+            blocked,
         )
 
     # ---- applying a decision --------------------------------------------------------------
@@ -218,6 +266,9 @@ class ServiceModel:
         yet serving, else drained); increases become claims the node grants when they fit.
         ``claims`` yields increasing sequence numbers (first come, first served).
         """
+        if (replicas, cores) == self._target:
+            return  # the same target again changes nothing (only set_target moves it)
+        self._target = (replicas, cores)
         seq = iter(claims)
         self.desired_cores = cores
         for r in self.replicas:
@@ -255,12 +306,36 @@ class ServiceModel:
         r.ready_at = now + self.startup_s
         r.t = now
 
-    # ---- one tick of traffic --------------------------------------------------------------
+    # ---- traffic --------------------------------------------------------------------------
 
-    def run(self, t0: float, t1: float) -> None:
-        """Simulate ``[t0, t1)``: arrivals, dispatch, processor sharing, completions."""
+    def run(
+        self,
+        t0: float,
+        t1: float,
+        *,
+        wake_level: float = math.inf,
+        through: bool = False,
+        settle: bool = True,
+    ) -> float | None:
+        """Simulate ``[t0, t1)`` (``[t0, t1]`` with ``through``): arrivals, dispatch, processor
+        sharing, completions.  The model is then at ``t1`` (:attr:`clock`).
+
+        Resumable: one regular tick's traffic may be simulated in consecutive pieces (early
+        ticks fall between them), each starting where the last ended; arrivals and latencies
+        add up in :attr:`tick_arrivals` / :attr:`tick_latencies` until :meth:`close_tick`.
+        With ``wake_level``, it stops right after the arrival that brings the concurrency (in
+        flight + queued) to that level and returns the arrival's time (the model is then at
+        that time); ``None`` when the level is not reached.
+
+        ``settle=False`` leaves each replica's clock at its last event instead of moving it
+        to the end: pieces that end with no tick after them then give bit for bit what one
+        whole run gives.  Settle (any run to the current :attr:`clock` does) before reading
+        CPU counters or changing a replica's CPU.
+        """
         cap = self.cap
         reps = self.replicas
+        # Events at exactly t1 belong to this piece only with ``through``.
+        lim = math.nextafter(t1, math.inf) if through else t1
         for r in reps:
             if r.phase == STARTING and r.ready_at <= t0:
                 r.phase = READY
@@ -271,26 +346,31 @@ class ServiceModel:
         queue = self.queue
         if ready and queue:
             self._flush(t0, ready, heap)
+        concurrency = len(queue)
         for r in reps:
             if r.tags:
+                concurrency += len(r.tags)
                 r.ver += 1
                 heap.append((r.next_done(cap), r.rid, r.ver, r))
         heapq.heapify(heap)
-        starting = sorted(
-            ((r.ready_at, r.rid, r) for r in reps if r.phase == STARTING and r.ready_at < t1),
-            key=lambda x: (x[0], x[1]),
-        )
+        # (ready_at, rid) orders them: rids are unique, so the replicas are never compared
+        starting = [
+            (r.ready_at, r.rid, r) for r in reps if r.phase == STARTING and r.ready_at < lim
+        ]
+        if len(starting) > 1:
+            starting.sort()
         s_i = 0
         times, works = self.times, self.works
         i, n_arr = self.next_arrival, len(times)
         first = i
         inf = math.inf
+        stop: float | None = None
         heappush, heappop = heapq.heappush, heapq.heappop
         while True:
-            ta = times[i] if i < n_arr and times[i] < t1 else inf
+            ta = times[i] if i < n_arr and times[i] < lim else inf
             tr = starting[s_i][0] if s_i < len(starting) else inf
             tc = heap[0][0] if heap else inf
-            if tc < t1 and tc <= ta and tc <= tr:
+            if tc < lim and tc <= ta and tc <= tr:
                 _, rid, ver, r = heappop(heap)
                 if ver != r.ver:
                     continue
@@ -298,12 +378,13 @@ class ServiceModel:
                 tag, arrived = heappop(r.tags)
                 r.v = max(r.v, tag)
                 lat.append(tc - arrived)
+                concurrency -= 1
                 if r.tags:
                     r.ver += 1
                     heappush(heap, (r.next_done(cap), rid, r.ver, r))
                 elif r.phase == DRAINING:
                     self._remove(r)
-            elif tr < t1 and tr <= ta:
+            elif tr < lim and tr <= ta:
                 r = starting[s_i][2]
                 s_i += 1
                 if r.phase == STARTING:
@@ -312,30 +393,56 @@ class ServiceModel:
                     ready.append(r)
                     if queue:
                         self._flush(tr, ready, heap)
-            elif ta < t1:
+            elif ta < lim:
                 w = works[i]
                 i += 1
+                concurrency += 1
                 if not ready:
                     queue.append((ta, w))
-                    continue
-                r = ready[0] if len(ready) == 1 else min(ready, key=_in_flight)
-                r.advance(ta, cap)
-                heappush(r.tags, (r.v + w, ta))
-                r.ver += 1
-                heappush(heap, (r.next_done(cap), r.rid, r.ver, r))
+                else:
+                    r = ready[0] if len(ready) == 1 else min(ready, key=_in_flight)
+                    r.advance(ta, cap)
+                    heappush(r.tags, (r.v + w, ta))
+                    r.ver += 1
+                    heappush(heap, (r.next_done(cap), r.rid, r.ver, r))
+                if concurrency >= wake_level:
+                    stop = t1 = ta
+                    break
             else:
                 break
-        for r in list(reps):
-            r.advance(t1, cap)
-            if r.phase == DRAINING and not r.tags:
-                self._remove(r)
+        if settle:
+            for r in list(reps):
+                r.advance(t1, cap)
+                if r.phase == DRAINING and not r.tags:
+                    self._remove(r)
+        self.clock = t1
         self.next_arrival = i
         self.arrivals_total += i - first
         self.completions_total += len(lat)
-        self.tick_latencies = lat
-        self.latencies.extend(lat)
-        self._arrivals_window.append(i - first)
-        self._latency_window.append(lat)
+        self.tick_arrivals += i - first
+        self.tick_latencies += lat
+        self.latencies += lat
+        return stop
+
+    def close_tick(self) -> None:
+        """End the current regular tick: its arrivals and latencies join the signal windows."""
+        self._arrivals_window.append(self.tick_arrivals)
+        self._latency_window.append(self.tick_latencies)
+        self._window_stats = None
+        self.tick_arrivals = 0
+        self.tick_latencies = []
+
+    def wake_bound(self, level: float) -> float:
+        """The earliest time the concurrency can reach ``level`` (``clock`` if it has).
+
+        Concurrency rises only at arrivals, one at a time, and the arrivals are known in
+        advance: it cannot reach ``level`` before the (level - concurrency now)-th next one.
+        """
+        need = math.ceil(level - self.concurrency)
+        if need <= 0:
+            return self.clock
+        k = self.next_arrival + need - 1
+        return self.times[k] if k < len(self.times) else math.inf
 
     def _flush(
         self, t: float, ready: list[Replica], heap: list[tuple[float, int, int, Replica]]

@@ -132,6 +132,7 @@ def build_report(
         out["runs"][r.name] = {
             "services": {s: service_summary(scenario, r, s) for s in scenario.services},
             "budget": budget_summary(scenario, r, budget_cores),
+            "ticks": {"regular": scenario.ticks, "early": r.early_ticks},
         }
         out["series"][r.name] = {
             s: {
@@ -211,3 +212,6 @@ def print_tables(report: Mapping[str, Any], console: Console) -> None:
     for key, label, pattern in rows:
         table.add_row(label, *[_fmt(report["runs"][n]["budget"].get(key), pattern) for n in names])
     console.print(table)
+    for name in names:
+        ticks = report["runs"][name]["ticks"]
+        console.print(f"{name}: {ticks['regular']} regular ticks, early ticks: {ticks['early']}")

@@ -2,7 +2,9 @@
 
 Order within a tick at time ``t``: the services' signals and states at ``t`` go to the
 controller; its targets are applied (decreases at once, increases as claims on the node);
-the node grants claims that fit; then the traffic of ``[t, t + tick_s)`` is simulated.
+the node grants claims that fit; then the traffic of ``[t, t + tick_s)`` is simulated --
+in pieces when early ticks (``scaler.simulate.early``) fall inside it, each one the same
+sequence at its own time.  The per-tick series still have one entry per regular tick.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import numpy as np
 from scaler.policy import BudgetConfig, ScalingPolicy
 from scaler.simulate.arrivals import Arrivals, FloatArray, draw_arrivals, offered_per_tick
 from scaler.simulate.baselines import Controller, RunName, make_controller
+from scaler.simulate.early import next_early_tick
 from scaler.simulate.model import DRAINING, PENDING, READY, Node, ServiceModel
 from scaler.simulate.workload import LoadStep, ServiceLoad, Workload
 
@@ -115,6 +118,16 @@ class RunResult:
     unfinished: dict[str, int]
     cpu_seconds: dict[str, float]
     rules: dict[str, dict[str, int]] = field(default_factory=dict)
+    early_ticks_at: list[float] = field(default_factory=list)
+    """When the early ticks ran (``budget.early_ticks``), in order."""
+
+    @property
+    def early_ticks(self) -> int:
+        return len(self.early_ticks_at)
+
+
+TickHook = Callable[[float, Mapping[str, ServiceModel], Node], None]
+"""Called after every tick (regular or early) with its time, the models and the node."""
 
 
 def run(
@@ -125,8 +138,12 @@ def run(
     *,
     progress: Callable[[int], None] | None = None,
     controller: Controller | None = None,
+    on_tick: TickHook | None = None,
 ) -> RunResult:
-    """Simulate the whole scenario under one controller (``progress(ticks_done)`` is called as it goes)."""
+    """Simulate the whole scenario under one controller (``progress(ticks_done)`` is called as it goes).
+
+    With ``budget.early_ticks``, a decision's ``wake_concurrency`` triggers early ticks
+    between the regular ones (``scaler.simulate.early``)."""
     ctl = controller or make_controller(name, policies, budget)
     tick = scenario.tick_s
     models = {
@@ -149,21 +166,50 @@ def run(
             if r.phase != PENDING:
                 r.phase, r.ready_at = READY, 0.0
 
+    gap = budget.early_tick_gap_s
+    levels: dict[str, float] = {}
+    """Armed wake levels (finite ones, early ticks on), from each service's latest decision."""
+    early_at: list[float] = []
+
+    def tick_at(now: float) -> None:
+        """One scaler tick at ``now`` (every model is at ``now``)."""
+        for m in models.values():
+            m.clock = now
+        signals = {s: m.signals(now) for s, m in models.items()}
+        states = {s: m.state() for s, m in models.items()}
+        levels.clear()
+        for s, target in ctl.decide(now, signals, states).items():
+            if s in models:
+                models[s].set_target(target.replicas, target.cpu_per_replica_cores, claims)
+                if budget.early_ticks and target.wake_concurrency < math.inf:
+                    levels[s] = target.wake_concurrency
+        node.schedule(now)
+        if on_tick is not None:
+            on_tick(now, models, node)
+
     ticks = scenario.ticks
     series = {s: {k: np.zeros(ticks) for k in SERIES} for s in scenario.services}
     slo = {s: scenario.loads[s].slo_s for s in scenario.services}
     for k in range(ticks):
         t0 = k * tick
-        signals = {s: m.signals(t0) for s, m in models.items()}
-        states = {s: m.state() for s, m in models.items()}
-        for s, target in ctl.decide(t0, signals, states).items():
-            if s in models:
-                models[s].set_target(target.replicas, target.cpu_per_replica_cores, claims)
-        node.schedule(t0)
+        t_end = t0 + tick
+        tick_at(t0)
+        before = {s: (m.arrivals_total, m.cpu_seconds_total) for s, m in models.items()}
+        held = {s: [(t0, m.reserved_cores())] for s, m in models.items()}
+        last = t0
+        while levels:
+            at = next_early_tick(models, levels, t_end, last + gap)
+            if at is None:
+                break
+            tick_at(at)
+            early_at.append(at)
+            last = at
+            for s, m in models.items():
+                held[s].append((at, m.reserved_cores()))
         for s, m in models.items():
-            before = (m.arrivals_total, m.cpu_seconds_total, m.reserved_cores())
-            m.run(t0, t0 + tick)
-            _record(series[s], k, m, before, tick, slo[s], t0 + tick)
+            m.run(m.clock, t_end)
+            _record(series[s], k, m, before[s], _mean_held(held[s], t_end, tick), tick, slo[s])
+            m.close_tick()
         if progress is not None and (k % 50 == 49 or k == ticks - 1):
             progress(k + 1)
 
@@ -184,19 +230,29 @@ def run(
         unfinished=unfinished,
         cpu_seconds={s: m.cpu_seconds_total for s, m in models.items()},
         rules={s: dict(c) for s, c in ctl.rules.items()},
+        early_ticks_at=early_at,
     )
+
+
+def _mean_held(held: list[tuple[float, float]], t_end: float, tick_s: float) -> float:
+    """Cores reserved over a tick, weighted by time (they change at early ticks)."""
+    if len(held) == 1:
+        return held[0][1]
+    ends = [t for t, _ in held[1:]] + [t_end]
+    return math.fsum(cores * (end - t) for (t, cores), end in zip(held, ends, strict=True)) / tick_s
 
 
 def _record(  # noqa: PLR0917
     out: dict[str, FloatArray],
     k: int,
     m: ServiceModel,
-    before: tuple[int, float, float],
+    before: tuple[int, float],
+    reserved_cores: float,
     tick_s: float,
     slo_s: float,
-    t_end: float,
 ) -> None:
-    arrivals_before, cpu_before, reserved_cores = before
+    arrivals_before, cpu_before = before
+    t_end = m.clock
     lat = m.tick_latencies
     out["arrivals"][k] = m.arrivals_total - arrivals_before
     out["completions"][k] = len(lat)

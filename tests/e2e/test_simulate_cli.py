@@ -46,6 +46,11 @@ def test_simulate_writes_report_and_png(tmp_path: Path) -> None:
         assert 0 < run["budget"]["utilisation"] <= 1
     assert len(report["series"]["sluice"]["api"]["used_cores"]) == 100
     assert report["runs"]["sluice"]["services"]["reports"]["requests"] > 0  # one burst at t=30
+    # the burst wakes the scaler before the next regular tick (budget.early_ticks, the default)
+    ticks = {name: run["ticks"] for name, run in report["runs"].items()}
+    assert ticks["sluice"]["regular"] == 100 and ticks["sluice"]["early"] > 0
+    assert ticks["independent"]["early"] == 0
+    assert f"sluice: 100 regular ticks, early ticks: {ticks['sluice']['early']}" in done.stdout
     png = (tmp_path / "report.png").read_bytes()
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
 
