@@ -171,7 +171,7 @@ class Process:
             os.killpg(self.popen.pid, signal.SIGKILL)
 
 
-def start(name: str, argv: list[str], core: str, workdir: Path) -> Process:
+def start(name: str, argv: list[str], core: str, workdir: Path, cwd: Path = ROOT) -> Process:
     log = workdir / f"{name}.log"
     with log.open("wb") as out:
         popen = subprocess.Popen(
@@ -179,7 +179,7 @@ def start(name: str, argv: list[str], core: str, workdir: Path) -> Process:
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            cwd=ROOT,
+            cwd=cwd,
             start_new_session=True,
         )
     return Process(name, popen, log)
@@ -395,6 +395,13 @@ def ratios(table: dict[str, dict[str, float | None]]) -> dict[str, float | None]
         out["both_proxies_saturated"] = min(c for c in cores if c is not None) >= SATURATED
     if s["cpu_us_per_request"] and n["cpu_us_per_request"]:
         out["cpu_per_request_sluice_over_nginx"] = s["cpu_us_per_request"] / n["cpu_us_per_request"]
+    b = table.get("baseline")
+    if b is not None and b["cpu_us_per_request"] and n["cpu_us_per_request"]:
+        out["cpu_per_request_baseline_over_nginx"] = (
+            b["cpu_us_per_request"] / n["cpu_us_per_request"]
+        )
+    if b is not None and b["rps"] and n["rps"]:
+        out["rps_baseline_over_nginx"] = b["rps"] / n["rps"]
     t = table.get("traced")
     if t is not None and t["rps"] and s["rps"]:
         out["rps_traced_over_sluice"] = t["rps"] / s["rps"]
@@ -471,6 +478,12 @@ def print_table(table: dict[str, dict[str, float | None]], rat: dict[str, float 
         f"{_fmt(rat.get('c1_added_p50_ms_sluice'), '.3f')} / "
         f"{_fmt(rat.get('c1_added_p50_ms_nginx'), '.3f')} = {_fmt(a, '.2f')}{verdict}"
     )
+    bc = rat.get("cpu_per_request_baseline_over_nginx")
+    if bc is not None:
+        print(
+            f"baseline tree: req/s/nginx {_fmt(rat.get('rps_baseline_over_nginx'), '.2f')}, "
+            f"CPU per request/nginx {bc:.2f}"
+        )
     tr = rat.get("rps_traced_over_sluice")
     if tr is None:
         return
@@ -587,6 +600,25 @@ def run(args: argparse.Namespace) -> Run:
             wait_until_serving(sluice, admin_port, "/readyz")
             wait_until_serving(sluice, sluice_port)
             targets.append(("sluice", sluice_port, sluice))
+        if not args.skip_sluice and args.baseline_tree is not None:
+            base_port, base_admin = free_port(), free_port()
+            base_config = workdir / "sluice-baseline.yaml"
+            base_config.write_text(
+                SLUICE_CONFIG.format(
+                    port=base_port, admin_port=base_admin, upstream_port=upstream_port
+                )
+            )
+            baseline = start(
+                "baseline",
+                [sys.executable, "-m", "gateway", "run", "--config", str(base_config)],
+                PROXY_CORE,
+                workdir,
+                cwd=args.baseline_tree,
+            )
+            processes.append(baseline)
+            wait_until_serving(baseline, base_admin, "/readyz")
+            wait_until_serving(baseline, base_port)
+            targets.append(("baseline", base_port, baseline))
         if not args.skip_sluice and args.trace_ratio is not None:
             traced_port, traced_admin = free_port(), free_port()
             traced_config = workdir / "sluice-traced.yaml"
@@ -641,6 +673,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=None,
         help="also run Sluice with tracing on at this sampling ratio (e.g. 0.01), exporting OTLP",
+    )
+    parser.add_argument(
+        "--baseline-tree",
+        type=Path,
+        default=None,
+        help="also run the gateway from this checkout (e.g. a `git worktree` of main) in the "
+        "same rounds, as target 'baseline': before/after in the same conditions",
     )
     parser.add_argument("--out", type=Path, default=None, help="JSON output file")
     return parser

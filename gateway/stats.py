@@ -1,9 +1,10 @@
 """Live per-service counters, recorded on the hot path and read by the scaler and /metrics.
 
-Hot-path cost (per request): :meth:`ServiceStats.arrive` is two increments and a ring slot
-check; :meth:`ServiceStats.complete` is a dict increment, one ``bisect`` over the latency
-bounds and three list increments.  No locks (single event loop), no allocation in the
-steady state.  Everything else — rates, percentiles, ``ServiceSignals`` — is computed at
+Hot-path cost (per request): :meth:`ServiceStats.arrive` is two increments and one float
+comparison (the per-second arrival ring is written once per second, not per arrival);
+:meth:`ServiceStats.complete` is a dict increment, one ``bisect`` over the latency bounds,
+two list increments and one float comparison.  No locks (single event loop), no
+allocation in the steady state.  Everything else — rates, percentiles, ``ServiceSignals`` — is computed at
 read time by :meth:`ServiceStats.snapshot`, which takes ``now`` (the event loop's clock).
 """
 
@@ -61,8 +62,14 @@ class ServiceStats:
 
     __slots__ = (
         "_lat_current",
+        "_lat_end_s",
         "_lat_epoch",
         "_lat_previous",
+        "_lat_start_s",
+        "_sec",
+        "_sec_base",
+        "_sec_end_s",
+        "_sec_start_s",
         "_slot_count",
         "_slot_sec",
         "arrivals_total",
@@ -98,10 +105,17 @@ class ServiceStats:
         self.latency_counts = [0] * (len(LATENCY_BUCKETS_S) + 1)
         self.latency_sum_s = 0.0
         self.rate_window_s = rate_window_s
+        # Arrivals per whole second: the current second's count is arrivals_total minus
+        # _sec_base; finished seconds are in a ring of (second, count) slots.
         self._slot_sec = [-1] * (rate_window_s + 1)
         self._slot_count = [0] * (rate_window_s + 1)
+        self._sec = -1
+        self._sec_base = 0
+        self._sec_start_s = self._sec_end_s = -1.0
         self.latency_window_s = latency_window_s
         self._lat_epoch = -1
+        self._lat_start_s = self._lat_end_s = -1.0
+        """The current latency window is [_lat_start_s, _lat_end_s) (epoch _lat_epoch)."""
         self._lat_current = [0] * (len(LATENCY_BUCKETS_S) + 1)
         self._lat_previous = [0] * (len(LATENCY_BUCKETS_S) + 1)
 
@@ -111,14 +125,8 @@ class ServiceStats:
         """A request for this service arrived (and is being forwarded)."""
         self.arrivals_total += 1
         self.in_flight += 1
-        sec = int(now)
-        slot_sec = self._slot_sec
-        i = sec % len(slot_sec)
-        if slot_sec[i] == sec:
-            self._slot_count[i] += 1
-        else:
-            slot_sec[i] = sec
-            self._slot_count[i] = 1
+        if not self._sec_start_s <= now < self._sec_end_s:
+            self._arrive_in_other_second(now)
 
     def complete(self, status: int, latency_s: float, now: float, failed: bool = False) -> None:
         """A request that :meth:`arrive` counted has finished with ``status``.
@@ -127,26 +135,55 @@ class ServiceStats:
         """
         self.in_flight -= 1
         codes = self.codes
-        codes[status] = codes.get(status, 0) + 1
+        try:
+            codes[status] += 1
+        except KeyError:
+            codes[status] = 1
         if failed or status >= 500:
             self.errors_total += 1
         b = bisect_left(LATENCY_BUCKETS_S, latency_s)
         self.latency_counts[b] += 1
         self.latency_sum_s += latency_s
-        epoch = int(now / self.latency_window_s)
-        if epoch != self._lat_epoch:
-            self._rotate_latency(epoch)
+        if not self._lat_start_s <= now < self._lat_end_s:
+            self._rotate_latency(int(now / self.latency_window_s))
         self._lat_current[b] += 1
 
-    # -- read side ------------------------------------------------------------------------
+    # -- once per second / window ------------------------------------------------------------
+
+    def _arrive_in_other_second(self, now: float) -> None:
+        """The arrival just counted is not in the current second: move on (or look back)."""
+        sec = int(now)
+        if sec < self._sec:  # an earlier second (a clock that went back): count it there
+            self._sec_base += 1  # not the current second's
+            self._count_second(sec, 1, add=True)
+            return
+        if self._sec >= 0:  # the current second is finished: into the ring
+            self._count_second(self._sec, self.arrivals_total - 1 - self._sec_base)
+        self._sec = sec
+        self._sec_base = self.arrivals_total - 1  # this arrival is the new second's first
+        self._sec_start_s = float(sec)
+        self._sec_end_s = float(sec + 1)
+
+    def _count_second(self, sec: int, n: int, add: bool = False) -> None:
+        i = sec % len(self._slot_sec)
+        if add and self._slot_sec[i] == sec:
+            self._slot_count[i] += n
+        else:
+            self._slot_sec[i] = sec
+            self._slot_count[i] = n
 
     def _rotate_latency(self, epoch: int) -> None:
-        if epoch == self._lat_epoch + 1:
-            self._lat_previous = self._lat_current
-        else:
-            self._lat_previous = [0] * len(self._lat_current)
-        self._lat_current = [0] * len(self._lat_current)
-        self._lat_epoch = epoch
+        if epoch != self._lat_epoch:
+            if epoch == self._lat_epoch + 1:
+                self._lat_previous = self._lat_current
+            else:
+                self._lat_previous = [0] * len(self._lat_current)
+            self._lat_current = [0] * len(self._lat_current)
+            self._lat_epoch = epoch
+        self._lat_start_s = epoch * self.latency_window_s
+        self._lat_end_s = (epoch + 1) * self.latency_window_s
+
+    # -- read side ------------------------------------------------------------------------
 
     def rps(self, now: float) -> float:
         """Arrivals per second over the last ``rate_window_s`` whole seconds before ``now``."""
@@ -154,8 +191,10 @@ class ServiceStats:
         oldest = sec - self.rate_window_s
         total = 0
         for s, n in zip(self._slot_sec, self._slot_count, strict=True):
-            if oldest <= s < sec:
+            if oldest <= s < sec and s != self._sec:
                 total += n
+        if oldest <= self._sec < sec:  # the second in progress, finished by ``now``
+            total += self.arrivals_total - self._sec_base
         return total / self.rate_window_s
 
     def recent_latency_counts(self, now: float) -> list[int]:

@@ -26,9 +26,7 @@ sweep interval late.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, cast
-
-import httptools
+from typing import TYPE_CHECKING
 
 from gateway.admission import AdmissionError, QueueFull, RateLimited
 from gateway.dataplane.errors import Cause, error_response
@@ -36,6 +34,7 @@ from gateway.dataplane.headers import (
     HOP_BY_HOP,
     RequestHead,
     connection_tokens,
+    response_fields,
 )
 from gateway.dataplane.upstream import EndpointConnections, UpstreamConnection
 from gateway.endpoints import Endpoint
@@ -90,7 +89,7 @@ def _pool_of(ep: Endpoint) -> EndpointConnections:
     pool = ep.pool
     if pool is None:
         pool = ep.pool = EndpointConnections(ep.host, ep.port, ep.address)
-    return cast(EndpointConnections, pool)
+    return pool  # type: ignore[return-value]  # only the data plane sets Endpoint.pool
 
 
 class Exchange:
@@ -105,13 +104,9 @@ class Exchange:
     arrived = False
     req_done = False
     req_sent = False
-    req_chunked = False
-    has_body = False
-    expect_continue = False
     continue_sent = False
     body_buf: list[bytes] | None = None
     body_buf_bytes = 0
-    request_head = b""
     service: Service | None = None
     endpoint: Endpoint | None = None
     pool: EndpointConnections | None = None
@@ -124,6 +119,8 @@ class Exchange:
     resp_chunked = False
     resp_close_delimited = False
     interim = False
+    resp_head = b""
+    """The upstream's response head as received (status line and fields, CRLF each)."""
     started_at = 0.0
     deadline_total = 0.0
     deadline_connect = 0.0
@@ -136,7 +133,6 @@ class Exchange:
     attempt_span: AttemptSpan | None = None
     """The CLIENT span of the current upstream attempt (sampled requests only)."""
     # -- issue 4: admission, body limit, retries, outlier detection
-    declared_length: int | None = None
     body_bytes = 0
     body_limit: int | None = None
     slot = False
@@ -154,16 +150,19 @@ class Exchange:
         method: bytes,
         target: bytes,
         headers: list[tuple[bytes, bytes]],
+        head: RequestHead,
         keep_alive: bool,
         http11: bool,
     ) -> None:
         self.client = client
         self.method = method
         self.target = target
+        """The request target in origin-form."""
         self.headers = headers
+        self.head = head
+        """The checked request head, rewritten for the upstream, and what it says."""
         self.keep_alive = keep_alive
         self.http11 = http11
-        self.resp_headers: list[tuple[bytes, bytes]] = []
 
     # -- 1..3: route, count, admit --------------------------------------------------------
 
@@ -173,16 +172,10 @@ class Exchange:
         if target[:1] == b"/":
             q = target.find(b"?")
             path = target if q == -1 else target[:q]
-        else:
-            path = self._absolute_form()
+        else:  # an absolute-form target httptools could not split: routed as it is
+            path = target
         dp = client.dp
-        head = dp.heads.request(
-            self.method, self.target, self.headers, client.peer_ip, client.trusted
-        )
-        self.request_head = head.head
-        self.req_chunked = head.chunked
-        self.has_body = head.has_body
-        self.expect_continue = head.expect_continue
+        head = self.head
         tracing = dp.tracing
         if tracing is not None:
             self.span = tracing.start(
@@ -202,11 +195,13 @@ class Exchange:
         if self.span is not None:
             self.span.routed(name)
         # -- issue 4: the service's body limit (declared now, counted as the body streams)
-        limit = self.body_limit = service.admission.max_body_bytes
-        if limit is not None and ((self.declared_length or 0) > limit or self.body_bytes > limit):
-            self.keep_alive = False
-            self.reply_error(Cause.BODY_TOO_LARGE)
-            return
+        limit = service.admission.max_body_bytes
+        if limit is not None:
+            self.body_limit = limit
+            if (head.declared_length or 0) > limit or self.body_bytes > limit:
+                self.keep_alive = False
+                self.reply_error(Cause.BODY_TOO_LARGE)
+                return
         now = dp.loop.time()
         self.started_at = now
         self.deadline_total = now + service.total_s
@@ -247,27 +242,16 @@ class Exchange:
     def _drop_client_traceparent(self) -> None:
         """Sampled: the upstream gets our CLIENT span's traceparent, so drop the client's."""
         client = self.client
-        drop = (connection_tokens(self.headers) - HOP_BY_HOP) | {b"traceparent"}
-        head: RequestHead = client.dp.heads.request(
-            self.method, self.target, self.headers, client.peer_ip, client.trusted, drop
+        drop = frozenset((connection_tokens(self.headers) - HOP_BY_HOP) | {b"traceparent"})
+        self.head = client.dp.heads.request(
+            self.method,
+            self.target,
+            "1.1" if self.http11 else "1.0",
+            self.headers,
+            client.peer_ip,
+            client.trusted,
+            drop,
         )
-        self.request_head = head.head
-
-    def _absolute_form(self) -> bytes:
-        """Absolute-form target (``http://host/path``): route by its authority, forward origin-form."""
-        if self.target == b"*":
-            return b"*"
-        try:
-            url = httptools.parse_url(self.target)
-        except httptools.HttpParserInvalidURLError:
-            return self.target
-        path = url.path or b"/"
-        self.target = path + (b"?" + url.query if url.query else b"")
-        if url.host:
-            authority = url.host + (b":%d" % url.port if url.port else b"")
-            self.headers = [(n, v) for n, v in self.headers if n.lower() != b"host"]
-            self.headers.append((b"Host", authority))
-        return path
 
     # -- 4..5: pick and connect -------------------------------------------------------------
 
@@ -283,9 +267,9 @@ class Exchange:
         self.endpoint = ep
         if self.span is not None:
             self.attempt_span = self.span.attempt(ep.host, ep.port)
-        pool = cast(EndpointConnections, ep.pool or _pool_of(ep))
-        self.pool = pool
-        if self.expect_continue and self.has_body and not self.req_done and not self.client.closed:
+        pool = self.pool = _pool_of(ep)
+        head = self.head
+        if head.expect_continue and head.has_body and not self.req_done and not self.client.closed:
             self.client.transport.write(CONTINUE)
             self.continue_sent = True
         conn = pool.take(self.started_at)
@@ -330,17 +314,18 @@ class Exchange:
     def bind(self, conn: UpstreamConnection) -> None:
         """Send the request head (and any buffered body) on ``conn``."""
         conn.exchange = self
+        conn.data = b""  # no response bytes yet (see upstream_lost)
         self.upstream = conn
         client = self.client
         if client.write_paused:
             conn.pause_reading()
         transport = conn.transport
         assert transport is not None
-        head = self.request_head
+        head = self.head.head
         if self.attempt_span is not None:
             head = head[:-2] + b"traceparent: " + self.attempt_span.traceparent + b"\r\n\r\n"
         buf = self.body_buf
-        if self.has_body and self.method in IDEMPOTENT:
+        if self.head.has_body and self.method in IDEMPOTENT:
             self._keep_replay(buf)
         if buf:
             transport.writelines([head, *buf])
@@ -384,7 +369,7 @@ class Exchange:
                 return  # connection_lost is on its way and ends the exchange
             transport = up.transport
             assert transport is not None
-            if self.req_chunked:
+            if self.head.chunked:
                 framed: tuple[bytes, ...] = (b"%x\r\n" % len(body), body, CRLF)
                 transport.writelines(framed)
             else:
@@ -396,7 +381,7 @@ class Exchange:
         buf = self.body_buf
         if buf is None:
             buf = self.body_buf = []
-        if self.req_chunked:
+        if self.head.chunked:
             buf += (b"%x\r\n" % len(body), body, CRLF)
         else:
             buf.append(body)
@@ -410,14 +395,14 @@ class Exchange:
             return
         up = self.upstream
         if up is not None and not up.closed:
-            if self.req_chunked:
+            if self.head.chunked:
                 transport = up.transport
                 assert transport is not None
                 transport.write(LAST_CHUNK)
                 if self.replay is not None:
                     self.replay.append(LAST_CHUNK)
             self._request_sent()
-        elif self.req_chunked:
+        elif self.head.chunked:
             if self.body_buf is None:
                 self.body_buf = []
             self.body_buf.append(LAST_CHUNK)
@@ -432,7 +417,8 @@ class Exchange:
 
     # -- 6: the response from the upstream --------------------------------------------------
 
-    def on_upstream_headers(self, status: int) -> None:
+    def on_upstream_headers(self, status: int, raw_head: bytes) -> None:
+        """The upstream's head: ``raw_head`` is its status line and fields, CRLF each."""
         if self.done:
             return
         if status < 200:
@@ -440,21 +426,25 @@ class Exchange:
                 self.upstream_bad_response()
                 return
             self.interim = True  # 1xx (e.g. 103): not forwarded
-            self.resp_headers = []
             return
         self.resp_status = status
+        self.resp_head = raw_head
         head_only = self.method == b"HEAD" or status in {204, 304}
-        keep_alive = self.keep_alive and not (
-            self.expect_continue and self.has_body and not self.continue_sent
-        )
+        keep_alive = self.keep_alive
+        if keep_alive and self.head.expect_continue and not self.continue_sent:
+            keep_alive = not self.head.has_body  # the client may or may not send the body now
         dp = self.client.dp
         head = dp.heads.response(
-            status, self.resp_headers, dp.date_value, self.http11, head_only, keep_alive
+            status, raw_head, dp.date_value, self.http11, head_only, keep_alive
         )
-        self.keep_alive = head.keep_alive
         self.resp_state = 1
-        self.resp_chunked = head.chunked
-        self.resp_close_delimited = head.close_delimited
+        # Only what differs from the class defaults is written (most responses: nothing).
+        if not head.keep_alive:
+            self.keep_alive = False
+        if head.chunked:
+            self.resp_chunked = True
+        if head.close_delimited:
+            self.resp_close_delimited = True
         # Held until the end of this read so head and body leave in one write.
         self.wbuf = [head.head]
         if self.method == b"HEAD":
@@ -491,15 +481,15 @@ class Exchange:
             self.on_upstream_body_end()
         up = self.upstream
         reusable = up is not None and self.req_sent and up.parser.should_keep_alive()
-        self._finish(self.resp_status, reusable=reusable)
+        self._finish(self.resp_status, False, reusable)
 
     def on_upstream_body_end(self) -> None:
         if self.wbuf is None:
             self.wbuf = []
         self.wbuf.append(LAST_CHUNK)
 
-    def upstream_lost(self) -> None:
-        """The bound upstream connection closed or was reset."""
+    def upstream_lost(self, got_bytes: bool) -> None:
+        """The bound upstream connection closed or was reset (``got_bytes``: after answering)."""
         if self.done:
             return
         self.upstream = None
@@ -507,9 +497,9 @@ class Exchange:
             if (
                 self.reused
                 and self.attempts == 0
-                and not self.has_body
+                and not self.head.has_body
                 and not self.interim
-                and not self.resp_headers
+                and not got_bytes
                 and self.method in IDEMPOTENT
             ):
                 # A pooled connection the upstream had closed: nothing was processed, try a
@@ -575,7 +565,12 @@ class Exchange:
         if self.span is not None and cause.status >= 500:
             self.span.failed(cause.code)
         self.cause = cause
-        if self.expect_continue and self.has_body and not self.continue_sent and not self.req_done:
+        if (
+            self.head.expect_continue
+            and self.head.has_body
+            and not self.continue_sent
+            and not self.req_done
+        ):
             self.keep_alive = False  # the client may or may not send the body now
         client = self.client
         if not client.closed:
@@ -653,7 +648,13 @@ class Exchange:
                 ep.release()
                 # -- issue 4: outlier detection (5xx answers and upstream faults count)
                 cause = self.cause
-                if (status >= 500 and cause is None) or cause in UPSTREAM_FAULTS:
+                if cause is None:
+                    if status < 500:
+                        if status != 499:
+                            service.outlier.success(ep.address, now)
+                    else:
+                        service.outlier.failure(ep.address, now)
+                elif cause in UPSTREAM_FAULTS:
                     service.outlier.failure(ep.address, now)
                 elif status < 500 and status != 499:
                     service.outlier.success(ep.address, now)
@@ -666,7 +667,7 @@ class Exchange:
                 self.waiter = None
             if self.retried:
                 service.retry_budget.finish()
-        client.exchange_done(self)
+        client.exchange_done(self, now)
 
     def _end_spans(self, status: int, failed: bool) -> None:
         """End the attempt and SERVER spans (sampled requests only)."""
@@ -679,13 +680,13 @@ class Exchange:
             attempt.end(
                 self.resp_status or None,
                 error,
-                _content_length(self.resp_headers) if self.resp_status else None,
+                _content_length(response_fields(self.resp_head)) if self.resp_status else None,
             )
-        request_bytes = None if self.req_chunked else (_content_length(self.headers) or 0)
+        request_bytes = None if self.head.chunked else (_content_length(self.headers) or 0)
         span.end(
             status,
             request_bytes,
-            _content_length(self.resp_headers) if self.resp_status else None,
+            _content_length(response_fields(self.resp_head)) if self.resp_status else None,
             error,
         )
 
@@ -718,7 +719,9 @@ class Exchange:
         failure = _FAILURE_OF[cause]
         tried = self.tried = [*(self.tried or ()), ep]
         never_sent = failure is Failure.CONNECT
-        replayable = not self.has_body or never_sent or (self.replay is not None and self.req_done)
+        replayable = (
+            not self.head.has_body or never_sent or (self.replay is not None and self.req_done)
+        )
         if retry_reason(service.retry_policy, failure, len(tried), self.method, replayable) is None:
             return False
         candidates = untried(service.endpoints.routable, tried)
@@ -737,7 +740,6 @@ class Exchange:
             self.replay = None
             self.replay_bytes = 0
         self.req_sent = False
-        self.resp_headers = []
         self.interim = False
         self.upstream = None
         self.deadline_next = INF
@@ -763,7 +765,9 @@ class Exchange:
         return f"Exchange({self.method.decode()} {self.target.decode('latin-1')}, {state})"
 
 
-def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
+def _content_length(
+    headers: list[tuple[bytes, bytes]] | tuple[tuple[bytes, bytes], ...],
+) -> int | None:
     """The Content-Length of a message (for span attributes; sampled requests only)."""
     for name, value in headers:
         if name.lower() == b"content-length":

@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from http import HTTPStatus
 
+from gateway.dataplane.limits import check_fields
+
 HOP_BY_HOP = frozenset(
     {
         b"connection",
@@ -93,6 +95,21 @@ def connection_tokens(headers: list[tuple[bytes, bytes]]) -> frozenset[bytes]:
     return frozenset(tokens)
 
 
+def response_fields(raw_head: bytes) -> list[tuple[bytes, bytes]]:
+    """The fields of a response head as llhttp accepted it (status line, then ``name: value``
+    lines, each ending in CRLF), as its ``on_header`` callbacks would give them.
+
+    llhttp has already refused what is not a valid head (bare LF, obs-fold, whitespace
+    before the colon), so a split is enough: a value loses its leading SP/HTAB and keeps
+    trailing whitespace, as llhttp reports it.
+    """
+    out = []
+    for line in raw_head.split(b"\r\n")[1:-1]:
+        name, _, value = line.partition(b":")
+        out.append((name, value.lstrip(b" \t")))
+    return out
+
+
 def _is_chunked(value: bytes) -> bool:
     return value.rsplit(b",", 1)[-1].strip().lower() == b"chunked"
 
@@ -112,6 +129,8 @@ class RequestHead:
     """The client's W3C ``traceparent`` (forwarded as is; b"" when it sent several: invalid)."""
     tracestate: bytes | None = None
     """The client's ``tracestate`` fields joined with ',' (forwarded as is)."""
+    declared_length: int | None = None
+    """The request's Content-Length (None without one)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +150,7 @@ class RequestFields:
     has_body: bool
     traceparent: bytes | None
     tracestate: bytes | None
+    declared_length: int | None = None
 
 
 def request_fields(
@@ -144,6 +164,7 @@ def request_fields(
     out: list[bytes] = []
     host = via = xff = xfp = xfh = b""
     expect_continue = chunked = has_body = False
+    declared_length: int | None = None
     traceparent: bytes | None = None
     tracestate: bytes | None = None
     named: set[bytes] | None = None
@@ -169,6 +190,8 @@ def request_fields(
             host = value
         elif action == _CONTENT_LENGTH:
             has_body = has_body or value.strip() not in (b"0", b"")
+            digits = value.strip()
+            declared_length = int(digits) if digits.isdigit() else None
         elif action == _VIA:
             via = via + b", " + value if via else value
             continue
@@ -213,6 +236,7 @@ def request_fields(
         has_body,
         traceparent,
         tracestate,
+        declared_length,
     )
 
 
@@ -241,6 +265,7 @@ def request_head(
         fields.has_body,
         fields.traceparent,
         fields.tracestate,
+        fields.declared_length,
     )
 
 
@@ -347,17 +372,52 @@ def rewrite_response(
     return ResponseHead(b"".join(out), chunked, close_delimited, keep_alive)
 
 
+class CheckedFields:
+    """A request header set as the cache keeps it: rewritten, and checked per HTTP version."""
+
+    __slots__ = ("fields", "keep_alive_token", "passed")
+
+    def __init__(self, fields: RequestFields, keep_alive_token: bool) -> None:
+        self.fields = fields
+        self.keep_alive_token = keep_alive_token
+        """A Connection or Proxy-Connection field mentions keep-alive (conservatively: the
+        substring, any case), so llhttp may keep even an HTTP/1.0 connection alive."""
+        self.passed: set[str] = set()
+        """HTTP versions whose field checks (``limits.check_fields``) this set passed."""
+
+    def check(self, version: str, headers: list[tuple[bytes, bytes]]) -> None:
+        """``limits.check_fields`` for ``version`` (raises ``RequestRejected``), remembered
+        when it passes."""
+        check_fields(version, headers)
+        self.passed.add(version)
+
+    def __repr__(self) -> str:
+        return f"CheckedFields(host={self.fields.host!r}, passed={sorted(self.passed)})"
+
+
+def _names_keep_alive(headers: list[tuple[bytes, bytes]]) -> bool:
+    return any(
+        b"keep-alive" in value.lower()
+        for name, value in headers
+        if name.lower() in (b"connection", b"proxy-connection")
+    )
+
+
 class HeadCache:
-    """Memoises header rewriting per distinct input, bounded (cleared when full).
+    """Memoises the request-head checks and header rewriting per distinct input, bounded
+    (cleared when full).
 
     Clients and upstreams repeat the same header sets (a keep-alive session, one upstream's
-    responses within a second), so most heads cost a tuple hash and a dict lookup instead
-    of a pass over every field.  Keys hold the whole input (the request line and the
-    peer's address are added per request), so a hit is exactly what the pure functions
-    would return.
+    responses within a second), so most heads cost a tuple comparison or a dict lookup
+    instead of passes over every field.  A request's header set is checked
+    (``limits.check_fields``) when it is first seen; a refused one is not remembered.
+    Keys hold the whole input (the request line and the peer's address are added per
+    request), so a hit is exactly what the pure functions would return.
     """
 
     __slots__ = (
+        "_last_fields",
+        "_last_fields_key",
         "_last_request",
         "_last_request_key",
         "_last_response",
@@ -369,36 +429,67 @@ class HeadCache:
 
     def __init__(self, max_entries: int = 1024) -> None:
         self.max_entries = max_entries
-        self._requests: dict[tuple[object, ...], RequestFields] = {}
+        self._requests: dict[tuple[object, ...], CheckedFields] = {}
         self._responses: dict[tuple[object, ...], ResponseHead] = {}
-        # The previous input and result of each direction (checked before the dicts).
+        # The previous input and result of each (checked before the dicts).
+        self._last_fields_key: tuple[object, ...] | None = None
+        self._last_fields = CheckedFields(
+            RequestFields(b"", b"", b"", False, False, False, None, None), False
+        )
         self._last_request_key: tuple[object, ...] | None = None
         self._last_request = RequestHead(b"", b"", False, False, False)
         self._last_response_key: tuple[object, ...] | None = None
         self._last_response = ResponseHead(b"", False, False, False)
 
-    def request(  # noqa: PLR0917  (positional on purpose: called once per request)
+    def request(  # noqa: PLR0917  (positional on purpose)
         self,
         method: bytes,
         target: bytes,
+        version: str,
         headers: list[tuple[bytes, bytes]],
         peer_ip: bytes,
         trusted: bool,
-        drop: frozenset[bytes] | set[bytes] = frozenset(),
+        drop: frozenset[bytes] = frozenset(),
     ) -> RequestHead:
-        fields_key = (tuple(headers), trusted, frozenset(drop) if drop else None)
-        # The same request as the previous one (a benchmark, a health checker, a client
-        # polling): comparing with it is cheaper than hashing the fields for the dict.
-        key = (method, target, peer_ip, fields_key)
-        if key == self._last_request_key:
-            return self._last_request
+        """The head to send upstream; raises ``RequestRejected`` for a refused header set.
+
+        The three steps the data plane takes separately (see ``ClientConnection``)."""
+        checked = self.fields(headers, trusted, drop)
+        if version not in checked.passed:
+            checked.check(version, headers)
+        return self.head(method, target, checked.fields, peer_ip)
+
+    def fields(
+        self,
+        headers: list[tuple[bytes, bytes]],
+        trusted: bool,
+        drop: frozenset[bytes] = frozenset(),
+    ) -> CheckedFields:
+        """The rewritten fields of a request's header set (not yet checked for a version)."""
+        key = (tuple(headers), trusted, drop)
+        if key == self._last_fields_key:
+            return self._last_fields
         cache = self._requests
-        fields = cache.get(fields_key)
-        if fields is None:
-            fields = request_fields(headers, trusted=trusted, drop=drop)
+        checked = cache.get(key)
+        if checked is None:
+            checked = CheckedFields(
+                request_fields(headers, trusted=trusted, drop=drop), _names_keep_alive(headers)
+            )
             if len(cache) >= self.max_entries:
                 cache.clear()
-            cache[fields_key] = fields
+            cache[key] = checked
+        self._last_fields_key = key
+        self._last_fields = checked
+        return checked
+
+    def head(
+        self, method: bytes, target: bytes, fields: RequestFields, peer_ip: bytes
+    ) -> RequestHead:
+        """``request_head``, joined again only when the request line or the peer changed
+        (a client polling, a health checker: comparing is cheaper than joining)."""
+        key = (method, target, peer_ip, fields)
+        if key == self._last_request_key:
+            return self._last_request
         head = request_head(method, target, fields, peer_ip)
         self._last_request_key = key
         self._last_request = head
@@ -407,13 +498,15 @@ class HeadCache:
     def response(  # noqa: PLR0917  (positional on purpose: called once per response)
         self,
         status: int,
-        headers: list[tuple[bytes, bytes]],
+        raw_head: bytes,
         date: bytes,
         http11: bool,
         head_only: bool,
         keep_alive: bool,
     ) -> ResponseHead:
-        key = (status, tuple(headers), date, http11, head_only, keep_alive)
+        """The rewritten head for an upstream head received as ``raw_head`` (see
+        :func:`response_fields`; the status is the one llhttp read from it)."""
+        key = (raw_head, date, http11, head_only, keep_alive)
         if key == self._last_response_key:
             return self._last_response
         cache = self._responses
@@ -422,7 +515,7 @@ class HeadCache:
             head = rewrite_response(
                 status,
                 reason_phrase(status),
-                headers,
+                response_fields(raw_head),
                 date,
                 http11=http11,
                 head_only=head_only,

@@ -14,6 +14,10 @@ lets through and HTTP/1.1 still forbids is checked here, once per request head, 
 * ``Transfer-Encoding`` in HTTP/1.0, or whose final coding is not ``chunked`` -> 400; other
   codings before ``chunked`` (``gzip, chunked``) -> 501 (only chunked is implemented).
 
+The data plane makes the request-line checks (:func:`check_request_line`) only for what is
+not the common case (an origin-form target without ``#`` in HTTP/1.0 or 1.1), and the field
+checks (:func:`check_fields`) once per distinct header set (``HeadCache.request``).
+
 Size and time limits (``limits`` in the config) are counted by the server as bytes arrive,
 so an oversized head is refused as soon as it crosses the limit, whether it came at once
 or dripped: :class:`HeadLimits` holds them.
@@ -23,6 +27,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
+import httptools
 
 from gateway.dataplane.errors import Cause
 from gateway.settings import GatewayLimits
@@ -76,6 +82,24 @@ def _check_target(method: bytes, target: bytes) -> None:
         raise RequestRejected(Cause.BAD_REQUEST, "absolute-form needs a host and no userinfo")
 
 
+def origin_form(
+    target: bytes, headers: list[tuple[bytes, bytes]]
+) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+    """An absolute-form target (checked by :func:`check_request_line`) as origin-form, with
+    ``Host`` replaced by its authority (RFC 9112 §3.2.2): the request is routed by it."""
+    try:
+        url = httptools.parse_url(target)
+    except httptools.HttpParserInvalidURLError:
+        return target, headers
+    path = url.path or b"/"
+    target = path + (b"?" + url.query if url.query else b"")
+    if url.host:
+        authority = url.host + (b":%d" % url.port if url.port else b"")
+        headers = [(n, v) for n, v in headers if n.lower() != b"host"]
+        headers.append((b"Host", authority))
+    return target, headers
+
+
 def _check_codings(values: list[bytes]) -> None:
     codings = [c.strip().lower() for v in values for c in v.split(b",")]
     if not codings or codings[-1] != b"chunked" or codings.count(b"chunked") != 1:
@@ -90,35 +114,24 @@ def check_head(
     method: bytes, target: bytes, version: str, headers: list[tuple[bytes, bytes]]
 ) -> int | None:
     """Refuse what llhttp accepts but HTTP/1.1 forbids; return the declared Content-Length."""
+    check_request_line(method, target, version)
+    return check_fields(version, headers)
+
+
+def check_request_line(method: bytes, target: bytes, version: str) -> None:
+    """The version (1.0 or 1.1) and the request target (see the module docstring)."""
     if version not in {"1.1", "1.0"}:
         if version == "2.0":
             raise RequestRejected(Cause.VERSION_NOT_SUPPORTED, "HTTP/2 is not served")
         raise RequestRejected(Cause.BAD_REQUEST, f"HTTP/{version}")
     if target[:1] != b"/" or b"#" in target:
         _check_target(method, target)
-    key = (version, tuple(headers))
-    if key == _last_checked.key:  # the same fields as the previous head: same verdict
-        return _last_checked.length
-    length = _check_fields(version, headers)
-    _last_checked.key = key
-    _last_checked.length = length
-    return length
 
 
-class _LastChecked:
-    """The fields of the last head that passed :func:`_check_fields`, and its result."""
-
-    __slots__ = ("key", "length")
-
-    def __init__(self) -> None:
-        self.key: tuple[str, tuple[tuple[bytes, bytes], ...]] | None = None
-        self.length: int | None = None
-
-
-_last_checked = _LastChecked()
-
-
-def _check_fields(version: str, headers: list[tuple[bytes, bytes]]) -> int | None:
+def check_fields(
+    version: str, headers: list[tuple[bytes, bytes]] | tuple[tuple[bytes, bytes], ...]
+) -> int | None:
+    """Host and Transfer-Encoding rules; return the declared Content-Length (or None)."""
     host: bytes | None = None
     hosts = 0
     te: list[bytes] | None = None

@@ -23,7 +23,13 @@ import httptools
 from gateway.dataplane.errors import Cause, HttpDate, error_response
 from gateway.dataplane.forward import PAUSE_BACKPRESSURE, PAUSE_BUFFER, Exchange
 from gateway.dataplane.headers import HeadCache
-from gateway.dataplane.limits import HeadLimits, RequestRejected, check_head
+from gateway.dataplane.limits import (
+    HeadLimits,
+    RequestRejected,
+    check_fields,
+    check_request_line,
+    origin_form,
+)
 from gateway.dataplane.upstream import WRITE_BUFFER_HIGH, WRITE_BUFFER_LOW, EndpointConnections
 from gateway.routing import RouteTable
 from gateway.service import Service
@@ -42,6 +48,7 @@ IDLE_SWEEP_EVERY = 20
 LINGER_S = 2.0
 """After an error response, unread input is drained (not reset) for at most this long."""
 LINGER_MAX_BYTES = 1 << 20
+_SERVED_VERSIONS = frozenset({"1.1", "1.0"})
 
 
 class Routing(Protocol):
@@ -61,12 +68,12 @@ class ClientConnection(asyncio.Protocol):
         "current",
         "dp",
         "error_cause",
-        "fields_left",
         "head_deadline",
         "head_left",
         "head_open",
         "headers",
         "last_active",
+        "limits",
         "line_bytes",
         "lingering",
         "parser",
@@ -79,7 +86,6 @@ class ClientConnection(asyncio.Protocol):
         "trusted",
         "upgraded",
         "url",
-        "url_left",
         "write_paused",
     )
 
@@ -106,8 +112,8 @@ class ClientConnection(asyncio.Protocol):
         """A request head has begun and is not complete."""
         self.head_left = 0
         """Bytes the current head may still take (request line and fields as reported)."""
-        self.url_left = 0
-        self.fields_left = 0
+        self.limits = dp.limits
+        """The head limits in force when the current message began (reload swaps dp's)."""
         self.line_bytes = 0
         """The incomplete line at the end of the last read (not yet reported by the parser)."""
         self.head_deadline = 0.0
@@ -160,10 +166,10 @@ class ClientConnection(asyncio.Protocol):
     # -- issue 4: head size and time limits -------------------------------------------------
 
     def _head_pending(self, data: bytes) -> None:
-        """A head is still incomplete after this read: bound its size and its time."""
+        """A head is still incomplete after this read: bound its size, its fields and its time."""
         i = data.rfind(b"\n")
         self.line_bytes = self.line_bytes + len(data) if i == -1 else len(data) - i - 1
-        if self.line_bytes > self.head_left:
+        if self.line_bytes > self.head_left or len(self.headers) > self.limits.max_headers:
             self._reject(Cause.HEADERS_TOO_LARGE)
             return
         if not self.head_deadline:
@@ -212,29 +218,30 @@ class ClientConnection(asyncio.Protocol):
 
     # -- httptools callbacks ---------------------------------------------------------------
 
+    # The limits are counted as the parser reports the head: the URI and the field bytes
+    # per callback (the cheapest place: the lengths are at hand), the number of fields
+    # (headers and trailers) once per read and once per head (len() of the list), and an
+    # unfinished line by _head_pending.  Each callback runs per request, so they are kept
+    # to a few operations.
+
     def on_message_begin(self) -> None:
         self.url = b""
         self.headers = []
         self.head_open = True
-        limits = self.dp.limits
+        limits = self.limits = self.dp.limits
         self.head_left = limits.max_header_bytes
-        self.url_left = limits.max_uri_bytes
-        self.fields_left = limits.max_headers
         self.line_bytes = 0
 
     def on_url(self, url: bytes) -> None:
         self.url += url
-        n = len(url)
-        self.url_left -= n
-        self.head_left -= n
-        if self.url_left < 0:
+        self.head_left -= len(url)
+        if len(self.url) > self.limits.max_uri_bytes:
             self._stop_parsing(Cause.URI_TOO_LONG)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers.append((name, value))
-        self.fields_left -= 1
-        self.head_left -= len(name) + len(value) + 4
-        if self.fields_left < 0 or self.head_left < 0:
+        left = self.head_left = self.head_left - len(name) - len(value) - 4
+        if left < 0:
             self._stop_parsing(Cause.HEADERS_TOO_LARGE)
 
     def on_headers_complete(self) -> None:
@@ -244,18 +251,39 @@ class ClientConnection(asyncio.Protocol):
             self.dp.slow_heads.discard(self)
         if self.closed or self.broken:
             return
+        if len(self.headers) > self.limits.max_headers:
+            self._stop_parsing(Cause.HEADERS_TOO_LARGE)
         parser = self.parser
         method = parser.get_method()
-        version = parser.get_http_version()
+        target = self.url
+        headers = self.headers
+        heads = self.dp.heads
+        keep_alive = parser.should_keep_alive()
         try:
-            declared_length = check_head(method, self.url, version, self.headers)
+            checked = heads.fields(headers, self.trusted)
+            # llhttp keeps a connection alive by default only in HTTP/1.1 (other versions
+            # need a keep-alive token), so keep-alive without one means 1.1: no need to ask
+            # (get_http_version formats a new str per call, ~3 % of a request's work).
+            if keep_alive and not checked.keep_alive_token:
+                version = "1.1"
+            else:
+                version = parser.get_http_version()
+            # The common request line (origin-form, no fragment, HTTP/1.x) needs no checks.
+            if target[:1] != b"/" or b"#" in target or version not in _SERVED_VERSIONS:
+                check_request_line(method, target, version)
+                if target[:1] != b"/":  # absolute-form: its own fields are checked first
+                    check_fields(version, headers)
+                    target, headers = origin_form(target, headers)
+                    checked = heads.fields(headers, self.trusted)
+            # The header set is checked once per distinct set and version.
+            if version not in checked.passed:
+                checked.check(version, headers)
         except RequestRejected as e:
             self._stop_parsing(e.cause)
-        exchange = Exchange(
-            self, method, self.url, self.headers, parser.should_keep_alive(), version == "1.1"
-        )
-        if declared_length is not None:
-            exchange.declared_length = declared_length
+        head = heads.head(method, target, checked.fields, self.peer_ip)
+        exchange = Exchange(self, method, target, headers, head, keep_alive, version == "1.1")
+        if not head.has_body:  # the request is complete now (llhttp ends it without a body)
+            exchange.req_done = True
         self.parsing = exchange
         if self.current is None:
             self.current = exchange
@@ -271,10 +299,13 @@ class ClientConnection(asyncio.Protocol):
             exchange.on_request_body(body)
 
     def on_message_complete(self) -> None:
+        if len(self.headers) > self.limits.max_headers:  # trailers count too
+            self._stop_parsing(Cause.HEADERS_TOO_LARGE)
         exchange = self.parsing
         if exchange is not None:
             self.parsing = None
-            exchange.on_request_end()
+            if not exchange.req_done:
+                exchange.on_request_end()
 
     # -- used by Exchange -------------------------------------------------------------------
 
@@ -291,14 +322,14 @@ class ClientConnection(asyncio.Protocol):
         if not new and not self.closed:
             self.transport.resume_reading()
 
-    def exchange_done(self, exchange: Exchange) -> None:
+    def exchange_done(self, exchange: Exchange, now: float) -> None:
         if self.current is exchange:
             self.current = None
         if self.pause_bits:
             self.unpause(PAUSE_BUFFER | PAUSE_BACKPRESSURE)
         if self.closed:
             return
-        self.last_active = self.dp.loop.time()
+        self.last_active = now
         if not exchange.keep_alive or self.dp.stopping:
             if exchange.req_done:
                 self.close()

@@ -5,6 +5,13 @@ serves a request it is bound to that request's :class:`~gateway.dataplane.forwar
 and forwards every parser callback and flow-control event to it.  Idle connections wait in
 their endpoint's :class:`EndpointConnections` (LIFO, bounded, with an idle timeout shorter
 than common upstream keep-alive timeouts so a reused connection is rarely a closed one).
+
+Response heads are handed over raw: the parser has no ``on_header`` callback (one Python
+call per field per response); when it reports a complete head, the head's bytes are cut
+from what was read (llhttp only accepts CRLF line ends in a response head, so the head is
+everything up to the first CRLF CRLF) and the exchange rewrites them through a cache keyed
+by those bytes (``HeadCache.response``).  A head split across reads is kept until it
+completes, up to ``MAX_RESPONSE_HEAD_BYTES``.
 """
 
 from __future__ import annotations
@@ -23,14 +30,21 @@ MAX_IDLE_PER_ENDPOINT = 256
 IDLE_TIMEOUT_S = 4.0
 WRITE_BUFFER_HIGH = 256 * 1024
 WRITE_BUFFER_LOW = 64 * 1024
+MAX_RESPONSE_HEAD_BYTES = 64 * 1024
+"""A response head larger than this is a bad response (502), like Envoy's 60 KiB default."""
 
 
 class UpstreamConnection(asyncio.Protocol):
     __slots__ = (
         "closed",
+        "data",
         "exchange",
+        "head_from",
         "idle_since",
+        "in_head",
+        "interim",
         "parser",
+        "partial",
         "pool",
         "read_paused",
         "transport",
@@ -46,6 +60,16 @@ class UpstreamConnection(asyncio.Protocol):
         self.write_paused = False
         self.read_paused = False
         self.idle_since = 0.0
+        self.data = b""
+        """This read's bytes (the bound exchange's: ``Exchange.bind`` empties it)."""
+        self.head_from = 0
+        """Where the response head being parsed starts in ``data`` (-1: not a response of ours)."""
+        self.partial = b""
+        """The start of a response head whose end has not arrived yet."""
+        self.in_head = True
+        """Between messages or inside a head (not inside a body)."""
+        self.interim = False
+        """The message being parsed is a 1xx (no body: the final head follows it)."""
 
     # -- asyncio.Protocol ---------------------------------------------------------------
 
@@ -60,6 +84,16 @@ class UpstreamConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         exchange = self.exchange
+        if exchange is None:  # bytes on an idle connection: nobody asked, it is unusable
+            self.abort()
+            return
+        partial = self.partial
+        if partial:  # a head continues: cut it from partial + data
+            self.partial = b""
+            self.data = partial + data
+        else:
+            self.data = data
+        self.head_from = 0
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError:
@@ -68,8 +102,21 @@ class UpstreamConnection(asyncio.Protocol):
             if exchange is not None:
                 exchange.upstream_bad_response()
             return
-        if exchange is not None and exchange.wbuf:
+        if self.in_head and self.head_from >= 0 and self.exchange is not None:
+            self._keep_partial()
+        if exchange.wbuf:
             exchange.flush()  # one write per upstream read, head and body together
+
+    def _keep_partial(self) -> None:
+        """The read ended inside a response head: keep its start for the next read."""
+        partial = self.data[self.head_from :]
+        if len(partial) > MAX_RESPONSE_HEAD_BYTES:
+            exchange = self.exchange
+            self.abort()
+            if exchange is not None:
+                exchange.upstream_bad_response()
+            return
+        self.partial = partial
 
     def eof_received(self) -> bool | None:
         return None  # close; connection_lost tells the exchange
@@ -79,7 +126,7 @@ class UpstreamConnection(asyncio.Protocol):
         exchange = self.exchange
         if exchange is not None:
             self.exchange = None
-            exchange.upstream_lost()
+            exchange.upstream_lost(bool(self.data))
         else:
             self.pool.discard(self)
 
@@ -95,24 +142,36 @@ class UpstreamConnection(asyncio.Protocol):
 
     # -- httptools callbacks (forwarded to the bound exchange) -----------------------------
 
-    # No on_message_begin/on_status: each callback costs a Python call per response, and
-    # the reason phrase is rebuilt from the status code (RFC 9112 §4: clients ignore it).
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        if self.exchange is not None:
-            self.exchange.resp_headers.append((name, value))
+    # No on_message_begin/on_status/on_header: each callback costs a Python call per
+    # response (per field for on_header); the head is taken raw (see the module docstring)
+    # and the reason phrase is rebuilt from the status code (RFC 9112 §4: clients ignore it).
 
     def on_headers_complete(self) -> None:
-        if self.exchange is not None:
-            self.exchange.on_upstream_headers(self.parser.get_status_code())
-        else:  # a response nobody asked for: this connection is unusable
+        self.in_head = False
+        exchange = self.exchange
+        start = self.head_from
+        if exchange is None or start < 0:  # a response nobody asked for: unusable
             self.abort()
+            return
+        data = self.data
+        end = data.find(b"\r\n\r\n", start) + 2  # llhttp has checked the CRLFs
+        if end == 1 or end - start > MAX_RESPONSE_HEAD_BYTES:
+            self.abort()
+            exchange.upstream_bad_response()
+            return
+        status = self.parser.get_status_code()
+        self.interim = status < 200
+        self.head_from = end + 2
+        exchange.on_upstream_headers(status, data[start:end])
 
     def on_body(self, body: bytes) -> None:
         if self.exchange is not None:
             self.exchange.on_upstream_body(body)
 
     def on_message_complete(self) -> None:
+        self.in_head = True
+        if not self.interim:
+            self.head_from = -1  # more bytes in this read would be a response nobody asked for
         if self.exchange is not None:
             self.exchange.on_upstream_complete()
 

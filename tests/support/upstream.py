@@ -229,6 +229,35 @@ class Upstream:
             writer.write(self.head(200, pairs, len(body)) + body)
             await writer.drain()
             return True
+        if path == "/early-hints":
+            # A 103 before the final response: separate writes, or one (?together=1).
+            hints = b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\n"
+            body = b"after hints\n"
+            final = self.head(200, [("X-Final", "yes")], len(body)) + body
+            if req.arg("together", "0") == "1":
+                writer.write(hints + final)
+            else:
+                writer.write(hints)
+                await writer.drain()
+                await asyncio.sleep(0.02)
+                writer.write(final)
+            await writer.drain()
+            return True
+        if path == "/drip-head":
+            # The response head in pieces of ?piece=N bytes, each its own write.
+            piece = int(req.arg("piece", "3"))
+            body = b"dripped\n"
+            data = self.head(200, [("X-Dripped", "a" * 40)], len(body)) + body
+            for i in range(0, len(data), piece):
+                writer.write(data[i : i + piece])
+                await writer.drain()
+                await asyncio.sleep(0.002)
+            return True
+        if path == "/huge-head":
+            n = int(req.arg("bytes", "70000"))
+            writer.write(self.head(200, [("X-Huge", "h" * n)], 2) + b"ok")
+            await writer.drain()
+            return True
         if path == "/_events":
             await self.respond(writer, 200, json.dumps(self.events).encode(), "application/json")
             return True

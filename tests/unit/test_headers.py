@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import httptools
 import pytest
 
 from gateway.dataplane.errors import Cause, HttpDate, error_response
@@ -10,9 +11,11 @@ from gateway.dataplane.headers import (
     connection_tokens,
     request_fields,
     request_head,
+    response_fields,
     rewrite_request,
     rewrite_response,
 )
+from gateway.dataplane.limits import RequestRejected
 
 H = list[tuple[bytes, bytes]]
 
@@ -248,21 +251,56 @@ def test_head_cache_returns_what_the_pure_functions_return() -> None:
     peer = b"10.0.0.1"
     for trusted in (False, True, False):
         for drop in (frozenset(), frozenset({b"traceparent"})):
-            got = cache.request(b"GET", b"/x", list(headers), peer, trusted, drop)
+            got = cache.request(b"GET", b"/x", "1.1", list(headers), peer, trusted, drop)
             want = rewrite_request(b"GET", b"/x", headers, peer, trusted=trusted, drop=drop)
             assert got == want
     key_count = len(cache._requests)
-    cache.request(b"POST", b"/y", list(headers), b"10.9.9.9", True)  # same fields: a hit
+    cache.request(b"POST", b"/y", "1.1", list(headers), b"10.9.9.9", True)  # same fields: a hit
     assert len(cache._requests) == key_count
     assert request_head(
         b"GET", b"/", request_fields(headers, trusted=True), peer
     ) == rewrite_request(b"GET", b"/", headers, peer, trusted=True)
     resp = [(b"Content-Length", b"2"), (b"Date", b"D")]
-    got_resp = cache.response(200, list(resp), b"NOW", True, False, True)
+    raw = b"HTTP/1.1 200 Fine\r\nContent-Length: 2\r\nDate: D\r\n"
+    got_resp = cache.response(200, raw, b"NOW", True, False, True)
     assert got_resp == rewrite_response(
         200, b"OK", resp, b"NOW", http11=True, head_only=False, keep_alive=True
     )
-    assert cache.response(200, list(resp), b"NOW", False, False, True).head != got_resp.head
+    assert cache.response(200, raw, b"NOW", False, False, True).head != got_resp.head
     for i in range(10):  # bounded: it starts over instead of growing
-        cache.request(b"GET", b"/", [(b"X-N", str(i).encode())], peer, False)
+        cache.request(b"GET", b"/", "1.0", [(b"X-N", str(i).encode())], peer, False)
     assert len(cache._requests) <= 4
+
+
+def test_head_cache_checks_each_header_set_for_its_version() -> None:
+    cache = HeadCache()
+    no_host = [(b"Accept", b"*/*")]
+    assert cache.request(b"GET", b"/", "1.0", no_host, b"1.2.3.4", False).host == b""
+    for _ in range(2):  # refused every time: a refused set is not remembered
+        with pytest.raises(RequestRejected) as info:
+            cache.request(b"GET", b"/", "1.1", no_host, b"1.2.3.4", False)
+        assert info.value.cause is Cause.BAD_REQUEST
+    with_length = [(b"Host", b"h"), (b"Content-Length", b"12")]
+    head = cache.request(b"POST", b"/", "1.1", with_length, b"1.2.3.4", False)
+    assert head.declared_length == 12
+    assert head.has_body
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"HTTP/1.1 200 OK\r\nServer: x\r\nContent-Length: 2\r\n\r\nok",
+        b"HTTP/1.1 204 No Content\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nX-A:   v  \t \r\nX-B:\r\nX-C:\tc\r\nContent-Length: 0\r\n\r\n",
+        b"HTTP/1.0 200\r\nSet-Cookie: a=b: c\r\nSet-Cookie: d\r\nConnection: close\r\n\r\n",
+    ],
+)
+def test_response_fields_are_what_llhttp_reports(raw: bytes) -> None:
+    seen: list[tuple[bytes, bytes]] = []
+
+    class Fields:
+        def on_header(self, name: bytes, value: bytes) -> None:
+            seen.append((name, value))
+
+    httptools.HttpResponseParser(Fields()).feed_data(raw)
+    assert response_fields(raw[: raw.index(b"\r\n\r\n") + 2]) == seen

@@ -1,0 +1,502 @@
+"""Steady CPU-per-request figure for Sluice's data plane (the tool to measure each hot-path change).
+
+    python benchmarks/proxy_harness.py                     # 5 runs x 4 s, median CPU us/request
+    python benchmarks/proxy_harness.py --nginx             # also nginx as a proxy, same load
+    python benchmarks/proxy_harness.py --py-spy prof.svg   # flame graph of one run (py-spy)
+    python benchmarks/proxy_harness.py --callgrind         # user-space instructions/request
+    python benchmarks/proxy_harness.py --side-by-side ../main   # this tree vs another, at once
+
+``benchmarks/proxy.py`` is the end-to-end comparison (req/s, latency, nginx in the same
+run), but on a shared 2-core machine its req/s swing with whatever else runs.  This
+harness measures what a hot-path change actually moves: the CPU the gateway spends per
+request.  It runs the real gateway (``gateway.app.serve``: data plane, admin plane, scaler
+loop, the composition root of ``sluice run``) in this process on uvloop, pinned to core 0,
+in front of an nginx upstream on core 1, and drives it with ``wrk -c50`` from core 1.  Per
+run it reads this process's user and system CPU (``getrusage``) and the number of
+requests the gateway forwarded (its own counter), and reports CPU microseconds per
+request: user (Python, uvloop, httptools) and system (socket syscalls) separately.
+Medians over ``--runs`` runs; the spread says how much to trust a difference.
+
+``--callgrind`` re-runs the harness under ``valgrind --tool=callgrind`` with collection
+switched on only around the load (``callgrind_control``), and reports instructions per
+request: deterministic whatever else runs on the machine, user space only (syscalls are
+not counted), about 50x slower.  Needs valgrind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def _proxy_bench() -> ModuleType:
+    """benchmarks/proxy.py (nginx configs, process control, wrk parsing) as a module."""
+    spec = importlib.util.spec_from_file_location("bench_proxy", ROOT / "benchmarks" / "proxy.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _proxy_bench()
+
+SLUICE_CONFIG = """\
+listen: {{host: 127.0.0.1, port: {port}}}
+admin: {{host: 127.0.0.1, port: {admin_port}}}
+platform: static
+services:
+  bench:
+    routes:
+      - {{path: /, path_type: Prefix}}
+    endpoints: ["127.0.0.1:{upstream_port}"]
+"""
+
+
+@dataclass
+class Measurement:
+    target: str
+    requests: int
+    wall_s: float
+    user_us_per_request: float
+    sys_us_per_request: float
+
+    @property
+    def cpu_us_per_request(self) -> float:
+        return self.user_us_per_request + self.sys_us_per_request
+
+
+def _rusage() -> tuple[float, float]:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime, r.ru_stime
+
+
+async def _wrk(port: int, connections: int, duration_s: float) -> Any:
+    argv = ["taskset", "-c", bench.LOAD_CORE, "wrk", "-t1", f"-c{connections}"]
+    argv += [f"-d{duration_s:g}s", "--timeout", "30s", "--latency", "-H", "Host: bench.test"]
+    argv.append(f"http://127.0.0.1:{port}/")
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"wrk failed ({proc.returncode}): {err.decode()}")
+    result = bench.parse_wrk(out.decode())
+    if result.errors or result.non_2xx:
+        raise RuntimeError(f"wrk saw {result.errors} errors, {result.non_2xx} non-2xx")
+    return result
+
+
+def _control(action: str) -> None:
+    """Switch callgrind's collection on/off for this process (no-op outside valgrind)."""
+    if os.environ.get("SLUICE_HARNESS_CALLGRIND"):
+        subprocess.run(
+            ["callgrind_control", action, str(os.getpid())],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+
+
+async def measure_sluice(args: argparse.Namespace, upstream_port: int) -> list[Measurement]:
+    from gateway.app import Runtime, serve
+    from gateway.settings import load_settings
+
+    dp_port = bench.free_port()
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        f.write(
+            SLUICE_CONFIG.format(
+                port=dp_port, admin_port=bench.free_port(), upstream_port=upstream_port
+            )
+        )
+        config = Path(f.name)
+    try:
+        settings = load_settings(config)
+    finally:
+        config.unlink()
+    stop = asyncio.Event()
+    results: list[Measurement] = []
+
+    async def drive(runtime: Runtime) -> None:
+        try:
+            counter = runtime.services["bench"].stats
+            await _wrk(dp_port, args.connections, 1.0)  # warm-up: pools, caches
+            for _ in range(args.runs):
+                before_n = counter.arrivals_total
+                u0, s0 = _rusage()
+                t0 = time.monotonic()
+                _control("--instr=on")
+                await _wrk(dp_port, args.connections, args.duration_s)
+                _control("--instr=off")
+                u1, s1 = _rusage()
+                n = counter.arrivals_total - before_n
+                m = Measurement(
+                    "sluice", n, time.monotonic() - t0, (u1 - u0) / n * 1e6, (s1 - s0) / n * 1e6
+                )
+                results.append(m)
+                print(
+                    f"sluice {n:>8} req  cpu {m.cpu_us_per_request:6.1f} us/req "
+                    f"(user {m.user_us_per_request:5.1f}, sys {m.sys_us_per_request:5.1f})  "
+                    f"load {os.getloadavg()[0]:.2f}",
+                    flush=True,
+                )
+        finally:
+            stop.set()
+
+    await serve(settings, stop=stop, on_ready=drive)
+    return results
+
+
+def measure_nginx(args: argparse.Namespace, upstream_port: int, workdir: Path) -> list[Measurement]:
+    port = bench.free_port()
+    nginx = bench.start_nginx(
+        "nginx",
+        bench.PROXY_SERVER.format(port=port, upstream_port=upstream_port),
+        bench.PROXY_CORE,
+        workdir,
+    )
+    results = []
+    try:
+        bench.wait_until_serving(nginx, port)
+        bench.wrk(port, args.connections, 1, 30)
+        for _ in range(args.runs):
+            c0 = nginx.group_cpu_s()
+            r = bench.wrk(port, args.connections, args.duration_s, args.duration_s + 30)
+            cpu = nginx.group_cpu_s() - c0
+            m = Measurement("nginx", r.requests, r.duration_s, cpu / r.requests * 1e6, 0.0)
+            results.append(m)
+            print(f"nginx  {r.requests:>8} req  cpu {m.cpu_us_per_request:6.1f} us/req", flush=True)
+    finally:
+        nginx.stop()
+    return results
+
+
+def _summary(ms: list[Measurement]) -> dict[str, float]:
+    cpu = [m.cpu_us_per_request for m in ms]
+    return {
+        "runs": len(ms),
+        "cpu_us_per_request_median": statistics.median(cpu),
+        "cpu_us_per_request_min": min(cpu),
+        "cpu_us_per_request_max": max(cpu),
+        "user_us_per_request_median": statistics.median(m.user_us_per_request for m in ms),
+        "sys_us_per_request_median": statistics.median(m.sys_us_per_request for m in ms),
+        "rps_median": statistics.median(m.requests / m.wall_s for m in ms),
+        "requests": sum(m.requests for m in ms),
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    import uvloop
+
+    bench.ensure_tools()
+    with tempfile.TemporaryDirectory(prefix="sluice-harness-") as tmp:
+        workdir = Path(tmp)
+        upstream_port = bench.free_port()
+        upstream = bench.start_nginx(
+            "upstream",
+            bench.UPSTREAM_SERVER.format(port=upstream_port, body="ok\\n"),
+            bench.LOAD_CORE,
+            workdir,
+        )
+        try:
+            bench.wait_until_serving(upstream, upstream_port)
+            out: dict[str, Any] = {"loadavg_at_start": os.getloadavg()}
+            if args.nginx:
+                out["nginx"] = _summary(measure_nginx(args, upstream_port, workdir))
+            os.sched_setaffinity(0, {int(bench.PROXY_CORE)})
+            ms = uvloop.run(measure_sluice(args, upstream_port))
+            out["sluice"] = _summary(ms)
+            out["loadavg_at_end"] = os.getloadavg()
+        finally:
+            upstream.stop()
+    return out
+
+
+# ---------------------------------------------------------------- --side-by-side TREE
+
+
+def side_by_side(args: argparse.Namespace) -> int:
+    """This tree's gateway and ``TREE``'s, both on core 0, each under its own wrk -c50 at
+    the same time: whatever else runs on the machine disturbs both alike, so the CPU per
+    request of the two is comparable even when neither figure is steady on its own."""
+    bench.ensure_tools()
+    trees = {"this": ROOT, "other": args.side_by_side.resolve()}
+    processes: list[Any] = []
+    with tempfile.TemporaryDirectory(prefix="sluice-sbs-") as tmp, bench.stopping(processes):
+        workdir = Path(tmp)
+        upstream_port = bench.free_port()
+        upstream = bench.start_nginx(
+            "upstream",
+            bench.UPSTREAM_SERVER.format(port=upstream_port, body="ok\\n"),
+            bench.LOAD_CORE,
+            workdir,
+        )
+        processes.append(upstream)
+        bench.wait_until_serving(upstream, upstream_port)
+        gateways = {}
+        for name, tree in trees.items():
+            port, admin = bench.free_port(), bench.free_port()
+            config = workdir / f"{name}.yaml"
+            config.write_text(
+                bench.SLUICE_CONFIG.format(port=port, admin_port=admin, upstream_port=upstream_port)
+            )
+            argv = [sys.executable, "-m", "gateway", "run", "--config", str(config)]
+            proc = bench.start(name, argv, bench.PROXY_CORE, workdir, cwd=tree)
+            processes.append(proc)
+            bench.wait_until_serving(proc, admin, "/readyz")
+            bench.wait_until_serving(proc, port)
+            bench.wrk(port, args.connections, 1, 30)  # warm-up
+            gateways[name] = (port, proc)
+        ratios = []
+        for n in range(1, args.runs + 1):
+            done: dict[str, Any] = {}
+            cpu0 = {name: proc.group_cpu_s() for name, (_, proc) in gateways.items()}
+
+            threads = [
+                threading.Thread(target=_load, args=(args, name, port, done))
+                for name, (port, _) in gateways.items()
+            ]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            per = {
+                name: (proc.group_cpu_s() - cpu0[name]) / done[name].requests * 1e6
+                for name, (_, proc) in gateways.items()
+            }
+            ratios.append(per["this"] / per["other"])
+            print(
+                f"run {n}: this {per['this']:.1f} us/req ({done['this'].rps:,.0f} req/s), "
+                f"other {per['other']:.1f} us/req ({done['other'].rps:,.0f} req/s), "
+                f"this/other {ratios[-1]:.3f}, load {os.getloadavg()[0]:.2f}",
+                flush=True,
+            )
+    print(f"\nCPU per request, this tree / {trees['other']}: {statistics.median(ratios):.3f}")
+    return 0
+
+
+def _load(args: argparse.Namespace, name: str, port: int, done: dict[str, Any]) -> None:
+    done[name] = bench.wrk(port, args.connections, args.duration_s, args.duration_s + 30)
+
+
+# ---------------------------------------------------------------- --micro: no sockets
+
+MICRO_REQUEST = b"GET / HTTP/1.1\r\nHost: bench.test\r\nUser-Agent: wrk\r\n\r\n"
+MICRO_RESPONSE = (
+    b"HTTP/1.1 200 OK\r\nServer: nginx/1.22.1\r\nDate: Thu, 01 Jan 2026 00:00:00 GMT\r\n"
+    b"Content-Type: text/plain\r\nContent-Length: 3\r\nConnection: keep-alive\r\n\r\nok\n"
+)
+
+
+class MemoryTransport:
+    """An in-memory transport: counts what is written, never blocks (``--micro`` only)."""
+
+    def __init__(self, peer: tuple[str, int]) -> None:
+        self.peer = peer
+        self.written = 0
+        self.closing = False
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self.peer if name == "peername" else default
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
+    def write(self, data: bytes) -> None:
+        self.written += len(data)
+
+    def writelines(self, chunks: Any) -> None:
+        for chunk in chunks:
+            self.written += len(chunk)
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def close(self) -> None:
+        self.closing = True
+
+    def abort(self) -> None:
+        self.closing = True
+
+
+async def micro(requests: int, runs: int, check: bool = True) -> list[float]:
+    """The data plane's Python path per request, socket I/O replaced by memory transports.
+
+    One client connection and one pooled upstream connection; each request is fed to the
+    client side, its response to the upstream side, as the event loop would.  Returns the
+    CPU microseconds per request of each run.
+    """
+    from gateway.app import Runtime
+    from gateway.dataplane.server import ClientConnection, DataPlane
+    from gateway.dataplane.upstream import EndpointConnections, UpstreamConnection
+    from gateway.discovery.static import endpoints_from_settings, routes_from_settings
+    from gateway.settings import Settings
+
+    settings = Settings.model_validate(
+        {
+            "services": {
+                "bench": {
+                    "routes": [{"path": "/", "path_type": "Prefix"}],
+                    "endpoints": ["127.0.0.1:9"],
+                }
+            }
+        }
+    )
+    runtime = Runtime(settings)
+    runtime.apply_routes(routes_from_settings(settings))
+    for update in endpoints_from_settings(settings):
+        runtime.apply_endpoints(update)
+    dp = DataPlane(runtime)
+    ep = runtime.services["bench"].endpoints.routable[0]
+    pool = ep.pool = EndpointConnections(ep.host, ep.port, ep.address)
+    up = UpstreamConnection(pool)
+    up.connection_made(MemoryTransport(("127.0.0.1", 9)))  # type: ignore[arg-type]
+    pool.put(up, dp.loop.time())
+    client = ClientConnection(dp)
+    client.connection_made(MemoryTransport(("127.0.0.1", 40000)))  # type: ignore[arg-type]
+    out = []
+    for _ in range(runs):
+        _control("--instr=on")
+        t0 = time.process_time()
+        for _ in range(requests):
+            client.data_received(MICRO_REQUEST)
+            up.data_received(MICRO_RESPONSE)
+        out.append((time.process_time() - t0) / requests * 1e6)
+        _control("--instr=off")
+    if check and runtime.services["bench"].stats.codes != {200: requests * runs}:
+        raise RuntimeError(f"unexpected outcomes: {runtime.services['bench'].stats.codes}")
+    return out
+
+
+def run_callgrind(args: argparse.Namespace) -> int:
+    """Re-run this script under callgrind; report instructions per forwarded request.
+
+    With ``--micro N``: the memory-transport loop (everything in it is per request);
+    else the socket run, counted only inside socket callbacks (``uv__stream_io``): the
+    per-request path without timers and the scaler's ticks.
+    """
+    if not shutil.which("valgrind"):
+        raise SystemExit("--callgrind needs valgrind")
+    with tempfile.TemporaryDirectory(prefix="sluice-callgrind-") as tmp:
+        out = Path(tmp) / "callgrind.out"
+        report = Path(tmp) / "report.json"
+        argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no"]
+        if not args.micro:
+            argv += ["--toggle-collect=uv__stream_io"]
+        argv += [f"--callgrind-out-file={out}", sys.executable, __file__]
+        argv += ["--runs", "1", "--duration-s", str(args.duration_s), "--json", str(report)]
+        argv += ["--connections", str(args.connections), "--micro", str(args.micro)]
+        env = {**os.environ, "SLUICE_HARNESS_CALLGRIND": "1"}
+        done = subprocess.run(argv, check=False, env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SystemExit(f"valgrind run failed:\n{done.stderr[-3000:]}")
+        requests = json.loads(report.read_text())["sluice"]["requests"]
+        total = 0
+        for line in out.read_text().splitlines():
+            if line.startswith("totals:") or line.startswith("summary:"):
+                total = int(line.split()[1])
+        print(f"callgrind: {total / requests:,.0f} instructions per request ({requests} requests)")
+        if args.callgrind_keep:
+            shutil.copy(out, args.callgrind_keep)
+            print(f"kept {args.callgrind_keep} (callgrind_annotate it)")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=5, help="measured runs, default 5")
+    parser.add_argument("--duration-s", type=float, default=4, help="each run, default 4 s")
+    parser.add_argument("--connections", type=int, default=50, help="wrk connections, default 50")
+    parser.add_argument("--nginx", action="store_true", help="also measure nginx as the proxy")
+    parser.add_argument("--callgrind", action="store_true", help="instructions/request (valgrind)")
+    parser.add_argument("--callgrind-keep", type=Path, default=None, help="keep the callgrind file")
+    parser.add_argument(
+        "--micro", type=int, default=0, help="N requests through memory transports (no sockets)"
+    )
+    parser.add_argument(
+        "--side-by-side",
+        type=Path,
+        default=None,
+        metavar="TREE",
+        help="run this tree's gateway and TREE's at once, each under its own wrk; compare",
+    )
+    parser.add_argument("--py-spy", type=Path, default=None, help="record a py-spy flame graph")
+    parser.add_argument("--json", type=Path, default=None, help="write the summary as JSON")
+    args = parser.parse_args(argv)
+    if args.runs < 1 or args.duration_s <= 0:
+        parser.error("--runs must be >= 1 and --duration-s > 0")
+    if args.callgrind:
+        return run_callgrind(args)
+    if args.side_by_side is not None:
+        return side_by_side(args)
+    if args.micro:
+        import uvloop
+
+        per = uvloop.run(micro(args.micro, args.runs))
+        if args.json is not None:
+            summary = {"cpu_us_per_request": per, "requests": args.micro * args.runs}
+            args.json.write_text(json.dumps({"sluice": summary}) + "\n")
+        print(
+            f"micro: {statistics.median(per):.2f} us CPU per request (median of {len(per)}, "
+            f"min {min(per):.2f}): the Python path without sockets"
+        )
+        return 0
+    spy = None
+    if args.py_spy is not None:
+        spy = subprocess.Popen(
+            ["py-spy", "record", "--nonblocking", "-r", "250", "-o", str(args.py_spy)]
+            + (["-f", "raw"] if args.py_spy.suffix == ".txt" else [])
+            + ["--pid", str(os.getpid())],
+            stdout=subprocess.DEVNULL,
+        )
+    try:
+        out = run(args)
+    finally:
+        if spy is not None:
+            spy.send_signal(2)
+            spy.wait(timeout=60)
+    s = out["sluice"]
+    print(
+        f"\nsluice: {s['cpu_us_per_request_median']:.1f} us CPU per request (median of "
+        f"{s['runs']}; min {s['cpu_us_per_request_min']:.1f}, max "
+        f"{s['cpu_us_per_request_max']:.1f}; user {s['user_us_per_request_median']:.1f}, "
+        f"sys {s['sys_us_per_request_median']:.1f})"
+    )
+    if "nginx" in out:
+        n = out["nginx"]["cpu_us_per_request_median"]
+        print(
+            f"nginx:  {n:.1f} us CPU per request; Sluice/nginx "
+            f"{s['cpu_us_per_request_median'] / n:.2f}"
+        )
+    if args.json is not None:
+        args.json.write_text(json.dumps(out, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
