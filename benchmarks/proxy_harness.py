@@ -60,17 +60,6 @@ def _proxy_bench() -> ModuleType:
 
 bench = _proxy_bench()
 
-SLUICE_CONFIG = """\
-listen: {{host: 127.0.0.1, port: {port}}}
-admin: {{host: 127.0.0.1, port: {admin_port}}}
-platform: static
-services:
-  bench:
-    routes:
-      - {{path: /, path_type: Prefix}}
-    endpoints: ["127.0.0.1:{upstream_port}"]
-"""
-
 
 @dataclass
 class Measurement:
@@ -124,7 +113,7 @@ async def measure_sluice(args: argparse.Namespace, upstream_port: int) -> list[M
     dp_port = bench.free_port()
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
         f.write(
-            SLUICE_CONFIG.format(
+            bench.SLUICE_CONFIG.format(
                 port=dp_port, admin_port=bench.free_port(), upstream_port=upstream_port
             )
         )
