@@ -48,7 +48,7 @@ from scaler.decision import Decision, Explanation, ServiceState
 from scaler.engine_small import Counters, EngineLists, KpaLists, KpaWindows, fits, tick_small
 from scaler.explain import FROZEN_REASONS, TickView, rule_names
 from scaler.hpa import HpaBehaviorState, NoMetricsError, PodSample, calculate_replicas
-from scaler.kpa_batch import RULES, KpaBatch, reference_max
+from scaler.kpa_batch import RULES, Bools, Floats, Ints, KpaBatch, reference_max
 from scaler.policy import BudgetConfig, ScalingPolicy, check_floors
 from scaler.signals import BucketedWindow, ServiceSignals
 
@@ -263,14 +263,7 @@ class Engine:
         allocated = replicas * cpu
         self._allocation = allocated
         wake = self._wake_levels(allocated, concurrency, frozen)
-        for i, track in self.hpa.items():
-            if not frozen[i]:
-                ref = self.cpu_ref[i]
-                track.behavior.record_scale(
-                    now,
-                    math.ceil(cur_r[i] * cur_cpu[i] / ref - 1e-6),
-                    math.ceil(allocated[i] / ref - 1e-6),
-                )
+        self._record_hpa_scales(now, cur_r, cur_cpu, allocated, frozen)
 
         view = TickView(
             engine=self,
@@ -348,6 +341,25 @@ class Engine:
         return out
 
     # -- pieces ----------------------------------------------------------------------
+
+    def _record_hpa_scales(
+        self,
+        now: float,
+        cur_r: Ints,
+        cur_cpu: Floats,
+        allocated: Floats,
+        frozen: Bools,
+    ) -> None:
+        """Tell each HPA-mode service's behavior state what it had and what it now gets, in
+        reference replicas (both engine forms call this with their arrays or lists)."""
+        for i, track in self.hpa.items():
+            if not frozen[i]:
+                ref = float(self.cpu_ref[i])
+                track.behavior.record_scale(
+                    now,
+                    math.ceil(cur_r[i] * cur_cpu[i] / ref - 1e-6),
+                    math.ceil(allocated[i] / ref - 1e-6),
+                )
 
     def _wake_levels(
         self, allocated: FloatArray, concurrency: FloatArray, frozen: BoolArray

@@ -455,14 +455,7 @@ def tick_small(
     allocated = [r * x for r, x in zip(replicas, cpu, strict=True)]
     m.allocation = allocated
     wake = _wake_levels(e, allocated, concurrency, frozen)
-    for i, track in e.hpa.items():
-        if not frozen[i]:
-            ref = cpu_ref[i]
-            track.behavior.record_scale(
-                now,
-                math.ceil(cur_r[i] * cur_cpu[i] / ref - 1e-6),
-                math.ceil(allocated[i] / ref - 1e-6),
-            )
+    e._record_hpa_scales(now, cur_r, cur_cpu, allocated, frozen)
 
     view = TickView(
         engine=e,
