@@ -217,6 +217,17 @@ class BudgetConfig(_Model):
             "first come first served on the budget (the one-HPA-per-service baseline)."
         ),
     )
+    enforcement: Literal["share", "limit"] = Field(
+        default="share",
+        description=(
+            "How a replica's decided CPU is enforced. share: it is the replica's guaranteed share "
+            "(cgroup cpu.shares/cpu.weight; Kubernetes requests), the replica may use idle CPU up to "
+            "cpu.max, and the budget caps the total (a parent cgroup's quota on the local platform), "
+            "so idle CPU is lent and reclaimed by the kernel within microseconds. limit: the decided "
+            "CPU is a hard cap (CFS quota; Kubernetes limits = requests), idle CPU is lent only by "
+            "the next decision."
+        ),
+    )
     early_ticks: bool = Field(
         default=True,
         description=(
