@@ -1,13 +1,17 @@
 """The seed scenario in the simulator: Sluice vs `independent` vs `static`, with the goals.
 
-    python benchmarks/shared_budget_sim.py [--duration S] [--out DIR] [--speed] [--early-ticks on|off|both]
+    python benchmarks/shared_budget_sim.py [--duration S] [--out DIR] [--speed]
+                                           [--early-ticks on|off|both] [--enforcement share|limit|both]
 
 Runs benchmarks/workloads/long_short.yaml (api: long-lived, reports: bursts of 10 s every
 60 s) on the 2-CPU config benchmarks/workloads/long_short.config.yaml through the queueing
 model and the real engine, three times on the very same arrivals, and prints:
 reports' p99 latency (goal: independent ÷ Sluice >= 10), api's throughput (goal: Sluice ÷
 independent >= 0.95) and budget utilisation during contention (goal: >= 90 %), with
-``budget.early_ticks`` on and off (``--early-ticks on|off|both``).
+``budget.early_ticks`` on and off (``--early-ticks on|off|both``), under
+``budget.enforcement: share`` (default; ``--enforcement limit|both``).  Every run of one
+table (Sluice and the baselines) uses the same node model, so the comparison isolates the
+controller; ``--enforcement both`` adds a table of the goals under share vs limit.
 `--speed` also times one hour of ten services at 1 s ticks (wall and CPU time).
 Writes DIR/shared_budget_sim.json.
 """
@@ -32,7 +36,7 @@ from gateway.settings import load_settings  # noqa: E402
 from scaler.policy import BudgetConfig, ScalingPolicy  # noqa: E402
 from scaler.simulate.cli import simulate_runs  # noqa: E402
 from scaler.simulate.report import build_report  # noqa: E402
-from scaler.simulate.runner import build_scenario, run  # noqa: E402
+from scaler.simulate.runner import Enforcement, build_scenario, run  # noqa: E402
 from scaler.simulate.workload import Workload, load_workload, parse_workload  # noqa: E402
 
 CONFIG = ROOT / "benchmarks" / "workloads" / "long_short.config.yaml"
@@ -47,10 +51,13 @@ def seed_config() -> tuple[Workload, dict[str, ScalingPolicy], BudgetConfig]:
 
 
 def seed_scenario(
-    duration_s: float | None, console: Console, early_ticks: bool = True
+    duration_s: float | None,
+    console: Console,
+    early_ticks: bool = True,
+    enforcement: Enforcement = "share",
 ) -> dict[str, object]:
     workload, policies, budget = seed_config()
-    budget = budget.model_copy(update={"early_ticks": early_ticks})
+    budget = budget.model_copy(update={"early_ticks": early_ticks, "enforcement": enforcement})
     scenario = build_scenario(workload, policies, duration_s=duration_s)
     started = time.perf_counter()
     cpu_started = time.process_time()
@@ -58,12 +65,16 @@ def seed_scenario(
     wall_s = time.perf_counter() - started
     cpu_s = time.process_time() - cpu_started
     report = build_report(
-        scenario, results, budget.cpu, {"config": str(CONFIG), "workload": str(WORKLOAD)}
+        scenario,
+        results,
+        budget.cpu,
+        {"config": str(CONFIG), "workload": str(WORKLOAD)},
+        enforcement=enforcement,
     )
     runs = report["runs"]
     table = Table(
         title=f"seed scenario: {scenario.duration_s:g} s, budget {budget.cpu:g} cores, "
-        f"early ticks {'on' if early_ticks else 'off'}"
+        f"{enforcement} enforcement (every run), early ticks {'on' if early_ticks else 'off'}"
     )
     table.add_column("figure")
     for name in runs:
@@ -103,6 +114,7 @@ def seed_scenario(
         console.print(f"{key}: {value:.3g} (goal >= {targets[key]:g}) {'met' if ok else 'NOT met'}")
     console.print(f"simulated 3 runs in {wall_s:.1f} s wall, {cpu_s:.1f} s CPU")
     return {
+        "enforcement": enforcement,
         "early_ticks": early_ticks,
         "goals": goals,
         "targets": targets,
@@ -132,10 +144,12 @@ def speed_scenario() -> tuple[Workload, dict[str, ScalingPolicy], BudgetConfig]:
     return workload, policies, BudgetConfig(cpu=8)
 
 
-def speed(console: Console, early_ticks: bool = True) -> dict[str, float]:
+def speed(
+    console: Console, early_ticks: bool = True, enforcement: Enforcement = "share"
+) -> dict[str, object]:
     """One hour of ten services at 1 s ticks (Sluice run only), timed."""
     workload, policies, budget = speed_scenario()
-    budget = budget.model_copy(update={"early_ticks": early_ticks})
+    budget = budget.model_copy(update={"early_ticks": early_ticks, "enforcement": enforcement})
     started = time.perf_counter()
     cpu_started = time.process_time()
     scenario = build_scenario(workload, policies)
@@ -144,11 +158,13 @@ def speed(console: Console, early_ticks: bool = True) -> dict[str, float]:
     cpu_s = time.process_time() - cpu_started
     requests = sum(result.arrivals.values())
     console.print(
-        f"speed: 1 h of 10 services at 1 s ticks, early ticks {'on' if early_ticks else 'off'} "
+        f"speed: 1 h of 10 services at 1 s ticks, {enforcement} enforcement, "
+        f"early ticks {'on' if early_ticks else 'off'} "
         f"({requests} requests, {scenario.ticks} regular + {result.early_ticks} early ticks): "
         f"{wall_s:.1f} s wall, {cpu_s:.1f} s CPU"
     )
     return {
+        "enforcement": enforcement,
         "early_ticks": early_ticks,
         "wall_s": wall_s,
         "cpu_s": cpu_s,
@@ -156,6 +172,34 @@ def speed(console: Console, early_ticks: bool = True) -> dict[str, float]:
         "regular_ticks": scenario.ticks,
         "early_tick_count": result.early_ticks,
     }
+
+
+def _suffix(enforcement: Enforcement, early_ticks: bool) -> str:
+    """JSON key suffix: none for the defaults (share, early ticks on)."""
+    return ("" if enforcement == "share" else f"_{enforcement}") + (
+        "" if early_ticks else "_early_ticks_off"
+    )
+
+
+def side_by_side(
+    seeds: dict[tuple[Enforcement, bool], dict[str, object]], console: Console
+) -> None:
+    """The goals under share vs limit enforcement, one column per run of the seed scenario."""
+    table = Table(title="seed scenario goals: share vs limit enforcement")
+    table.add_column("goal")
+    for enforcement, early in seeds:
+        table.add_column(f"{enforcement}, early ticks {'on' if early else 'off'}", justify="right")
+    first = next(iter(seeds.values()))
+    targets = first["targets"]
+    assert isinstance(targets, dict)
+    for key, target in targets.items():
+        cells = []
+        for result in seeds.values():
+            goals = result["goals"]
+            assert isinstance(goals, dict)
+            cells.append(f"{goals[key]:.3g}{'' if goals[key] >= target else ' (not met)'}")
+        table.add_row(f"{key} (>= {target:g})", *cells)
+    console.print(table)
 
 
 def main() -> int:
@@ -171,9 +215,18 @@ def main() -> int:
         default="both",
         help="budget.early_ticks for the runs (default: both, on first)",
     )
+    parser.add_argument(
+        "--enforcement",
+        choices=["share", "limit", "both"],
+        default="share",
+        help="budget.enforcement for every run (default: share; both: share, then limit)",
+    )
     args = parser.parse_args()
     console = Console()
     modes = {"on": [True], "off": [False], "both": [True, False]}[args.early_ticks]
+    enforcements: list[Enforcement] = (
+        ["share", "limit"] if args.enforcement == "both" else [args.enforcement]
+    )
     out: dict[str, object] = {
         "machine": {
             "python": platform.python_version(),
@@ -182,13 +235,19 @@ def main() -> int:
             "load_avg": os.getloadavg(),
         }
     }
-    for early in modes:
-        suffix = "" if early else "_early_ticks_off"
-        out["seed_scenario" + suffix] = seed_scenario(args.duration, console, early)
-    if args.speed:
+    seeds: dict[tuple[Enforcement, bool], dict[str, object]] = {}
+    for enforcement in enforcements:
         for early in modes:
-            suffix = "" if early else "_early_ticks_off"
-            out["speed" + suffix] = speed(console, early)
+            key = "seed_scenario" + _suffix(enforcement, early)
+            out[key] = seeds[enforcement, early] = seed_scenario(
+                args.duration, console, early, enforcement
+            )
+    if len(enforcements) > 1:
+        side_by_side(seeds, console)
+    if args.speed:
+        for enforcement in enforcements:
+            for early in modes:
+                out["speed" + _suffix(enforcement, early)] = speed(console, early, enforcement)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "shared_budget_sim.json"
     path.write_text(json.dumps(out, indent=1) + "\n")

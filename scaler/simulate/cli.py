@@ -32,6 +32,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="what to compare Sluice with (default: independent)",
     )
     parser.add_argument(
+        "--enforcement",
+        choices=["share", "limit"],
+        default=None,
+        help="node model for every run: share (decided CPU = guaranteed share, idle CPU used up "
+        "to cpu.max) or limit (decided CPU = hard cap) (default: the config's budget.enforcement)",
+    )
+    parser.add_argument(
         "--out",
         type=Path,
         default=Path("simulate-out"),
@@ -103,6 +110,8 @@ def run_command(
     from scaler.simulate.workload import WorkloadError, load_workload
 
     err = Console(stderr=True)
+    if args.enforcement is not None:
+        budget = budget.model_copy(update={"enforcement": args.enforcement})
     try:
         workload = load_workload(args.workload)
         scenario = build_scenario(
@@ -129,8 +138,9 @@ def run_command(
         "workload": str(args.workload),
         "baseline": args.baseline,
         "model": "processor sharing per replica, least-request dispatch, Poisson arrivals",
+        "enforcement": budget.enforcement,
     }
-    report = build_report(scenario, results, budget.cpu, meta)
+    report = build_report(scenario, results, budget.cpu, meta, enforcement=budget.enforcement)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     write_json(report, out / "report.json")

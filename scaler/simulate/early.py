@@ -20,6 +20,11 @@ there (the earliest of all), or its bound moves on and the next service is looke
 Services whose levels stay far away are simulated in one piece per tick, as without early
 ticks; the pieces of a tick without an early tick are not settled in between
 (:meth:`ServiceModel.run`), so such a tick gives bit for bit what it gives with early ticks off.
+
+That search is limit enforcement's (each service simulated on its own).  Under share
+enforcement the services' rates are coupled, so :func:`next_early_tick_shared` runs them all
+in one event loop (:class:`SharedCpu`) that stops at the first arrival reaching a level; the
+semantics above are the same.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+from scaler.simulate.gps import SharedCpu
 from scaler.simulate.model import ServiceModel
 
 
@@ -70,3 +76,22 @@ def next_early_tick(
             other.run(other.clock, at)
         return at
     return None
+
+
+def next_early_tick_shared(
+    cpu: SharedCpu, levels: dict[str, float], t_end: float, not_before: float
+) -> float | None:
+    """:func:`next_early_tick` under share enforcement: every model advanced together.
+
+    Returns ``None`` when no early tick falls before ``t_end`` (the models are then at
+    ``t_end``, or at a level reached too late for an early tick: the caller runs the rest)."""
+    hit = cpu.run(t_end, levels=levels)
+    if hit is None:
+        return None
+    service, reached = hit
+    del levels[service]  # fires once per decision
+    at = max(reached, not_before)
+    if at >= t_end:
+        return None  # the regular tick comes first and covers it
+    cpu.run(at)  # every model exactly at ``at``, settled
+    return at

@@ -45,15 +45,19 @@ class Replica:
         "claim_seq",
         "cores",
         "cpu_s",
+        "d",
+        "per",
         "phase",
         "ready_at",
         "rid",
+        "squeezed",
         "t",
         "tags",
         "target_cores",
         "throttled_s",
         "v",
         "ver",
+        "x",
     )
 
     def __init__(self, rid: int, cores: float, claim_seq: int) -> None:
@@ -72,6 +76,15 @@ class Replica:
         self.cpu_s = 0.0
         self.throttled_s = 0.0
         self.ver = 0
+        # share enforcement (scaler.simulate.gps) only: the rates in force since ``t``
+        self.d = 0.0
+        """Cores its requests could use now: min(n * request_cores_max, cpu.max)."""
+        self.x = 0.0
+        """Cores it gets now (its share of the node)."""
+        self.per = 0.0
+        """Cores each resident request gets now (``x / n``)."""
+        self.squeezed = False
+        """It gets less than its requests could use alone (counted as throttled time)."""
 
     def __repr__(self) -> str:
         return (
@@ -90,6 +103,16 @@ class Replica:
                 self.throttled_s += dt
             self.v += per * dt
             self.cpu_s += per * n * dt
+        self.t = t
+
+    def flow(self, t: float) -> None:
+        """Share enforcement: move this replica's clock to ``t`` at the rates in force."""
+        if self.tags and t > self.t:
+            dt = t - self.t
+            self.v += self.per * dt
+            self.cpu_s += self.x * dt
+            if self.squeezed:
+                self.throttled_s += dt
         self.t = t
 
     def next_done(self, cap: float) -> float:
@@ -114,6 +137,7 @@ class ServiceModel:
         *,
         startup_s: float,
         request_cores_max: float,
+        cores_max: float = math.inf,
         signal_window_s: float = 10.0,
         tick_s: float = 1.0,
     ) -> None:
@@ -123,6 +147,8 @@ class ServiceModel:
         self.next_arrival = 0
         self.startup_s = startup_s
         self.cap = request_cores_max
+        self.cores_max = cores_max
+        """Share enforcement: the most CPU one replica may use (the service's ``cpu.max``)."""
         self.replicas: list[Replica] = []
         self.queue: deque[tuple[float, float]] = deque()
         """Requests waiting in the gateway: (arrival time, CPU-seconds)."""
@@ -293,9 +319,10 @@ class ServiceModel:
                 if r.tags:
                     r.phase = DRAINING
                 else:
-                    self._remove(r)
+                    self.remove(r)
 
-    def _remove(self, r: Replica) -> None:
+    def remove(self, r: Replica) -> None:
+        """Forget a replica that left (its CPU counters stay in the service's totals)."""
         self.removed_cpu_s += r.cpu_s
         self.removed_throttled_s += r.throttled_s
         self.replicas.remove(r)
@@ -383,7 +410,7 @@ class ServiceModel:
                     r.ver += 1
                     heappush(heap, (r.next_done(cap), rid, r.ver, r))
                 elif r.phase == DRAINING:
-                    self._remove(r)
+                    self.remove(r)
             elif tr < lim and tr <= ta:
                 r = starting[s_i][2]
                 s_i += 1
@@ -414,7 +441,7 @@ class ServiceModel:
             for r in list(reps):
                 r.advance(t1, cap)
                 if r.phase == DRAINING and not r.tags:
-                    self._remove(r)
+                    self.remove(r)
         self.clock = t1
         self.next_arrival = i
         self.arrivals_total += i - first

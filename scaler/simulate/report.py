@@ -12,7 +12,19 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from scaler.simulate.runner import RunResult, Scenario
+from scaler.simulate.runner import Enforcement, RunResult, Scenario
+
+NODE_MODELS: dict[Enforcement, str] = {
+    "share": (
+        "share enforcement: a replica's decided CPU is its guaranteed share (cpu.weight / "
+        "requests); busy replicas share the node's CPU by weight, each up to its cpu.max "
+        "(work-conserving); every run on this node model"
+    ),
+    "limit": (
+        "limit enforcement: a replica's decided CPU is a hard cap (CFS quota / limits); "
+        "CPU a replica leaves unused is idle until the next decision; every run on this node model"
+    ),
+}
 
 LOWER_IS_BETTER = {
     "latency_p50_s",
@@ -100,10 +112,23 @@ def build_report(
     runs: list[RunResult],
     budget_cores: float,
     meta: Mapping[str, Any],
+    *,
+    enforcement: Enforcement | None = None,
 ) -> dict[str, Any]:
-    """The whole report (what ``report.json`` holds): figures, comparison and per-tick series."""
+    """The whole report (what ``report.json`` holds): figures, comparison and per-tick series.
+
+    ``enforcement``: the node model every run used (default: the runs' own, which must agree)."""
+    used = {r.enforcement for r in runs}
+    if enforcement is None:
+        if len(used) != 1:
+            raise ValueError(f"the runs used different node models: {sorted(used)}")
+        enforcement = used.pop()
+    elif used - {enforcement}:
+        raise ValueError(f"the runs used {sorted(used)}, not {enforcement}")
     out: dict[str, Any] = {
         "meta": dict(meta),
+        "enforcement": enforcement,
+        "node": NODE_MODELS[enforcement],
         "scenario": {
             "duration_s": scenario.duration_s,
             "tick_s": scenario.tick_s,
@@ -182,6 +207,8 @@ def _fmt(value: Any, pattern: str) -> str:
 def print_tables(report: Mapping[str, Any], console: Console) -> None:
     """One table per service (figures side by side, Sluice ÷ baseline), then one for the budget."""
     names = list(report["runs"])
+    if "node" in report:
+        console.print(f"node model: {report['node']}")
     comparison = report.get("comparison", {})
     for service, info in report["scenario"]["services"].items():
         table = Table(title=f"{service}  (SLO {info['slo_s']:g} s)", title_justify="left")

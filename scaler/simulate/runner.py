@@ -5,6 +5,12 @@ controller; its targets are applied (decreases at once, increases as claims on t
 the node grants claims that fit; then the traffic of ``[t, t + tick_s)`` is simulated --
 in pieces when early ticks (``scaler.simulate.early``) fall inside it, each one the same
 sequence at its own time.  The per-tick series still have one entry per regular tick.
+
+``budget.enforcement`` picks the node model, the same for every controller (Sluice and the
+baselines), so a comparison isolates the controller: ``limit``, each replica's decided CPU is
+a hard cap and each service is simulated on its own (:meth:`ServiceModel.run`); ``share``,
+the decided CPU is a guaranteed share of the node, which all services' busy replicas share
+by weight up to their ``cpu.max`` (:class:`scaler.simulate.gps.SharedCpu`, one event loop).
 """
 
 from __future__ import annotations
@@ -12,15 +18,20 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 
 from scaler.policy import BudgetConfig, ScalingPolicy
 from scaler.simulate.arrivals import Arrivals, FloatArray, draw_arrivals, offered_per_tick
 from scaler.simulate.baselines import Controller, RunName, make_controller
-from scaler.simulate.early import next_early_tick
+from scaler.simulate.early import next_early_tick, next_early_tick_shared
+from scaler.simulate.gps import SharedCpu
 from scaler.simulate.model import DRAINING, PENDING, READY, Node, ServiceModel
 from scaler.simulate.workload import LoadStep, ServiceLoad, Workload
+
+Enforcement = Literal["share", "limit"]
+"""How a replica's decided CPU is enforced (``budget.enforcement``): the node model."""
 
 SERIES = (
     "arrivals",
@@ -111,6 +122,8 @@ class RunResult:
 
     name: RunName
     series: dict[str, dict[str, FloatArray]]
+    """Per-tick figures per service (``used_cores``: CPU used, above ``allocated_cores`` when
+    a replica uses idle CPU under share enforcement)."""
     latencies_s: dict[str, FloatArray]
     """Completed requests' latencies, then the ages of those unfinished at the end (censored)."""
     arrivals: dict[str, int]
@@ -120,6 +133,8 @@ class RunResult:
     rules: dict[str, dict[str, int]] = field(default_factory=dict)
     early_ticks_at: list[float] = field(default_factory=list)
     """When the early ticks ran (``budget.early_ticks``), in order."""
+    enforcement: Enforcement = "limit"
+    """The node model the run used (``budget.enforcement``)."""
 
     @property
     def early_ticks(self) -> int:
@@ -143,7 +158,8 @@ def run(
     """Simulate the whole scenario under one controller (``progress(ticks_done)`` is called as it goes).
 
     With ``budget.early_ticks``, a decision's ``wake_concurrency`` triggers early ticks
-    between the regular ones (``scaler.simulate.early``)."""
+    between the regular ones (``scaler.simulate.early``).  ``budget.enforcement`` picks the
+    node model (module docstring)."""
     ctl = controller or make_controller(name, policies, budget)
     tick = scenario.tick_s
     models = {
@@ -152,11 +168,13 @@ def run(
             scenario.arrivals[s],
             startup_s=scenario.loads[s].startup_s,
             request_cores_max=scenario.loads[s].request_cores_max,
+            cores_max=policies[s].cpu.max,
             tick_s=tick,
         )
         for s in scenario.services
     }
     node = Node(budget.cpu, models)
+    shared = SharedCpu(budget.cpu, models) if budget.enforcement == "share" else None
     claims = node.claims()
     for s, target in ctl.initial().items():
         models[s].set_target(target.replicas, target.cpu_per_replica_cores, claims)
@@ -198,7 +216,10 @@ def run(
         held = {s: [(t0, m.reserved_cores())] for s, m in models.items()}
         last = t0
         while levels:
-            at = next_early_tick(models, levels, t_end, last + gap)
+            if shared is None:
+                at = next_early_tick(models, levels, t_end, last + gap)
+            else:
+                at = next_early_tick_shared(shared, levels, t_end, last + gap)
             if at is None:
                 break
             tick_at(at)
@@ -206,8 +227,11 @@ def run(
             last = at
             for s, m in models.items():
                 held[s].append((at, m.reserved_cores()))
+        if shared is not None:
+            shared.run(t_end)
         for s, m in models.items():
-            m.run(m.clock, t_end)
+            if shared is None:
+                m.run(m.clock, t_end)
             _record(series[s], k, m, before[s], _mean_held(held[s], t_end, tick), tick, slo[s])
             m.close_tick()
         if progress is not None and (k % 50 == 49 or k == ticks - 1):
@@ -231,6 +255,7 @@ def run(
         cpu_seconds={s: m.cpu_seconds_total for s, m in models.items()},
         rules={s: dict(c) for s, c in ctl.rules.items()},
         early_ticks_at=early_at,
+        enforcement=budget.enforcement,
     )
 
 

@@ -30,7 +30,8 @@ LONG_HPA = LONG.model_copy(update={"mode": "hpa"})
 POLICIES = {"long": LONG_HPA, "short": SHORT}
 """``long`` as an HPA (never wakes early), so every early tick here is ``short``'s."""
 BOTH_KPA = {"long": LONG, "short": SHORT}
-BUDGET = BudgetConfig(cpu=2)
+BUDGET = BudgetConfig(cpu=2, enforcement="limit")
+"""Limit enforcement, which these tests pin bit for bit (share: tests/unit/test_simulate_share.py)."""
 
 
 class RecordingController(EngineController):

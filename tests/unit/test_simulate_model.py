@@ -32,7 +32,8 @@ POLICIES = {
         target=2, max_replicas=4, cpu={"min": 0.25, "max": 1.0, "request": 0.25}
     ),
 }
-BUDGET = BudgetConfig(cpu=2)
+BUDGET = BudgetConfig(cpu=2, enforcement="limit")
+"""Limit enforcement: each replica's decided CPU is a hard cap (share: tests/unit/test_simulate_share.py)."""
 
 
 def one_service(arrivals: Arrivals, cores: float, replicas: int = 1) -> tuple[ServiceModel, Node]:
@@ -43,10 +44,13 @@ def one_service(arrivals: Arrivals, cores: float, replicas: int = 1) -> tuple[Se
     return m, node
 
 
+@pytest.mark.parametrize("enforcement", ["limit", "share"])
 @pytest.mark.parametrize("name", ["static", "sluice", "independent"])
-def test_every_arrival_is_completed_or_still_in_the_system(name: str) -> None:
+def test_every_arrival_is_completed_or_still_in_the_system(name: str, enforcement: str) -> None:
     scenario = build_scenario(parse_workload(BURSTY), POLICIES)
-    result = run(scenario, name, POLICIES, BUDGET)  # type: ignore[arg-type]
+    budget = BUDGET.model_copy(update={"enforcement": enforcement})
+    result = run(scenario, name, POLICIES, budget)  # type: ignore[arg-type]
+    assert result.enforcement == enforcement
     for s in scenario.services:
         assert result.arrivals[s] == len(scenario.arrivals[s]) > 0
         assert result.completed[s] + result.unfinished[s] == result.arrivals[s]

@@ -1,0 +1,285 @@
+"""Share enforcement: generalised processor sharing of the node's CPU across every service.
+
+With ``budget.enforcement: share`` a replica's decided CPU (``Replica.cores``) is its
+*guaranteed share* (cgroup ``cpu.weight``; Kubernetes requests), not a hard cap: a replica
+is capped only at its service's ``cpu.max``, and the node (``budget.cpu``) caps the total.
+The kernel then shares the node's CPU work-conservingly, which this module models exactly:
+
+* a replica ``r`` holding ``n_r > 0`` requests can use ``d_r = min(n_r * request_cores_max,
+  cpu.max)`` cores; its weight is ``w_r = r.cores``;
+* the node's ``B`` cores go to the busy replicas by weighted max-min water-filling:
+  ``x_r = min(d_r, lambda * w_r)`` with ``sum x = min(B, sum d)``.  The scheduled replicas'
+  guaranteed cores fit ``B`` (the node reserves them as in limit mode), so ``lambda >= 1``
+  and every busy replica gets at least ``min(d_r, w_r)``;
+* within a replica, processor sharing as in limit mode: each request gets ``x_r / n_r``.
+
+Rates change only at events (an arrival, a completion, a replica becoming ready, a tick),
+so one event loop across all services simulates it exactly, with the same virtual-time
+finish tags per replica as limit mode.  While ``sum d <= B`` every busy replica gets its
+``d_r`` and an event touches only its own replica; the water-filling is recomputed only
+when the node is (or becomes) oversubscribed and a replica's demand changes, and then only
+the replicas whose rate changed are rescheduled.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Mapping, Sequence
+
+from scaler.simulate.model import DRAINING, READY, STARTING, Replica, ServiceModel
+
+_EPS = 1e-9
+
+
+def water_fill(
+    capacity_cores: float, demands: Sequence[float], weights: Sequence[float]
+) -> list[float]:
+    """Weighted max-min fair rates: ``x_i = min(d_i, lambda * w_i)``, ``sum x = min(capacity, sum d)``.
+
+    ``weights`` must be > 0.  Demands that fit at the fair level are met in full; what they
+    leave is shared again by weight among the others (water-filling)."""
+    if math.fsum(demands) <= capacity_cores:
+        return list(demands)
+    order = sorted(range(len(demands)), key=lambda i: demands[i] / weights[i])
+    rest_cores = capacity_cores
+    rest_weight = math.fsum(weights)
+    out = [0.0] * len(demands)
+    k = 0
+    while k < len(order):
+        i = order[k]
+        if demands[i] * rest_weight > rest_cores * weights[i]:
+            break  # d_i / w_i above the fair level: i and everything after it are capped
+        out[i] = demands[i]
+        rest_cores -= demands[i]
+        rest_weight -= weights[i]
+        k += 1
+    if k == len(order):
+        return out
+    level = max(rest_cores, 0.0) / rest_weight
+    for i in order[k:]:
+        out[i] = level * weights[i]
+    return out
+
+
+class SharedCpu:
+    """All services' models on one node whose CPU is shared by weight (``enforcement: share``).
+
+    :meth:`run` replaces :meth:`ServiceModel.run` for every model at once: the rates of one
+    service's replicas depend on the others'.  The models' replicas, queues, counters and
+    signal windows are the same objects limit mode uses; ticks, targets and the node's
+    reservations (:class:`scaler.simulate.model.Node`) work on them unchanged.
+    """
+
+    def __init__(self, capacity_cores: float, models: Mapping[str, ServiceModel]) -> None:
+        self.capacity_cores = capacity_cores
+        self.models = list(models.values())
+        self.clock = 0.0
+        self._busy: dict[Replica, int] = {}
+        """Replicas holding requests -> index of their model (insertion ordered: deterministic)."""
+        self._sum_d = 0.0
+        self._heap: list[tuple[float, int, int, Replica]] = []
+        self._seq = 0
+        self.recomputes = 0
+        """How many times the water-filling ran (for the speed figures)."""
+
+    def __repr__(self) -> str:
+        return (
+            f"SharedCpu({self.capacity_cores:g} cores, t={self.clock:g}, "
+            f"{len(self._busy)} busy replicas, demand {self._sum_d:g})"
+        )
+
+    def rates(self) -> dict[str, list[float]]:
+        """Cores each replica gets now, per service (replicas in model order; idle ones 0)."""
+        return {m.name: [r.x if r.tags else 0.0 for r in m.replicas] for m in self.models}
+
+    # ---- rates ------------------------------------------------------------------------------
+
+    def _schedule(self, r: Replica, x: float, cap: float) -> None:
+        """Give busy ``r`` (already flowed to now) ``x`` cores and (re)schedule its next completion."""
+        n = len(r.tags)
+        r.x = x
+        r.per = per = x / n
+        r.squeezed = x < n * cap - _EPS
+        r.ver += 1
+        self._seq += 1
+        heapq.heappush(self._heap, (r.t + max(r.tags[0][0] - r.v, 0.0) / per, self._seq, r.ver, r))
+
+    def _changed(self, r: Replica, j: int, t: float) -> None:
+        """``r`` (flowed to ``t``) gained or lost requests at ``t``: update the rates."""
+        m = self.models[j]
+        n = len(r.tags)
+        d = min(n * m.cap, m.cores_max) if n else 0.0
+        old = r.d
+        if n:
+            self._busy[r] = j
+        else:
+            self._busy.pop(r, None)
+            r.x = r.per = 0.0
+            r.squeezed = False
+        if d == old:  # its demand and so every rate is unchanged; only its per-request rate
+            if n:
+                self._schedule(r, r.x, m.cap)
+            return
+        r.d = d
+        total = self._sum_d - old + d
+        if self._sum_d <= self.capacity_cores and total <= self.capacity_cores:
+            self._sum_d = total  # nobody is squeezed, before or after: r gets its demand
+            if n:
+                self._schedule(r, d, m.cap)
+            return
+        self._refill(t, r)
+
+    def _refill(self, t: float, changed: Replica | None, *, everyone: bool = False) -> None:
+        """Water-fill the node over the busy replicas at ``t``; reschedule those whose rate
+        moved (and ``changed``, whose requests did), or every one."""
+        self.recomputes += 1
+        items = list(self._busy.items())
+        demands = [r.d for r, _ in items]
+        xs = water_fill(self.capacity_cores, demands, [r.cores for r, _ in items])
+        self._sum_d = math.fsum(demands)
+        models = self.models
+        for (r, j), x in zip(items, xs, strict=True):
+            if everyone or x != r.x or r is changed:
+                r.flow(t)
+                self._schedule(r, x, models[j].cap)
+
+    # ---- traffic ----------------------------------------------------------------------------
+
+    def run(
+        self, t1: float, *, levels: Mapping[str, float] | None = None
+    ) -> tuple[str, float] | None:
+        """Simulate every service over ``[clock, t1)``: arrivals, dispatch, shared CPU, completions.
+
+        With ``levels`` (wake levels per service), stop right after the arrival that brings a
+        service's concurrency (in flight + queued) to its level, and return (service, time);
+        ``None`` when no level is reached.  Every model is then settled at the returned time
+        (or ``t1``): its replicas' CPU counted up to it, its :attr:`ServiceModel.clock` there.
+        """
+        t0 = self.clock
+        models = self.models
+        wake = [math.inf] * len(models)
+        if levels:
+            for j, m in enumerate(models):
+                wake[j] = levels.get(m.name, math.inf)
+        ready_of: list[list[Replica]] = []
+        conc: list[int] = []
+        firsts: list[int] = []
+        lats: list[list[float]] = []
+        starting: list[tuple[float, int, int, Replica]] = []
+        arrivals: list[tuple[float, int]] = []
+        self._busy = {}
+        self._heap = []
+        for j, m in enumerate(models):
+            for r in m.replicas:
+                r.flow(t0)  # a no-op when settled (the last run ended at t0)
+                if r.phase == STARTING:
+                    if r.ready_at <= t0:
+                        r.phase = READY
+                    elif r.ready_at < t1:
+                        starting.append((r.ready_at, j, r.rid, r))
+                if r.tags:
+                    self._busy[r] = j
+                    r.d = min(len(r.tags) * m.cap, m.cores_max)
+                else:
+                    r.d = r.x = r.per = 0.0
+            ready_of.append([r for r in m.replicas if r.phase == READY])
+            conc.append(m.concurrency)
+            firsts.append(m.next_arrival)
+            lats.append([])
+            i = m.next_arrival
+            if i < len(m.times) and m.times[i] < t1:
+                arrivals.append((m.times[i], j))
+        starting.sort()
+        heapq.heapify(arrivals)
+        self._refill(t0, None, everyone=True)  # weights and replicas may have changed at a tick
+        for j, m in enumerate(models):
+            if m.queue and ready_of[j]:
+                self._flush(j, ready_of[j], t0)
+        stop: tuple[str, float] | None = None
+        for j, m in enumerate(models):
+            if conc[j] >= wake[j]:
+                stop = (m.name, t0)
+                t1 = t0
+                break
+        heap = self._heap
+        heappop = heapq.heappop
+        inf = math.inf
+        s_i = 0
+        while stop is None:
+            ta = arrivals[0][0] if arrivals else inf
+            tr = starting[s_i][0] if s_i < len(starting) else inf
+            tc = heap[0][0] if heap else inf
+            if tc < t1 and tc <= ta and tc <= tr:
+                _, _, ver, r = heappop(heap)
+                if ver != r.ver:
+                    continue
+                j = self._busy[r]
+                r.flow(tc)
+                tag, arrived = heappop(r.tags)
+                r.v = max(r.v, tag)
+                lats[j].append(tc - arrived)
+                conc[j] -= 1
+                if not r.tags and r.phase == DRAINING:
+                    models[j].remove(r)
+                self._changed(r, j, tc)
+            elif tr < t1 and tr <= ta:
+                _, j, _, r = starting[s_i]
+                s_i += 1
+                if r.phase == STARTING:
+                    r.phase = READY
+                    r.t = tr
+                    ready_of[j].append(r)
+                    if models[j].queue:
+                        self._flush(j, ready_of[j], tr)
+            elif ta < t1:
+                _, j = arrivals[0]
+                m = models[j]
+                i = m.next_arrival
+                m.next_arrival = i + 1
+                if i + 1 < len(m.times) and m.times[i + 1] < t1:
+                    heapq.heapreplace(arrivals, (m.times[i + 1], j))
+                else:
+                    heappop(arrivals)
+                conc[j] += 1
+                ready = ready_of[j]
+                if not ready:
+                    m.queue.append((ta, m.works[i]))
+                else:
+                    r = ready[0] if len(ready) == 1 else min(ready, key=_in_flight)
+                    r.flow(ta)
+                    heapq.heappush(r.tags, (r.v + m.works[i], ta))
+                    self._changed(r, j, ta)
+                if conc[j] >= wake[j]:
+                    stop = (m.name, ta)
+                    t1 = ta
+            else:
+                break
+        for j, m in enumerate(models):
+            for r in list(m.replicas):
+                r.flow(t1)
+                if r.phase == DRAINING and not r.tags:
+                    m.remove(r)
+            m.clock = t1
+            arrived = m.next_arrival - firsts[j]
+            m.arrivals_total += arrived
+            m.tick_arrivals += arrived
+            m.completions_total += len(lats[j])
+            m.tick_latencies += lats[j]
+            m.latencies += lats[j]
+        self.clock = t1
+        return stop
+
+    def _flush(self, j: int, ready: list[Replica], t: float) -> None:
+        """Hand every request waiting in service ``j``'s gateway queue to its least-loaded ready replicas."""
+        queue = self.models[j].queue
+        while queue:
+            arrived, w = queue.popleft()
+            r = ready[0] if len(ready) == 1 else min(ready, key=_in_flight)
+            r.flow(t)
+            heapq.heappush(r.tags, (r.v + w, arrived))
+            self._changed(r, j, t)
+
+
+def _in_flight(r: Replica) -> int:
+    return len(r.tags)

@@ -1,0 +1,79 @@
+"""``sluice simulate --enforcement``, in process, on a short run of the shipped seed scenario."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gateway.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "benchmarks" / "workloads" / "long_short.config.yaml"
+WORKLOAD = ROOT / "benchmarks" / "workloads" / "long_short.yaml"
+
+
+def simulate(out: Path, *extra: str) -> dict[str, object]:
+    args = ["simulate", "--config", str(CONFIG), "--workload", str(WORKLOAD)]
+    code = main([*args, "--duration", "100", "--out", str(out), "--no-progress", *extra])
+    assert code == 0
+    report: dict[str, object] = json.loads((out / "report.json").read_text())
+    return report
+
+
+def test_share_is_the_default_and_writes_report_and_png(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report = simulate(tmp_path)  # the config leaves budget.enforcement at its default
+    printed = capsys.readouterr().out
+    assert report["enforcement"] == "share"
+    assert "node model: share enforcement" in printed
+    assert "every run on this node model" in printed
+    runs = report["runs"]
+    assert isinstance(runs, dict) and set(runs) == {"sluice", "independent"}
+    series = report["series"]
+    assert isinstance(series, dict)
+    api, reports = (series["sluice"][s]["used_cores"] for s in ("api", "reports"))
+    used = [a + r for a, r in zip(api, reports, strict=True)]
+    assert len(used) == 100 and max(used) <= 2 + 1e-6
+    # work-conserving: some tick a service used more than its guaranteed CPU
+    assert any(
+        u > a + 1e-6
+        for s in ("api", "reports")
+        for u, a in zip(
+            series["sluice"][s]["used_cores"], series["sluice"][s]["allocated_cores"], strict=True
+        )
+    )
+    png = (tmp_path / "report.png").read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
+
+
+def test_limit_from_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    report = simulate(tmp_path, "--enforcement", "limit")
+    assert report["enforcement"] == "limit"
+    assert "node model: limit enforcement" in capsys.readouterr().out
+    series = report["series"]
+    assert isinstance(series, dict)
+    for s in ("api", "reports"):
+        for u, a in zip(
+            series["sluice"][s]["used_cores"], series["sluice"][s]["allocated_cores"], strict=True
+        ):
+            assert u <= a + 1e-6  # the decided CPU is a hard cap (figures rounded to 1e-6)
+
+
+def test_a_bad_enforcement_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(
+            [
+                "simulate",
+                "--config",
+                str(CONFIG),
+                "--workload",
+                str(WORKLOAD),
+                "--enforcement",
+                "soft",
+            ]
+        )
+    assert exited.value.code == 2
+    assert "invalid choice: 'soft'" in capsys.readouterr().err

@@ -1,0 +1,429 @@
+"""Share enforcement in the simulator: the node's CPU shared by weight (GPS), exactly.
+
+Hand-computed cases for the water-filling and the event-driven model, a fine time-stepped
+reference, invariants at many instants of random runs, conservation per tick, early ticks.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from collections.abc import Mapping
+
+import numpy as np
+import pytest
+
+from scaler.policy import BudgetConfig, ScalingPolicy
+from scaler.simulate.arrivals import Arrivals
+from scaler.simulate.early import next_early_tick_shared
+from scaler.simulate.gps import SharedCpu, water_fill
+from scaler.simulate.model import READY, Node, ServiceModel
+from scaler.simulate.runner import build_scenario, run
+from scaler.simulate.workload import parse_workload
+
+SHARE = BudgetConfig(cpu=2, enforcement="share")
+EPS = 1e-9
+
+
+# ---- the water-filling, by hand --------------------------------------------------------------
+
+
+def test_water_fill_gives_every_demand_when_it_fits() -> None:
+    assert water_fill(2.0, [0.5, 0.3, 1.0], [0.25, 1.0, 0.5]) == [0.5, 0.3, 1.0]
+
+
+def test_water_fill_splits_by_weight_when_every_demand_is_above_the_fair_level() -> None:
+    # three busy replicas wanting a core each on 2 cores, weights 0.875, 0.875, 0.25: lambda = 1
+    assert water_fill(2.0, [1.0, 1.0, 1.0], [0.875, 0.875, 0.25]) == pytest.approx(
+        [0.875, 0.875, 0.25]
+    )
+    # weights 1 : 4, demands 1 and 2 on 2 cores: lambda = 2 / 1.25 = 1.6 -> 0.4 and 1.6
+    assert water_fill(2.0, [1.0, 2.0], [0.25, 1.0]) == pytest.approx([0.4, 1.6])
+
+
+def test_water_fill_gives_what_a_small_demand_leaves_to_the_others_by_weight() -> None:
+    # lambda = 2/2 = 1: 0.3 (d/w 0.6) is met; then lambda = 1.7/1.5: 1.0 (d/w 1) is met;
+    # the last gets the remaining 0.7 (less than its demand 1, more than its weight 0.5)
+    assert water_fill(2.0, [0.3, 1.0, 1.0], [0.5, 0.5, 1.0]) == pytest.approx([0.3, 0.7, 1.0])
+
+
+def test_water_fill_invariants_on_random_inputs() -> None:
+    rnd = random.Random(11)
+    for _ in range(2000):
+        n = rnd.randint(1, 12)
+        weights = [rnd.uniform(0.05, 1.0) for _ in range(n)]
+        capacity = sum(weights) * rnd.uniform(1.0, 1.5)  # the guarantees fit, as on the node
+        demands = [rnd.choice([rnd.uniform(0.01, 2.0), 1.0]) for _ in range(n)]
+        xs = water_fill(capacity, demands, weights)
+        assert math.fsum(xs) <= capacity + EPS
+        assert math.fsum(xs) == pytest.approx(min(capacity, math.fsum(demands)))
+        for x, d, w in zip(xs, demands, weights, strict=True):
+            assert min(d, w) - EPS <= x <= d + EPS  # the guarantee held, never above demand
+        # max-min fair: whoever gets less than its demand has the highest x / w of all
+        capped = [x / w for x, d, w in zip(xs, demands, weights, strict=True) if x < d - EPS]
+        if capped:
+            top = max(x / w for x, w in zip(xs, weights, strict=True))
+            assert all(c == pytest.approx(top) for c in capped)
+
+
+# ---- the event-driven model, by hand -------------------------------------------------------
+
+
+def service(
+    name: str,
+    arrivals: Arrivals,
+    *,
+    cores_max: float = 1.0,
+    request_cores_max: float = 1.0,
+) -> ServiceModel:
+    return ServiceModel(
+        name, arrivals, startup_s=0.0, request_cores_max=request_cores_max, cores_max=cores_max
+    )
+
+
+def requests(*pairs: tuple[float, float]) -> Arrivals:
+    """(arrival time, CPU-seconds) pairs."""
+    return Arrivals(
+        np.array([t for t, _ in pairs], dtype=np.float64),
+        np.array([w for _, w in pairs], dtype=np.float64),
+    )
+
+
+def on_node(
+    capacity: float, targets: Mapping[ServiceModel, tuple[int, float]]
+) -> tuple[SharedCpu, Node]:
+    models = {m.name: m for m in targets}
+    node = Node(capacity, models)
+    claims = node.claims()
+    for m, (replicas, cores) in targets.items():
+        m.set_target(replicas, cores, claims)
+    node.schedule(0.0)
+    for m in targets:
+        for r in m.replicas:
+            r.phase = READY
+    return SharedCpu(capacity, models), node
+
+
+def test_a_lone_busy_replica_uses_the_idle_cpu_up_to_cpu_max() -> None:
+    a = service("a", requests((0.0, 1.0), (0.0, 1.0)), cores_max=1.0)
+    b = service("b", requests())  # idle: its guaranteed core is lent
+    cpu, _ = on_node(2.0, {a: (1, 0.25), b: (1, 1.0)})
+    cpu.run(10.0)
+    # two requests on a replica guaranteed 0.25 but capped at cpu.max = 1: 0.5 core each
+    assert a.latencies == [pytest.approx(2.0), pytest.approx(2.0)]
+    assert a.cpu_seconds_total == pytest.approx(2.0)
+    assert a.throttled_seconds_total == pytest.approx(2.0)  # it wanted 2 cores, got 1
+
+
+def test_a_replica_never_gets_more_than_its_requests_can_use() -> None:
+    a = service("a", requests((0.5, 0.3)), cores_max=2.0, request_cores_max=1.0)
+    cpu, _ = on_node(4.0, {a: (1, 0.25)})
+    cpu.run(2.0)
+    assert a.latencies == [pytest.approx(0.3)]  # one single-threaded request: one core
+    assert a.throttled_seconds_total == 0.0
+
+
+def test_both_busy_the_guarantees_hold_and_the_rest_follows_the_weights() -> None:
+    a = service("a", requests((0.0, 0.4)), cores_max=2.0)
+    b = service("b", requests((0.0, 3.6)), cores_max=2.0, request_cores_max=2.0)
+    cpu, _ = on_node(2.0, {a: (1, 0.25), b: (1, 1.0)})
+    cpu.run(0.5)
+    # demands 1 and 2 on 2 cores, weights 1 : 4 -> 0.4 and 1.6
+    assert cpu.rates() == {"a": [pytest.approx(0.4)], "b": [pytest.approx(1.6)]}
+    assert a.cpu_seconds_total == pytest.approx(0.2)
+    assert b.cpu_seconds_total == pytest.approx(0.8)
+    cpu.run(5.0)
+    # a done at 1.0 (0.4 CPU-s at 0.4); then b alone at its 2 cores: 1.6 + 2 * 1.0 -> done at 2.0
+    assert a.latencies == [pytest.approx(1.0)]
+    assert b.latencies == [pytest.approx(2.0)]
+    assert a.cpu_seconds_total + b.cpu_seconds_total == pytest.approx(4.0)
+
+
+def test_a_replica_that_becomes_busy_takes_back_its_guarantee_at_once() -> None:
+    # b idle until 1.0: a uses 1 core (its cpu.max); then b's request competes, 1 : 1 by weight
+    a = service("a", requests((0.0, 10.0)), cores_max=1.0)
+    b = service("b", requests((1.0, 0.5)), cores_max=1.0)
+    cpu, _ = on_node(1.0, {a: (1, 0.5), b: (1, 0.5)})
+    cpu.run(1.0)
+    assert a.cpu_seconds_total == pytest.approx(1.0)
+    cpu.run(1.5)
+    assert cpu.rates() == {"a": [pytest.approx(0.5)], "b": [pytest.approx(0.5)]}
+    cpu.run(5.0)
+    assert b.latencies == [pytest.approx(1.0)]  # 0.5 CPU-s at 0.5 core
+    assert a.cpu_seconds_total == pytest.approx(1.0 + 0.5 + 3.0)
+
+
+def fluid_reference(
+    capacity: float,
+    services: list[tuple[Arrivals, float, float, float]],
+    end_s: float,
+    dt: float,
+) -> list[list[float]]:
+    """Time-stepped GPS, one replica per service: (arrivals, weight, cpu.max, request max).
+
+    Per step: demands from the requests present, rates by water-filling, each request gets
+    its replica's rate / n.  Latencies per service, in completion order."""
+    pending = [list(zip(a.times_s.tolist(), a.cpu_s.tolist(), strict=True)) for a, *_ in services]
+    present: list[list[list[float]]] = [[] for _ in services]  # [remaining, arrived]
+    out: list[list[float]] = [[] for _ in services]
+    t = 0.0
+    while t < end_s:
+        for j, p in enumerate(pending):
+            while p and p[0][0] <= t:
+                arrived, work = p.pop(0)
+                present[j].append([work, arrived])
+        demands = [
+            min(len(present[j]) * req, cmax) if present[j] else 0.0
+            for j, (_, _, cmax, req) in enumerate(services)
+        ]
+        busy = [j for j in range(len(services)) if present[j]]
+        xs = water_fill(capacity, [demands[j] for j in busy], [services[j][1] for j in busy])
+        for j, x in zip(busy, xs, strict=True):
+            per = x / len(present[j])
+            for req in present[j]:
+                req[0] -= per * dt
+            for req in [q for q in present[j] if q[0] <= 0]:
+                present[j].remove(req)
+                out[j].append(t + dt - req[1])
+        t += dt
+    return out
+
+
+def test_the_event_model_matches_a_fine_time_stepped_reference() -> None:
+    rnd = np.random.default_rng(5)
+    specs = [(0.25, 1.0, 1.0), (0.5, 1.0, 1.0), (0.75, 2.0, 2.0)]  # weight, cpu.max, req max
+    arrivals = []
+    for _ in specs:
+        times = np.sort(rnd.uniform(0.0, 4.0, 6))
+        arrivals.append(Arrivals(times, rnd.uniform(0.1, 0.8, 6)))
+    models = [
+        service(f"s{j}", a, cores_max=cmax, request_cores_max=req)
+        for j, (a, (_, cmax, req)) in enumerate(zip(arrivals, specs, strict=True))
+    ]
+    cpu, _ = on_node(1.5, {m: (1, w) for m, (w, _, _) in zip(models, specs, strict=True)})
+    cpu.run(30.0)
+    ref = fluid_reference(
+        1.5, [(a, *spec) for a, spec in zip(arrivals, specs, strict=True)], 30.0, 1e-4
+    )
+    for m, expected in zip(models, ref, strict=True):
+        assert len(m.latencies) == len(expected) == 6
+        assert sorted(m.latencies) == pytest.approx(sorted(expected), abs=2e-3)
+
+
+# ---- invariants at many instants of random runs ---------------------------------------------
+
+
+def random_workload(rnd: random.Random, names: list[str]) -> dict[str, object]:
+    services = {}
+    for name in names:
+        services[name] = {
+            "slo_s": 1,
+            "cpu_cv": rnd.choice([0, 0.5, 1]),
+            "startup_s": rnd.choice([0, 1, 3]),
+            "request_cores_max": rnd.choice([0.5, 1, 2]),
+            "load": [
+                {"at_s": 0, "rps": rnd.uniform(0, 12), "cpu_s": rnd.uniform(0.02, 0.2)},
+                {"at_s": 30, "rps": rnd.uniform(0, 12), "cpu_s": rnd.uniform(0.02, 0.2)},
+            ],
+            "bursts": [
+                {
+                    "every_s": rnd.choice([20, 40]),
+                    "for_s": 5,
+                    "start_s": rnd.uniform(0, 10),
+                    "rps": rnd.uniform(5, 30),
+                    "cpu_s": 0.05,
+                }
+            ],
+        }
+    return {"duration_s": 60, "seed": rnd.randint(0, 1000), "services": services}
+
+
+def random_policies(rnd: random.Random, names: list[str]) -> dict[str, ScalingPolicy]:
+    out = {}
+    for name in names:
+        low = rnd.choice([0.1, 0.25, 0.5])
+        out[name] = ScalingPolicy(
+            target=rnd.choice([1, 2, 5]),
+            max_replicas=rnd.randint(1, 5),
+            cpu={"min": low, "max": rnd.choice([low, 1.0, 2.0]), "request": low},
+        )
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_rates_keep_every_bound_at_every_instant(seed: int) -> None:
+    """Random targets, run in random pieces: at every cut the rates in force are checked."""
+    rnd = random.Random(seed)
+    names = ["a", "b", "c"]
+    scenario = build_scenario(
+        parse_workload(random_workload(rnd, names)), random_policies(rnd, names)
+    )
+    capacity = rnd.uniform(1.0, 3.0)
+    models = {
+        s: ServiceModel(
+            s,
+            scenario.arrivals[s],
+            startup_s=scenario.loads[s].startup_s,
+            request_cores_max=scenario.loads[s].request_cores_max,
+            cores_max=rnd.choice([0.5, 1.0, 2.0]),
+        )
+        for s in names
+    }
+    node = Node(capacity, models)
+    claims = node.claims()
+    cpu = SharedCpu(capacity, models)
+    checked = 0
+    for k in range(60):
+        for m in models.values():
+            m.set_target(rnd.randint(1, 4), min(rnd.uniform(0.1, 1.0), m.cores_max), claims)
+        node.schedule(float(k))
+        assert node.reserved_cores() <= capacity + EPS
+        for cut in [*sorted(rnd.uniform(k, k + 1) for _ in range(5)), k + 1.0]:
+            cpu.run(cut)
+            total = 0.0
+            for m in models.values():
+                for r in m.replicas:
+                    n = len(r.tags)
+                    if not n:
+                        continue
+                    checked += 1
+                    demand = min(n * m.cap, m.cores_max)
+                    assert r.x <= demand + EPS, "never above cpu.max nor n * request_cores_max"
+                    assert r.x >= min(demand, r.cores) - EPS, "the guarantee held"
+                    total += r.x
+            assert total <= capacity + EPS
+        for m in models.values():
+            m.close_tick()
+    assert checked > 100
+
+
+def random_run_inputs(seed: int) -> tuple[object, dict[str, ScalingPolicy], BudgetConfig]:
+    rnd = random.Random(100 + seed)
+    names = ["a", "b", "c", "d"][: rnd.randint(2, 4)]
+    policies = random_policies(rnd, names)
+    floors = sum(p.floor_cores for p in policies.values())
+    budget = BudgetConfig(cpu=round(max(floors, rnd.uniform(1.0, 4.0)), 2), enforcement="share")
+    return parse_workload(random_workload(rnd, names)), policies, budget
+
+
+@pytest.mark.parametrize("name", ["sluice", "independent", "static"])
+@pytest.mark.parametrize("seed", range(4))
+def test_cpu_used_per_tick_never_exceeds_the_budget(seed: int, name: str) -> None:
+    workload, policies, budget = random_run_inputs(seed)
+    scenario = build_scenario(workload, policies)  # type: ignore[arg-type]
+    result = run(scenario, name, policies, budget)  # type: ignore[arg-type]
+    used = sum(result.series[s]["used_cores"] for s in scenario.services)
+    assert (used <= budget.cpu + EPS).all()
+    for s in scenario.services:
+        series = result.series[s]
+        assert result.completed[s] + result.unfinished[s] == result.arrivals[s]
+        assert abs(result.cpu_seconds[s] - series["used_cores"].sum() * scenario.tick_s) < 1e-6
+    allocated = sum(result.series[s]["allocated_cores"] for s in scenario.services)
+    assert (allocated <= budget.cpu + EPS).all()
+
+
+BURSTY = {
+    "duration_s": 180,
+    "seed": 3,
+    "services": {
+        "api": {"slo_s": 1, "cpu_cv": 0.5, "load": [{"at_s": 0, "rps": 16, "cpu_s": 0.1}]},
+        "reports": {
+            "slo_s": 0.5,
+            "cpu_cv": 1,
+            "startup_s": 2,
+            "load": [{"at_s": 0, "rps": 0, "cpu_s": 0.05}],
+            "bursts": [{"every_s": 60, "for_s": 10, "start_s": 30, "rps": 20, "cpu_s": 0.05}],
+        },
+    },
+}
+POLICIES = {
+    "api": ScalingPolicy(target=2, max_replicas=4, cpu={"min": 0.25, "max": 1.0, "request": 0.5}),
+    "reports": ScalingPolicy(
+        target=2, max_replicas=4, cpu={"min": 0.25, "max": 1.0, "request": 0.25}
+    ),
+}
+
+
+@pytest.mark.parametrize("name", ["sluice", "independent", "static"])
+def test_share_lends_idle_cpu_that_limit_leaves_unused(name: str) -> None:
+    scenario = build_scenario(parse_workload(BURSTY), POLICIES)
+    share = run(scenario, name, POLICIES, SHARE)  # type: ignore[arg-type]
+    limit = run(scenario, name, POLICIES, SHARE.model_copy(update={"enforcement": "limit"}))  # type: ignore[arg-type]
+    used = {r.enforcement: sum(r.series[s]["used_cores"] for s in POLICIES) for r in (share, limit)}
+    assert (used["share"] <= SHARE.cpu + EPS).all()
+    assert used["share"].sum() >= used["limit"].sum() - 1e-6
+    if name != "static":  # static: 1 x 1.0 core each, which is cpu.max: nothing to lend
+        over = [
+            share.series[s]["used_cores"] > share.series[s]["allocated_cores"] + 1e-6
+            for s in POLICIES
+        ]
+        assert np.logical_or(*over).any(), "some service used more than its guaranteed CPU"
+
+
+# ---- early ticks under share enforcement ----------------------------------------------------
+
+SHORT = ScalingPolicy(
+    target=10, min_replicas=1, max_replicas=4, cpu={"min": 0.1, "max": 1.0, "request": 0.25}
+)
+LONG_HPA = ScalingPolicy(
+    mode="hpa", target=2, max_replicas=4, cpu={"min": 0.25, "max": 1.0, "request": 0.5}
+)
+
+
+def test_early_ticks_land_on_the_arrival_that_reaches_the_level_and_every_model_is_there() -> None:
+    policies = {"long": LONG_HPA, "short": SHORT}
+    workload = parse_workload(
+        {
+            "services": {
+                "long": {"slo_s": 1, "load": [{"at_s": 0, "rps": 8, "cpu_s": 0.1}]},
+                "short": {"slo_s": 1, "load": [{"at_s": 0, "rps": 0, "cpu_s": 0.1}]},
+            }
+        }
+    )
+    scenario = build_scenario(workload, policies, duration_s=14, seed=5)
+    times = 10.3 + 0.01 * np.arange(30, dtype=np.float64)
+    burst = Arrivals(times, np.full(30, 5.0))  # long requests: none completes meanwhile
+    scenario.arrivals["short"] = burst
+    ticks: list[float] = []
+    concurrency: dict[float, int] = {}
+
+    def check(now: float, models: Mapping[str, ServiceModel], node: Node) -> None:
+        ticks.append(now)
+        concurrency[now] = models["short"].concurrency
+        assert node.reserved_cores() <= node.capacity_cores + EPS
+        for m in models.values():
+            assert m.clock == now
+            assert all(r.t == now for r in m.replicas)
+
+    result = run(scenario, "sluice", policies, SHARE, on_tick=check)
+    assert result.enforcement == "share"
+    assert result.early_ticks > 0
+    first = result.early_ticks_at[0]
+    # the first early tick is exactly an arrival of the burst, and the short service's
+    # concurrency then is the number of burst requests so far (idle before)
+    k = int(np.flatnonzero(times == first)[0])
+    assert concurrency[first] == k + 1
+    regular = [t for t in ticks if t not in set(result.early_ticks_at)]
+    assert regular == [float(k) for k in range(14)], "regular ticks stay on their grid"
+    for previous, t in itertools.pairwise(ticks):
+        if t in result.early_ticks_at:
+            assert t >= previous + SHARE.early_tick_gap_s - EPS
+            assert t < math.floor(previous) + 1.0
+    for s in scenario.services:
+        assert result.completed[s] + result.unfinished[s] == result.arrivals[s]
+
+
+def test_next_early_tick_shared_holds_back_for_the_gap_and_leaves_late_wakes_to_the_tick() -> None:
+    a = service("a", requests((0.2, 5.0), (0.3, 5.0), (0.9, 5.0)))
+    cpu, _ = on_node(2.0, {a: (1, 0.5)})
+    levels = {"a": 2.0}
+    assert next_early_tick_shared(cpu, levels, 1.0, not_before=0.5) == 0.5  # reached at 0.3
+    assert levels == {} and a.clock == 0.5 and a.concurrency == 2
+    levels = {"a": 3.0}  # reached at 0.9, but the gap ends at the next regular tick
+    assert next_early_tick_shared(cpu, levels, 1.0, not_before=1.0) is None
+    assert levels == {} and a.clock == 0.9 and a.concurrency == 3
+    cpu.run(1.0)
+    levels = {"a": 9.0}  # never reached: the models run to the end of the tick
+    assert next_early_tick_shared(cpu, levels, 2.0, not_before=1.1) is None
+    assert levels == {"a": 9.0} and a.clock == 2.0
