@@ -181,14 +181,21 @@ def _suffix(enforcement: Enforcement, early_ticks: bool) -> str:
     )
 
 
+GOAL_LABELS = {
+    "reports_p99_independent_over_sluice": "reports p99, independent ÷ Sluice",
+    "api_throughput_sluice_over_independent": "api throughput, Sluice ÷ independent",
+    "utilisation_during_contention_sluice": "Sluice utilisation in contention",
+}
+
+
 def side_by_side(
     seeds: dict[tuple[Enforcement, bool], dict[str, object]], console: Console
 ) -> None:
     """The goals under share vs limit enforcement, one column per run of the seed scenario."""
-    table = Table(title="seed scenario goals: share vs limit enforcement")
+    table = Table(title="seed scenario goals: share vs limit enforcement (early ticks on/off)")
     table.add_column("goal")
     for enforcement, early in seeds:
-        table.add_column(f"{enforcement}, early ticks {'on' if early else 'off'}", justify="right")
+        table.add_column(f"{enforcement} {'on' if early else 'off'}", justify="right")
     first = next(iter(seeds.values()))
     targets = first["targets"]
     assert isinstance(targets, dict)
@@ -197,9 +204,10 @@ def side_by_side(
         for result in seeds.values():
             goals = result["goals"]
             assert isinstance(goals, dict)
-            cells.append(f"{goals[key]:.3g}{'' if goals[key] >= target else ' (not met)'}")
-        table.add_row(f"{key} (>= {target:g})", *cells)
+            cells.append(f"{goals[key]:.3g}{'' if goals[key] >= target else ' ✗'}")
+        table.add_row(f"{GOAL_LABELS.get(key, key)} (≥ {target:g})", *cells)
     console.print(table)
+    console.print("✗: goal not met")
 
 
 def main() -> int:

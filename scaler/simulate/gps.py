@@ -103,7 +103,9 @@ class SharedCpu:
         r.squeezed = x < n * cap - _EPS
         r.ver += 1
         self._seq += 1
-        heapq.heappush(self._heap, (r.t + max(r.tags[0][0] - r.v, 0.0) / per, self._seq, r.ver, r))
+        # per > 0: a busy replica gets at least min(d, w) > 0 (inf guards rounding only)
+        done = r.t + max(r.tags[0][0] - r.v, 0.0) / per if per > 0.0 else math.inf
+        heapq.heappush(self._heap, (done, self._seq, r.ver, r))
 
     def _changed(self, r: Replica, j: int, t: float) -> None:
         """``r`` (flowed to ``t``) gained or lost requests at ``t``: update the rates."""

@@ -2,7 +2,8 @@
 
 Assumptions (docs/simulate.md repeats them):
 
-* **Processor sharing per replica.**  A replica with ``c`` cores serving ``n`` requests gives
+* **Processor sharing per replica.**  Under limit enforcement (``budget.enforcement:
+  limit``; :meth:`ServiceModel.run`) a replica with ``c`` cores serving ``n`` requests gives
   each ``min(request_cores_max, c / n)`` cores (egalitarian sharing, as the kernel shares a
   CPU quota between busy threads), so a request needing ``s`` CPU-seconds alone on a
   replica finishes after ``s / min(request_cores_max, c)`` seconds and a saturated replica
@@ -12,6 +13,10 @@ Assumptions (docs/simulate.md repeats them):
 * **Dispatch** like the gateway's ``least_request``: an arrival goes to the ready replica
   with the fewest requests in flight (ties: the oldest replica).  With no ready replica it
   waits in the gateway's queue (FIFO) until one becomes ready.
+* **Share enforcement** (``budget.enforcement: share``, the default) keeps everything here
+  but the rates: a replica's cores are its guaranteed share of the node, which the busy
+  replicas of every service share by weight up to their ``cpu.max``
+  (:mod:`scaler.simulate.gps`, which drives these models in one event loop).
 * **The node** has ``capacity_cores`` (the budget).  A replica's CPU is reserved from the
   moment it is scheduled; a replica (or an in-place CPU increase) that does not fit waits,
   first come first served, as a Kubernetes pod stays Pending (or a resize Deferred).
@@ -345,7 +350,7 @@ class ServiceModel:
         settle: bool = True,
     ) -> float | None:
         """Simulate ``[t0, t1)`` (``[t0, t1]`` with ``through``): arrivals, dispatch, processor
-        sharing, completions.  The model is then at ``t1`` (:attr:`clock`).
+        sharing, completions, under limit enforcement (share: :class:`scaler.simulate.gps.SharedCpu`).  The model is then at ``t1`` (:attr:`clock`).
 
         Resumable: one regular tick's traffic may be simulated in consecutive pieces (early
         ticks fall between them), each starting where the last ended; arrivals and latencies

@@ -13,14 +13,17 @@ from collections.abc import Mapping
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from scaler.policy import BudgetConfig, ScalingPolicy
 from scaler.simulate.arrivals import Arrivals
+from scaler.simulate.baselines import RunName
 from scaler.simulate.early import next_early_tick_shared
 from scaler.simulate.gps import SharedCpu, water_fill
 from scaler.simulate.model import READY, Node, ServiceModel
 from scaler.simulate.runner import build_scenario, run
-from scaler.simulate.workload import parse_workload
+from scaler.simulate.workload import Workload, parse_workload
 
 SHARE = BudgetConfig(cpu=2, enforcement="share")
 EPS = 1e-9
@@ -48,23 +51,32 @@ def test_water_fill_gives_what_a_small_demand_leaves_to_the_others_by_weight() -
     assert water_fill(2.0, [0.3, 1.0, 1.0], [0.5, 0.5, 1.0]) == pytest.approx([0.3, 0.7, 1.0])
 
 
-def test_water_fill_invariants_on_random_inputs() -> None:
-    rnd = random.Random(11)
-    for _ in range(2000):
-        n = rnd.randint(1, 12)
-        weights = [rnd.uniform(0.05, 1.0) for _ in range(n)]
-        capacity = sum(weights) * rnd.uniform(1.0, 1.5)  # the guarantees fit, as on the node
-        demands = [rnd.choice([rnd.uniform(0.01, 2.0), 1.0]) for _ in range(n)]
-        xs = water_fill(capacity, demands, weights)
-        assert math.fsum(xs) <= capacity + EPS
-        assert math.fsum(xs) == pytest.approx(min(capacity, math.fsum(demands)))
-        for x, d, w in zip(xs, demands, weights, strict=True):
-            assert min(d, w) - EPS <= x <= d + EPS  # the guarantee held, never above demand
-        # max-min fair: whoever gets less than its demand has the highest x / w of all
-        capped = [x / w for x, d, w in zip(xs, demands, weights, strict=True) if x < d - EPS]
-        if capped:
-            top = max(x / w for x, w in zip(xs, weights, strict=True))
-            assert all(c == pytest.approx(top) for c in capped)
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.floats(0.01, 1.0),  # weight (guaranteed cores)
+            st.one_of(st.just(1.0), st.floats(0.01, 2.0)),  # demand
+        ),
+        min_size=1,
+        max_size=12,
+    ),
+    st.floats(1.0, 1.5),
+)
+def test_water_fill_invariants(replicas: list[tuple[float, float]], headroom: float) -> None:
+    weights = [w for w, _ in replicas]
+    demands = [d for _, d in replicas]
+    capacity = math.fsum(weights) * headroom  # the guarantees fit, as on the node
+    xs = water_fill(capacity, demands, weights)
+    assert math.fsum(xs) <= capacity + EPS
+    assert math.fsum(xs) == pytest.approx(min(capacity, math.fsum(demands)))
+    for x, d, w in zip(xs, demands, weights, strict=True):
+        assert min(d, w) - EPS <= x <= d + EPS  # the guarantee held, never above demand
+    # max-min fair: whoever gets less than its demand has the highest x / w of all
+    capped = [x / w for x, d, w in zip(xs, demands, weights, strict=True) if x < d - EPS]
+    if capped:
+        top = max(x / w for x, w in zip(xs, weights, strict=True))
+        assert all(c == pytest.approx(top) for c in capped)
 
 
 # ---- the event-driven model, by hand -------------------------------------------------------
@@ -298,7 +310,7 @@ def test_rates_keep_every_bound_at_every_instant(seed: int) -> None:
     assert checked > 100
 
 
-def random_run_inputs(seed: int) -> tuple[object, dict[str, ScalingPolicy], BudgetConfig]:
+def random_run_inputs(seed: int) -> tuple[Workload, dict[str, ScalingPolicy], BudgetConfig]:
     rnd = random.Random(100 + seed)
     names = ["a", "b", "c", "d"][: rnd.randint(2, 4)]
     policies = random_policies(rnd, names)
@@ -309,10 +321,10 @@ def random_run_inputs(seed: int) -> tuple[object, dict[str, ScalingPolicy], Budg
 
 @pytest.mark.parametrize("name", ["sluice", "independent", "static"])
 @pytest.mark.parametrize("seed", range(4))
-def test_cpu_used_per_tick_never_exceeds_the_budget(seed: int, name: str) -> None:
+def test_cpu_used_per_tick_never_exceeds_the_budget(seed: int, name: RunName) -> None:
     workload, policies, budget = random_run_inputs(seed)
-    scenario = build_scenario(workload, policies)  # type: ignore[arg-type]
-    result = run(scenario, name, policies, budget)  # type: ignore[arg-type]
+    scenario = build_scenario(workload, policies)
+    result = run(scenario, name, policies, budget)
     used = sum(result.series[s]["used_cores"] for s in scenario.services)
     assert (used <= budget.cpu + EPS).all()
     for s in scenario.services:
