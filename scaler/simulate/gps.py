@@ -81,7 +81,7 @@ class SharedCpu:
         self._heap: list[tuple[float, int, int, Replica]] = []
         self._seq = 0
         self.recomputes = 0
-        """How many times the water-filling ran (for the speed figures)."""
+        """How many times the water-filling ran (a cost figure, for profiling)."""
 
     def __repr__(self) -> str:
         return (
@@ -95,12 +95,17 @@ class SharedCpu:
 
     # ---- rates ------------------------------------------------------------------------------
 
-    def _schedule(self, r: Replica, x: float, cap: float) -> None:
-        """Give busy ``r`` (already flowed to now) ``x`` cores and (re)schedule its next completion."""
+    def _schedule(self, r: Replica, x: float, m: ServiceModel) -> None:
+        """Give busy ``r`` (already flowed to now) ``x`` cores and (re)schedule its next completion.
+
+        Throttled time counts while it is held at its own ``cpu.max`` with requests that could
+        use more, as the kernel counts a cgroup's own quota (``cpu.stat`` ``throttled_usec``;
+        cAdvisor's ``cfs_throttled_seconds``): getting less by weight under contention, or by
+        the budget's parent quota, is not the replica's throttling."""
         n = len(r.tags)
         r.x = x
         r.per = per = x / n
-        r.squeezed = x < n * cap - _EPS
+        r.capped = x >= m.cores_max - _EPS and n * m.cap > m.cores_max + _EPS
         r.ver += 1
         self._seq += 1
         # per > 0: a busy replica gets at least min(d, w) > 0 (inf guards rounding only)
@@ -118,17 +123,18 @@ class SharedCpu:
         else:
             self._busy.pop(r, None)
             r.x = r.per = 0.0
-            r.squeezed = False
+            r.capped = False
         if d == old:  # its demand and so every rate is unchanged; only its per-request rate
             if n:
-                self._schedule(r, r.x, m.cap)
+                self._schedule(r, r.x, m)
             return
         r.d = d
         total = self._sum_d - old + d
         if self._sum_d <= self.capacity_cores and total <= self.capacity_cores:
-            self._sum_d = total  # nobody is squeezed, before or after: r gets its demand
+            # the node is not oversubscribed, before or after: r gets its demand
+            self._sum_d = total
             if n:
-                self._schedule(r, d, m.cap)
+                self._schedule(r, d, m)
             return
         self._refill(t, r)
 
@@ -144,7 +150,7 @@ class SharedCpu:
         for (r, j), x in zip(items, xs, strict=True):
             if everyone or x != r.x or r is changed:
                 r.flow(t)
-                self._schedule(r, x, models[j].cap)
+                self._schedule(r, x, models[j])
 
     # ---- traffic ----------------------------------------------------------------------------
 

@@ -47,6 +47,7 @@ class Replica:
     """One replica's processor-sharing server state (advanced lazily to ``t``)."""
 
     __slots__ = (
+        "capped",
         "claim_seq",
         "cores",
         "cpu_s",
@@ -55,7 +56,6 @@ class Replica:
         "phase",
         "ready_at",
         "rid",
-        "squeezed",
         "t",
         "tags",
         "target_cores",
@@ -88,8 +88,8 @@ class Replica:
         """Cores it gets now (its share of the node)."""
         self.per = 0.0
         """Cores each resident request gets now (``x / n``)."""
-        self.squeezed = False
-        """It gets less than its requests could use alone (counted as throttled time)."""
+        self.capped = False
+        """Held at its service's cpu.max while its requests could use more (throttled time)."""
 
     def __repr__(self) -> str:
         return (
@@ -116,7 +116,7 @@ class Replica:
             dt = t - self.t
             self.v += self.per * dt
             self.cpu_s += self.x * dt
-            if self.squeezed:
+            if self.capped:
                 self.throttled_s += dt
         self.t = t
 

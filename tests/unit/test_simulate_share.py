@@ -125,7 +125,7 @@ def test_a_lone_busy_replica_uses_the_idle_cpu_up_to_cpu_max() -> None:
     # two requests on a replica guaranteed 0.25 but capped at cpu.max = 1: 0.5 core each
     assert a.latencies == [pytest.approx(2.0), pytest.approx(2.0)]
     assert a.cpu_seconds_total == pytest.approx(2.0)
-    assert a.throttled_seconds_total == pytest.approx(2.0)  # it wanted 2 cores, got 1
+    assert a.throttled_seconds_total == pytest.approx(2.0)  # held at cpu.max, wanting 2 cores
 
 
 def test_a_replica_never_gets_more_than_its_requests_can_use() -> None:
@@ -150,6 +150,8 @@ def test_both_busy_the_guarantees_hold_and_the_rest_follows_the_weights() -> Non
     assert a.latencies == [pytest.approx(1.0)]
     assert b.latencies == [pytest.approx(2.0)]
     assert a.cpu_seconds_total + b.cpu_seconds_total == pytest.approx(4.0)
+    # less than its demand by weight is not throttling: neither reached its own cpu.max
+    assert a.throttled_seconds_total == b.throttled_seconds_total == 0.0
 
 
 def test_a_replica_that_becomes_busy_takes_back_its_guarantee_at_once() -> None:
