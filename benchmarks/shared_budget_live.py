@@ -3,11 +3,16 @@
 Runs the long-lived + periodic scenario on the local platform (real replicas of the demo
 app, real cgroup CPU limits) twice with the same code and the same load, once with
 ``budget.arbitration: shared`` and once with ``independent`` (one autoscaler per service,
-first come first served on the budget, nothing reclaimed), and prints side by side:
+first come first served on the budget, nothing reclaimed), and prints side by side.
+``--enforcement share|limit|both`` picks ``budget.enforcement`` (``both``: the pair of runs
+for each, so four runs): ``share`` makes a replica's decided CPU its guaranteed share (cgroup
+weight) under a cap of ``cpu.max``, ``limit`` a hard quota.  The figures:
 
 * short-lived (``reports``) p50/p99 latency and requests over the SLO;
 * long-lived (``api``) throughput (answers per second);
-* CPU utilisation of the budget (the replicas' parent cgroup usage / budget x time);
+* CPU utilisation of the budget (the replicas' parent cgroup usage / budget x time), over
+  the whole run and during the ``reports`` bursts (contention: both services want more
+  than the budget);
 * lost requests (any answer but 2xx, or none) and requests killed in flight (502/reset:
   what a replica killed or restarted while CPU is reclaimed would produce);
 * how many decisions reclaimed CPU.
@@ -17,11 +22,12 @@ Load (open loop for ``reports``, closed loop for ``api``, both from ``gateway.lo
 which alone would take the whole budget; ``reports`` gets bursts of ``--burst-rps`` for
 ``--burst-s`` every ``--period-s`` (40 ms of CPU each).
 
-Writes ``benchmarks/results/shared_budget_live.json`` and ``.png``.  Needs writable CPU
-cgroups (root) for the limits to mean anything; it says so when they are not applied.
+Writes ``benchmarks/results/shared_budget_live.json``, one ``shared_budget_live.<enforcement>.png``
+per enforcement and each run's decision log.  Needs writable CPU cgroups (root) for the
+limits to mean anything; it says so when they are not applied.
 
-    python benchmarks/shared_budget_live.py            # ~2 x 150 s
-    python benchmarks/shared_budget_live.py --duration 60 --period-s 20   # quicker
+    python benchmarks/shared_budget_live.py            # ~2 x 150 s (share)
+    python benchmarks/shared_budget_live.py --enforcement both --duration 60 --period-s 20
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import platform
@@ -56,14 +63,20 @@ RESULTS = ROOT / "benchmarks" / "results"
 LINE = re.compile(r"sluice listening data=http://(\S+):(\d+) admin=(\S+)")
 
 
-def scenario_config(args: argparse.Namespace, arbitration: str) -> dict[str, Any]:
+def scenario_config(
+    args: argparse.Namespace, arbitration: str, enforcement: str = "share"
+) -> dict[str, Any]:
     demo = ["{python}", "-m", "gateway.demo", "--port", "{port}"]
     env = {"PYTHONPATH": str(ROOT), "DEMO_CPU_MS": "40"}
     return {
         "listen": {"host": "127.0.0.1", "port": 0},
         "admin": {"host": "127.0.0.1", "port": 0},
         "platform": "local",
-        "budget": {"cpu": args.budget_cpu, "arbitration": arbitration},
+        "budget": {
+            "cpu": args.budget_cpu,
+            "arbitration": arbitration,
+            "enforcement": enforcement,
+        },
         "services": {
             "api": {  # long-lived: first in config order (first come, first served)
                 "routes": [{"path": "/api", "path_type": "Prefix"}],
@@ -208,12 +221,17 @@ async def wait_ready(gw: Gateway, services: list[str], timeout_s: float = 60) ->
 
 
 async def sample_decisions(gw: Gateway, stop: asyncio.Event, t0: float) -> dict[str, Any]:
-    """Every second: the latest decision per service (for the plot); every decision seen."""
+    """Every second: the latest decision per service (for the plot), the parent cgroup's CPU
+    usage; every decision seen."""
     timeline: list[dict[str, Any]] = []
+    cpu_samples: list[tuple[float, float]] = []
     seen: dict[tuple[str, float], dict[str, Any]] = {}
     early_ticks = 0
     async with httpx.AsyncClient(base_url=gw.admin, timeout=5) as client:
         while not stop.is_set():
+            used = cpu_usage_s(gw)
+            if used is not None:
+                cpu_samples.append((time.monotonic() - t0, used))
             try:
                 body = (await client.get("/api/decisions", params={"limit": "256"})).json()
             except httpx.HTTPError:
@@ -237,7 +255,35 @@ async def sample_decisions(gw: Gateway, stop: asyncio.Event, t0: float) -> dict[
                     seen[(d["service"], d["at"])] = d
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 1.0)
-    return {"timeline": timeline, "decisions": list(seen.values()), "early_ticks": early_ticks}
+    return {
+        "timeline": timeline,
+        "decisions": list(seen.values()),
+        "early_ticks": early_ticks,
+        "cpu_samples": cpu_samples,
+    }
+
+
+def burst_windows(args: argparse.Namespace) -> list[tuple[float, float]]:
+    """When ``reports`` bursts (seconds since the load started): both services then want
+    more than the budget (``api`` alone would take it all)."""
+    out = []
+    start = args.first_burst_s
+    while start < args.duration:
+        out.append((start, min(start + args.burst_s, args.duration)))
+        start += args.period_s
+    return out
+
+
+def contention_utilisation(
+    samples: list[tuple[float, float]], windows: list[tuple[float, float]], budget_cpu: float
+) -> float | None:
+    """CPU used / (budget x time) over the sample intervals that lie inside a burst window."""
+    used = elapsed = 0.0
+    for (t0, u0), (t1, u1) in itertools.pairwise(samples):
+        if any(lo <= t0 and t1 <= hi for lo, hi in windows):
+            used += u1 - u0
+            elapsed += t1 - t0
+    return used / (budget_cpu * elapsed) if elapsed > 0 else None
 
 
 def summarize(
@@ -261,6 +307,9 @@ def summarize(
         "api_requests": sum(1 for r in report.results if r.service == "api"),
         "api_throughput_rps": len(api_ok) / report.duration_s,
         "cpu_utilisation": None if cpu_s is None else cpu_s / (args.budget_cpu * report.duration_s),
+        "cpu_utilisation_in_bursts": contention_utilisation(
+            sampled["cpu_samples"], burst_windows(args), args.budget_cpu
+        ),
         "lost_requests": len(lost),
         "lost_by_status": {
             str(s): sum(1 for r in lost if r.status == s) for s in sorted({r.status for r in lost})
@@ -276,9 +325,16 @@ def summarize(
 
 
 async def run_mode(
-    arbitration: str, args: argparse.Namespace, workdir: Path, iso: Isolation | None
+    arbitration: str,
+    enforcement: str,
+    args: argparse.Namespace,
+    workdir: Path,
+    iso: Isolation | None,
 ) -> dict[str, Any]:
-    gw = Gateway(scenario_config(args, arbitration), workdir / f"{arbitration}.yaml")
+    gw = Gateway(
+        scenario_config(args, arbitration, enforcement),
+        workdir / f"{enforcement}-{arbitration}.yaml",
+    )
     try:
         await wait_ready(gw, ["api", "reports"])
         if iso is not None and iso.enabled:
@@ -312,7 +368,7 @@ async def run_mode(
         code = gw.stop()
         # The scaler's decision lines (one per service whose decision changed, with reasons).
         RESULTS.mkdir(parents=True, exist_ok=True)
-        (RESULTS / f"shared_budget_live.{arbitration}.log").write_text(
+        (RESULTS / f"shared_budget_live.{enforcement}.{arbitration}.log").write_text(
             "\n".join(line for line in gw.lines if "scaler decision" in line) + "\n"
         )
     cpu_s = None if cpu0 is None or cpu1 is None else cpu1 - cpu0
@@ -344,6 +400,7 @@ def _fmt(value: Any, kind: str) -> str:
 
 
 def table(results: dict[str, dict[str, Any]]) -> str:
+    """One enforcement's pair of runs, shared vs independent."""
     shared, indep = results["shared"]["summary"], results["independent"]["summary"]
     rows = [
         ("short-lived p50", "reports_p50_s", "ms"),
@@ -351,7 +408,8 @@ def table(results: dict[str, dict[str, Any]]) -> str:
         ("short-lived requests", "reports_requests", ""),
         ("short-lived over SLO", "reports_over_slo", ""),
         ("long-lived throughput (req/s)", "api_throughput_rps", "f"),
-        ("CPU utilisation of the budget", "cpu_utilisation", "pct"),
+        ("CPU used / budget (whole run)", "cpu_utilisation", "pct"),
+        ("CPU used / budget (in bursts)", "cpu_utilisation_in_bursts", "pct"),
         ("lost requests", "lost_requests", ""),
         ("killed in flight (502/reset)", "killed_in_flight", ""),
         ("decisions that reclaimed CPU", "reclaim_decisions", ""),
@@ -361,6 +419,7 @@ def table(results: dict[str, dict[str, Any]]) -> str:
     for label, key, kind in rows:
         out.append(f"{label:<32} {_fmt(shared[key], kind):>12} {_fmt(indep[key], kind):>12}")
     p_s, p_i = shared["reports_p99_s"], indep["reports_p99_s"]
+    lost = shared["lost_requests"] + indep["lost_requests"]
     if p_s and p_i:
         out.append(f"short-lived p99: independent / shared = {p_i / p_s:.1f}x  (goal >= 10x)")
     if indep["api_throughput_rps"]:
@@ -368,10 +427,30 @@ def table(results: dict[str, dict[str, Any]]) -> str:
         out.append(
             f"long-lived throughput: shared / independent = {ratio * 100:.0f} %  (goal >= 95 %)"
         )
+    out.append(f"lost requests, both runs: {lost}  (goal 0)")
     return "\n".join(out)
 
 
-def plot(results: dict[str, dict[str, Any]], path: Path, args: argparse.Namespace) -> None:
+def enforcement_table(by_enforcement: dict[str, dict[str, dict[str, Any]]]) -> str:
+    """Shared arbitration under each enforcement, side by side."""
+    share, limit = (by_enforcement[e]["shared"]["summary"] for e in ("share", "limit"))
+    rows = [
+        ("short-lived p99", "reports_p99_s", "ms"),
+        ("short-lived over SLO", "reports_over_slo", ""),
+        ("long-lived throughput (req/s)", "api_throughput_rps", "f"),
+        ("CPU used / budget (whole run)", "cpu_utilisation", "pct"),
+        ("CPU used / budget (in bursts)", "cpu_utilisation_in_bursts", "pct"),
+        ("lost requests", "lost_requests", ""),
+    ]
+    out = [f"{'shared arbitration':<32} {'share':>12} {'limit':>12}"]
+    for label, key, kind in rows:
+        out.append(f"{label:<32} {_fmt(share[key], kind):>12} {_fmt(limit[key], kind):>12}")
+    return "\n".join(out)
+
+
+def plot(
+    results: dict[str, dict[str, Any]], path: Path, args: argparse.Namespace, enforcement: str
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -390,7 +469,7 @@ def plot(results: dict[str, dict[str, Any]], path: Path, args: argparse.Namespac
                 label=f"{name} cores",
             )
         ax.axhline(args.budget_cpu, color="grey", linestyle=":", label="budget")
-        ax.set_title(f"{mode}: CPU allocated (replicas x CPU per replica)")
+        ax.set_title(f"{mode}, {enforcement}: CPU allocated (replicas x CPU per replica)")
         ax.legend(loc="upper right", fontsize=8)
         ax = axes[1][col]
         lat = data["reports_latency"]
@@ -418,13 +497,20 @@ def machine() -> dict[str, Any]:
 
 
 async def main_async(args: argparse.Namespace) -> int:
-    results: dict[str, dict[str, Any]] = {}
+    enforcements = ["share", "limit"] if args.enforcement == "both" else [args.enforcement]
+    results: dict[str, dict[str, dict[str, Any]]] = {}
     iso = Isolation() if args.isolate else None
     with tempfile.TemporaryDirectory(prefix="sluice-live-") as tmp, iso or contextlib.nullcontext():
-        for mode in ("shared", "independent"):
-            print(f"running {mode} for {args.duration:g}s ...", flush=True)
-            results[mode] = await run_mode(mode, args, Path(tmp), iso)
-    print(table(results))
+        for enforcement in enforcements:
+            results[enforcement] = {}
+            for mode in ("shared", "independent"):
+                print(f"running {mode} ({enforcement}) for {args.duration:g}s ...", flush=True)
+                results[enforcement][mode] = await run_mode(mode, enforcement, args, Path(tmp), iso)
+    for enforcement in enforcements:
+        print(f"budget.enforcement: {enforcement}")
+        print(table(results[enforcement]))
+    if len(enforcements) == 2:
+        print(enforcement_table(results))
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = {
         "scenario": {
@@ -437,14 +523,27 @@ async def main_async(args: argparse.Namespace) -> int:
             "slo_s": args.slo_s,
             "cpu_ms_per_request": 40,
             "isolated_from_other_processes": bool(iso and iso.enabled),
+            "first_burst_s": args.first_burst_s,
         },
         "machine": machine(),
-        "results": {mode: r["summary"] for mode, r in results.items()},
-        "timelines": {mode: r["timeline"] for mode, r in results.items()},
+        "results": {
+            enf: {mode: r["summary"] for mode, r in by_mode.items()}
+            for enf, by_mode in results.items()
+        },
+        "timelines": {
+            enf: {mode: r["timeline"] for mode, r in by_mode.items()}
+            for enf, by_mode in results.items()
+        },
     }
     (RESULTS / "shared_budget_live.json").write_text(json.dumps(out, indent=2) + "\n")
-    plot(results, RESULTS / "shared_budget_live.png", args)
-    print(f"wrote {RESULTS / 'shared_budget_live.json'} and shared_budget_live.png")
+    for enforcement in enforcements:
+        plot(
+            results[enforcement],
+            RESULTS / f"shared_budget_live.{enforcement}.png",
+            args,
+            enforcement,
+        )
+    print(f"wrote {RESULTS / 'shared_budget_live.json'} and the plots")
     return 0
 
 
@@ -458,6 +557,12 @@ def main() -> int:
     p.add_argument("--period-s", type=float, default=45.0, help="a burst starts every")
     p.add_argument("--first-burst-s", type=float, default=30.0, help="first burst at")
     p.add_argument("--slo-s", type=float, default=0.5, help="reports latency SLO")
+    p.add_argument(
+        "--enforcement",
+        choices=("share", "limit", "both"),
+        default="share",
+        help="budget.enforcement: decided CPU as a guaranteed share, a hard limit, or both runs",
+    )
     p.add_argument(
         "--no-isolate",
         dest="isolate",

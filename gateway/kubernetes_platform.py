@@ -79,7 +79,13 @@ class KubernetesPlatform:
             retry_period_s=cfg.lease.retry_period_s,
             clock=clock,
         )
-        self.actuator = KubernetesActuator(self.api, self.discovery.workloads, leader=self.elector)
+        self.actuator = KubernetesActuator(
+            self.api,
+            self.discovery.workloads,
+            leader=self.elector,
+            enforcement=settings.budget.enforcement,
+            cpu_max=self._cpu_max,
+        )
         token = settings.admin.token.get_secret_value() if settings.admin.token else None
         self.peer_signals = PeerSignals(
             http, self.discovery.peer_admin_addresses, cfg.peer_timeout_s, token
@@ -88,6 +94,10 @@ class KubernetesPlatform:
 
     def __repr__(self) -> str:
         return f"KubernetesPlatform({self.discovery!r}, {self.elector!r})"
+
+    def _cpu_max(self) -> dict[str, float]:
+        """Each service's ``scaling.cpu.max``: the pods' CPU limit with share enforcement."""
+        return {name: p.cpu.max for name, p in self.discovery.policies().items()}
 
     async def signals(self, now: float | None = None) -> dict[str, ServiceSignals]:
         """Signals merged from every gateway replica when leading; {} otherwise (frozen).

@@ -3,7 +3,9 @@
 :class:`LocalRunner` wires the pieces to one gateway :class:`~gateway.app.Runtime`:
 
 * the :class:`~scaler.localpool.pool.LocalPool` starts every service's replicas (each in
-  its own CPU cgroup; the parent cgroup capped at ``budget.cpu``);
+  its own CPU cgroup; the parent cgroup capped at ``budget.cpu``; a replica's decided CPU is
+  its cgroup weight under a quota of ``cpu.max`` with ``budget.enforcement: share``, its
+  quota with ``limit``);
 * ready replicas flow into the runtime's endpoint sets (``Runtime.apply_endpoints``), and a
   replica being retired is drained through ``Runtime.wait_drained`` before its SIGTERM;
 * a service with no ready replica holds its requests in its admission queue (bounded, with

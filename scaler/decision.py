@@ -23,12 +23,17 @@ class ServiceState:
     """Replicas asked for (desired)."""
     ready_replicas: int
     cpu_per_replica_cores: float
-    """CPU limit currently in force per replica."""
+    """CPU currently in force per replica: the hard limit with ``budget.enforcement: limit``,
+    the guaranteed share (cgroup weight; Kubernetes requests) with ``share``."""
     resize_blocked: bool = False
     """True when an in-place CPU change cannot be applied now (e.g. PodResizePending Infeasible)."""
     cpu_limits_applied: bool = True
     """False when the platform cannot enforce CPU limits at all (e.g. no writable cgroup): CPU per
     replica is then what was decided, not what is enforced."""
+    cpu_cap_per_replica_cores: float | None = None
+    """The hard cap per replica in force (cgroup quota; Kubernetes limits), when the platform
+    reports it: equal to ``cpu_per_replica_cores`` with ``limit`` enforcement, the service's
+    ``cpu.max`` (at most the budget) with ``share``.  None = not reported, or unlimited."""
 
 
 class Explanation:

@@ -48,12 +48,18 @@ class LocalPlatform:
 
 def local_platform(settings: Settings, drain: Drain | None = None) -> LocalPlatform:
     """Build the pool from settings: every service at ``min_replicas`` with its initial CPU, and
-    the parent cgroup capped at the budget (the kernel enforces it even between two decisions)."""
+    the parent cgroup capped at the budget (the kernel enforces it even between two decisions);
+    ``budget.enforcement`` says whether a replica's CPU is a guaranteed share or a hard limit."""
     specs = {}
     for name, service in settings.services.items():
         if service.replicas is None:
             raise ValueError(f"services.{name}.replicas is required when platform is local")
         specs[name] = service.replicas
-    pool = LocalPool(specs, drain=drain, total_cpu_cores=settings.budget.cpu)
+    pool = LocalPool(
+        specs,
+        drain=drain,
+        total_cpu_cores=settings.budget.cpu,
+        enforcement=settings.budget.enforcement,
+    )
     actuator = LocalActuator(pool, {n: s.scaling for n, s in settings.services.items()})
     return LocalPlatform(pool=pool, actuator=actuator, endpoints=LocalEndpointSource(pool))

@@ -2,11 +2,23 @@
 
 * Replicas: a merge patch of the Deployment's (or StatefulSet's) ``/scale`` subresource.
 * CPU per replica: the first container of every pod of the workload is resized in place
-  through ``pods/<name>/resize`` without changing the pod's QoS class (Guaranteed: requests
-  = limits; Burstable: the request/limit ratio is kept; BestEffort pods and containers with
-  ``resizePolicy`` cpu ``RestartContainer`` are never touched).
+  through ``pods/<name>/resize`` without changing the pod's QoS class, which the API server
+  refuses (422 ``Invalid``: "Pod QOS Class may not change as a result of resizing").
+  BestEffort pods and containers with ``resizePolicy`` cpu ``RestartContainer`` are never
+  touched.  ``enforcement`` (``budget.enforcement``) says what the decided CPU becomes:
+
+  - ``limit``: the CPU in force.  Guaranteed pods: requests = limits = it; Burstable pods:
+    the limit, the request/limit ratio kept;
+  - ``share``: the request (the pod's guaranteed CPU: its cgroup weight and what the
+    scheduler reserves), the limit being the service's ``cpu.max``, so the pod uses idle
+    node CPU up to it.  Only Burstable pods can have requests < limits: a Guaranteed pod
+    keeps requests = limits = the decided CPU (as in ``limit``), and this is logged and
+    recorded as a ``ResizeLimited`` Warning event once per pod.  A Burstable pod whose
+    request would reach its limit while memory requests = limits would become Guaranteed:
+    its request stays 1m below the limit.
 * A resize counts as applied only when ``status.containerStatuses[].resources`` shows it:
-  :meth:`current` reports the smallest CPU in force across the pods, read from status.
+  :meth:`current` reports the smallest CPU in force across the pods, read from status (the
+  request with ``share``, the limit else the request with ``limit``), and the smallest limit.
 * ``PodResizePending`` with reason ``Infeasible`` or ``Deferred`` (or a pod that cannot be
   resized at all) sets ``ServiceState.resize_blocked`` so the arbiter scales out instead.
 * Every change is recorded as an Event on the workload with the decision's reasons.
@@ -17,8 +29,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, replace
+from typing import Literal, Protocol, TypeAlias
 
 from scaler.decision import Decision, ServiceState
 from scaler.kube_model import (
@@ -34,6 +46,10 @@ from scaler.kubeapi import KubeApi
 log = logging.getLogger(__name__)
 BLOCKING_RESIZE_REASONS = ("Infeasible", "Deferred")
 _EPSILON_CORES = 0.0005
+_MILLI = 0.001
+
+Enforcement: TypeAlias = Literal["share", "limit"]
+"""What the decided CPU per replica is: the pods' request (guaranteed share), or their limit."""
 
 
 class Leadership(Protocol):
@@ -58,16 +74,38 @@ def cpu_in_force(res: ContainerResources) -> float | None:
     return parse_cpu_cores(q) if q else None
 
 
+def cpu_request(res: ContainerResources) -> float | None:
+    """The CPU a container is guaranteed: its request (the API defaults it to the limit)."""
+    q = res.requests.get("cpu") or res.limits.get("cpu")
+    return parse_cpu_cores(q) if q else None
+
+
+def cpu_limit(res: ContainerResources) -> float | None:
+    q = res.limits.get("cpu")
+    return parse_cpu_cores(q) if q else None
+
+
 @dataclass(frozen=True, slots=True)
 class ResizePlan:
     container: ContainerResources | None
     """The container with its new resources; None when nothing to do or not possible."""
     blocked: str | None = None
     """Why this pod cannot be resized in place (None: it can, or is already there)."""
+    limited: str | None = None
+    """Share enforcement only: why the plan does not give exactly requests = the decided
+    CPU and limits = cpu.max (it is still applied)."""
 
 
-def plan_resize(pod: Pod, cores: float) -> ResizePlan:
-    """New resources for the pod's first container, keeping the pod's QoS class."""
+def plan_resize(
+    pod: Pod,
+    cores: float,
+    enforcement: Enforcement = "limit",
+    cap_cores: float | None = None,
+) -> ResizePlan:
+    """New resources for the pod's first container, keeping the pod's QoS class.
+
+    ``cap_cores`` (share enforcement): the CPU limit to set (``cpu.max``); None keeps the
+    container's own limit, if any."""
     if not pod.spec:
         return ResizePlan(None, "pod has no containers")
     qos = qos_class(pod.spec)
@@ -82,9 +120,18 @@ def plan_resize(pod: Pod, cores: float) -> ResizePlan:
     req, lim = main.requests.get("cpu"), main.limits.get("cpu")
     if req is None and lim is None:
         return ResizePlan(None, f"container {main.name} has no cpu request or limit to resize")
+    if enforcement == "share" and qos != "Guaranteed":
+        return _plan_share(pod.spec, cores, cap_cores)
+    limited = None
+    if enforcement == "share":
+        limited = (
+            "Guaranteed pod (requests = limits): the QoS class cannot change in place, so "
+            "its CPU limit stays equal to its request (the decided CPU), not cpu.max; give the "
+            "workload's pods CPU requests < limits (Burstable) to let them use idle CPU"
+        )
     current = cpu_in_force(main)
     if current is not None and abs(current - cores) < _EPSILON_CORES:
-        return ResizePlan(None)
+        return ResizePlan(None, limited=limited)
     new_req, new_lim = dict(main.requests), dict(main.limits)
     if qos == "Guaranteed":
         new_req["cpu"] = new_lim["cpu"] = format_cpu(cores)
@@ -95,15 +142,65 @@ def plan_resize(pod: Pod, cores: float) -> ResizePlan:
             new_req["cpu"] = format_cpu(cores * ratio)
     else:
         new_req["cpu"] = format_cpu(cores)
-    return ResizePlan(ContainerResources(main.name, new_req, new_lim, main.cpu_restart_policy))
+    return ResizePlan(
+        ContainerResources(main.name, new_req, new_lim, main.cpu_restart_policy), limited=limited
+    )
 
 
-def _cpu_shown_in_status(pod: Pod) -> float | None:
-    """CPU of the main container as the kubelet reports it in force (None: not reported)."""
+def _plan_share(
+    containers: tuple[ContainerResources, ...], cores: float, cap_cores: float | None
+) -> ResizePlan:
+    """Burstable pod, share enforcement: request = the decided CPU, limit = the cap."""
+    main = containers[0]
+    cap = cap_cores if cap_cores is not None else cpu_limit(main)
+    request = cores if cap is None else min(cores, cap)
+    limited = None
+    if cap is not None and cap_cores is not None and cores > cap_cores + _EPSILON_CORES:
+        limited = (
+            f"decided {format_cpu(cores)} is above cpu.max {format_cpu(cap)}: request = cpu.max"
+        )
+    new_lim = dict(main.limits)
+    if cap_cores is not None:
+        new_lim["cpu"] = format_cpu(cap_cores)
+    new_req = {**main.requests, "cpu": format_cpu(request)}
+    shape = (replace(main, requests=new_req, limits=new_lim), *containers[1:])
+    if qos_class(shape) != "Burstable":
+        # requests = limits for cpu and memory everywhere would make it Guaranteed (refused):
+        # keep the request 1m below the limit (or, at the 1m minimum, the limit 1m above).
+        if request > 2 * _MILLI - _EPSILON_CORES:
+            new_req["cpu"] = format_cpu(request - _MILLI)
+        else:
+            new_lim["cpu"] = format_cpu(request + _MILLI)
+        limited = (
+            f"request {new_req['cpu']} kept 1m below the {new_lim['cpu']} limit: "
+            "requests = limits would make the Burstable pod Guaranteed (the QoS class cannot "
+            "change in place)"
+        )
+    if _same_cpu(main, new_req, new_lim):
+        return ResizePlan(None, limited=limited)
+    return ResizePlan(
+        ContainerResources(main.name, new_req, new_lim, main.cpu_restart_policy), limited=limited
+    )
+
+
+def _same_cpu(main: ContainerResources, req: dict[str, str], lim: dict[str, str]) -> bool:
+    """Whether ``main`` already has these CPU request and limit (as quantities)."""
+
+    def close(a: str | None, b: str | None) -> bool:
+        if a is None or b is None:
+            return a is b
+        return abs(parse_cpu_cores(a) - parse_cpu_cores(b)) < _EPSILON_CORES
+
+    return close(main.requests.get("cpu"), req.get("cpu")) and close(
+        main.limits.get("cpu"), lim.get("cpu")
+    )
+
+
+def _shown_in_status(pod: Pod) -> ContainerResources | None:
+    """The main container's resources as the kubelet reports them in force (None: not yet)."""
     if not pod.spec:
         return None
-    shown = next((c for c in pod.status if c.name == pod.spec[0].name), None)
-    return cpu_in_force(shown) if shown else None
+    return next((c for c in pod.status if c.name == pod.spec[0].name), None)
 
 
 def _reason_text(d: Decision) -> str:
@@ -111,7 +208,11 @@ def _reason_text(d: Decision) -> str:
 
 
 class KubernetesActuator:
-    """Applies decisions to Deployments/StatefulSets and their pods; reports their state."""
+    """Applies decisions to Deployments/StatefulSets and their pods; reports their state.
+
+    ``enforcement``: see the module docstring; with ``share``, ``cpu_max()`` gives each
+    service's ``scaling.cpu.max`` (the limit to set; a service without one keeps its pods'
+    own limits)."""
 
     def __init__(
         self,
@@ -119,17 +220,31 @@ class KubernetesActuator:
         workloads: Callable[[], Mapping[str, Workload]],
         leader: Leadership | None = None,
         component: str = "sluice",
+        *,
+        enforcement: Enforcement = "limit",
+        cpu_max: Callable[[], Mapping[str, float]] | None = None,
     ) -> None:
+        if enforcement not in ("share", "limit"):
+            raise ValueError(f"enforcement must be 'share' or 'limit', got {enforcement!r}")
         self.api = api
         self.workloads = workloads
         self.leader = leader
         self.component = component
+        self.enforcement: Enforcement = enforcement
+        self.cpu_max = cpu_max or dict
         self.errors: dict[str, str] = {}
+        self.limited: dict[str, str] = {}
+        """Share enforcement: per pod (``namespace/name``), why it does not get exactly
+        requests = the decided CPU and limits = cpu.max (see :class:`ResizePlan`)."""
+        self._limited_pods: dict[str, set[str]] = {}
         self._blocked_reported: set[tuple[str, str]] = set()
         self._not_leader_logged = False
 
     def __repr__(self) -> str:
-        return f"KubernetesActuator(services={len(self.workloads())}, errors={self.errors})"
+        return (
+            f"KubernetesActuator(services={len(self.workloads())}, {self.enforcement}, "
+            f"errors={self.errors})"
+        )
 
     def _leads(self) -> bool:
         ok = self.leader is None or self.leader.is_leader()
@@ -173,26 +288,52 @@ class KubernetesActuator:
                 f"{service}: replicas {scale.spec_replicas} -> {d.replicas}: {_reason_text(d)}",
             )
         resized = []
+        cap = self.cpu_max().get(service) if self.enforcement == "share" else None
+        seen: set[str] = set()
         for pod in await self.api.list_pods(target.namespace, scale.selector):
             if pod.deleting:
                 continue
-            plan = plan_resize(pod, d.cpu_per_replica_cores)
-            if plan.container is None:
-                continue
+            plan = plan_resize(pod, d.cpu_per_replica_cores, self.enforcement, cap)
             if not self._leads():
                 return
+            seen.add(await self._report_limited(service, target, pod, plan.limited))
+            if plan.container is None:
+                continue
             await self.api.resize_pod(
                 pod.meta.namespace, pod.meta.name, {plan.container.name: plan.container}
             )
             resized.append(pod.meta.name)
+        for gone in self._limited_pods.get(service, set()) - seen:
+            self.limited.pop(gone, None)
+        self._limited_pods[service] = seen
         if resized:
+            what = (
+                f"cpu request per replica -> {format_cpu(d.cpu_per_replica_cores)}"
+                + (f" (limit {format_cpu(cap)})" if cap is not None else "")
+                if self.enforcement == "share"
+                else f"cpu per replica -> {format_cpu(d.cpu_per_replica_cores)}"
+            )
             await self._event(
                 target,
                 "Normal",
                 "Resized",
-                f"{service}: cpu per replica -> {format_cpu(d.cpu_per_replica_cores)} on "
-                f"{len(resized)} pod(s) ({', '.join(resized)}): {_reason_text(d)}",
+                f"{service}: {what} on {len(resized)} pod(s) ({', '.join(resized)}): "
+                f"{_reason_text(d)}",
             )
+
+    async def _report_limited(
+        self, service: str, target: Workload, pod: Pod, why: str | None
+    ) -> str:
+        """Log and record (once per pod and reason) why share enforcement is not exact;
+        return the pod's key."""
+        key = f"{pod.meta.namespace}/{pod.meta.name}"
+        if why is None:
+            self.limited.pop(key, None)
+        elif self.limited.get(key) != why:
+            self.limited[key] = why
+            log.warning("%s: pod %s: %s", service, key, why)
+            await self._event(target, "Warning", "ResizeLimited", f"{service}: pod {key}: {why}")
+        return key
 
     async def _event(self, target: Workload, type_: str, reason: str, message: str) -> None:
         try:
@@ -233,7 +374,10 @@ class KubernetesActuator:
                     e,
                 )
                 continue
-            applied = [c for c in map(_cpu_shown_in_status, pods) if c is not None]
+            shown = [c for c in map(_shown_in_status, pods) if c is not None]
+            in_force = cpu_request if self.enforcement == "share" else cpu_in_force
+            applied = [c for c in map(in_force, shown) if c is not None]
+            limits = [cpu_limit(c) for c in shown]
             blocked = []
             for p in pods:
                 if p.resize_pending and p.resize_pending[0] in BLOCKING_RESIZE_REASONS:
@@ -258,6 +402,11 @@ class KubernetesActuator:
                 replicas=scale.spec_replicas,
                 ready_replicas=sum(1 for p in pods if p.ready),
                 cpu_per_replica_cores=min(applied) if applied else 0.0,
+                cpu_cap_per_replica_cores=(
+                    min(c for c in limits if c is not None)
+                    if limits and all(c is not None for c in limits)
+                    else None
+                ),
                 resize_blocked=bool(blocked),
             )
         return out

@@ -1,5 +1,9 @@
 """The local platform's actuator: decisions -> the process pool (replicas, cgroup CPU per replica).
 
+The decided CPU per replica is the replica's guaranteed share (cgroup weight, capped at the
+service's ``cpu.max``) or its hard limit, as the pool's ``enforcement`` says
+(``budget.enforcement``); :meth:`LocalActuator.current` reports the decided CPU and the cap.
+
 It also reports what the pool measures so the gateway can put it into the scaler's
 signals: :meth:`LocalActuator.add_cpu_signals` fills ``ServiceSignals.cpu_seconds_total``
 and ``cpu_throttled_seconds_total`` from the replicas' cgroup counters.
@@ -23,7 +27,9 @@ class LocalActuator:
     """Applies decisions to a :class:`LocalPool`.
 
     With ``policies``, every service starts at its ``min_replicas`` with ``cpu.request``
-    (or ``cpu.min``) cores per replica until the first decision arrives.
+    (or ``cpu.min``) cores per replica until the first decision arrives, and each replica is
+    capped at its service's ``cpu.max`` when the pool enforces CPU as a share (``share``
+    enforcement: the decided CPU is then the replica's guaranteed share, not its cap).
     """
 
     def __init__(self, pool: LocalPool, policies: Mapping[str, ScalingPolicy] | None = None):
@@ -31,6 +37,7 @@ class LocalActuator:
         self._unknown_logged: set[str] = set()
         for name, policy in (policies or {}).items():
             if name in pool.services:
+                pool.set_cpu_cap(name, policy.cpu.max)
                 pool.scale(name, policy.min_replicas, policy.cpu.initial_cores)
 
     def __repr__(self) -> str:
@@ -66,6 +73,7 @@ class LocalActuator:
                 ready_replicas=status.ready,
                 cpu_per_replica_cores=status.cpu_per_replica_cores or 0.0,
                 cpu_limits_applied=status.cpu_applied,
+                cpu_cap_per_replica_cores=status.cpu_cap_per_replica_cores,
             )
         return out
 

@@ -10,8 +10,15 @@ and the sweep of parents left by a dead Sluice, are in :mod:`scaler.localpool.cg
   (2..262144, default 1024), ``cpu.stat`` ``throttled_time`` (ns) and ``cpuacct.usage`` (ns)
   from the ``cpuacct`` hierarchy (the same directory when both are mounted together).
 
-A limit of ``c`` cores is a quota of ``c × period`` per period (period 100 ms) and a weight
-proportional to ``c``, so replicas share contended CPU in the ratio of their allocations.
+Two ways to enforce a replica's decided CPU (``budget.enforcement``):
+
+* limit (:meth:`ReplicaCgroup.set_cpu`): ``c`` cores is a quota of ``c × period`` per period
+  (period 100 ms) and a weight proportional to ``c``: a hard cap, idle CPU stays idle;
+* share (:meth:`ReplicaCgroup.set_share`): ``c`` cores is only the weight (the replica's
+  guaranteed share of contended CPU), the quota is the service's ``cpu.max``: a replica uses
+  idle CPU up to that cap, and the kernel takes it back as soon as others want their share.
+
+Either way replicas share contended CPU in the ratio of their allocations.
 All file access is synchronous and tiny (cgroupfs is in memory).
 """
 
@@ -61,6 +68,7 @@ class CpuLimit:
 
     @property
     def cores(self) -> float | None:
+        """The hard cap (quota / period); None = unlimited."""
         return None if self.quota_us is None else self.quota_us / self.period_us
 
 
@@ -166,6 +174,11 @@ def weight_for(cores: float, version: int) -> int:
     return min(262_144, max(2, round(1024 * cores)))
 
 
+def cores_for_weight(weight: int, version: int) -> float:
+    """The guaranteed cores a weight stands for (the inverse of :func:`weight_for`)."""
+    return weight / (100 if version == 2 else 1024)
+
+
 class ReplicaCgroup:
     """One replica's cgroup (a directory per hierarchy it lives in)."""
 
@@ -188,11 +201,23 @@ class ReplicaCgroup:
         return tuple(d / "cgroup.procs" for d in self.dirs)
 
     def set_cpu(self, cores: float | None) -> None:
-        """Limit to ``cores`` CPUs (None = unlimited), in place: running tasks are not disturbed."""
-        v = self.layout.version
-        weight = weight_for(cores if cores is not None else 1.0, v)
-        if v == 2:
-            quota = "max" if cores is None else str(quota_us_for(cores))
+        """Limit to ``cores`` CPUs (None = unlimited), in place: running tasks are not disturbed.
+
+        ``budget.enforcement: limit``: the quota and the weight both follow ``cores``."""
+        self._write(cores, weight_for(cores if cores is not None else 1.0, self.layout.version))
+
+    def set_share(self, guaranteed_cores: float, cap_cores: float | None) -> None:
+        """Guarantee ``guaranteed_cores`` of contended CPU (the weight) and cap the replica at
+        ``cap_cores`` (the quota; None = only the parent's cap), in place.
+
+        ``budget.enforcement: share``: CPU the others leave idle is used up to the cap."""
+        if guaranteed_cores <= 0:
+            raise ValueError(f"guaranteed cores must be > 0, got {guaranteed_cores!r}")
+        self._write(cap_cores, weight_for(guaranteed_cores, self.layout.version))
+
+    def _write(self, quota_cores: float | None, weight: int) -> None:
+        if self.layout.version == 2:
+            quota = "max" if quota_cores is None else str(quota_us_for(quota_cores))
             write_control(self.cpu_dir / "cpu.max", f"{quota} {PERIOD_US}")
             write_control(self.cpu_dir / "cpu.weight", str(weight))
             return
@@ -203,7 +228,7 @@ class ReplicaCgroup:
             current_period = None
         if current_period != PERIOD_US:
             write_control(period_file, str(PERIOD_US))
-        quota_v1 = -1 if cores is None else quota_us_for(cores)
+        quota_v1 = -1 if quota_cores is None else quota_us_for(quota_cores)
         write_control(self.cpu_dir / "cpu.cfs_quota_us", str(quota_v1))
         write_control(self.cpu_dir / "cpu.shares", str(weight))
 
@@ -283,6 +308,7 @@ __all__ = [
     "CpuLimit",
     "CpuUsage",
     "ReplicaCgroup",
+    "cores_for_weight",
     "detect_layout",
     "quota_us_for",
     "weight_for",

@@ -8,9 +8,16 @@ the endpoint is withdrawn first, ``drain(service, address)`` is awaited (the gat
 "its in-flight requests are done"), then SIGTERM, then SIGKILL after ``grace_s``.
 ``close()`` (or leaving ``async with``) stops every replica and removes every cgroup.
 
-CPU changes are written to the running replicas' cgroups in place.  Where cgroups are not
-usable a warning is logged once, replicas still scale, and :class:`ServiceStatus` says
-``cpu_applied=False``.
+CPU changes are written to the running replicas' cgroups in place.  The parent cgroup is
+capped at the budget (``total_cpu_cores``).  ``enforcement`` says what a replica's CPU is:
+
+* ``"share"`` (the default, ``budget.enforcement: share``): its guaranteed share of contended
+  CPU (cgroup weight); its quota is the service's cap (``set_cpu_cap``: ``scaling.cpu.max``,
+  at most the budget), so it uses CPU the others leave idle, and gives it back at once;
+* ``"limit"``: a hard cap (quota = weight = the decided CPU), idle CPU stays idle.
+
+Where cgroups are not usable a warning is logged once, replicas still scale, and
+:class:`ServiceStatus` says ``cpu_applied=False``.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ import signal
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeAlias
 
 from scaler.localpool.cgroup_parent import CgroupParent, open_parent
 from scaler.localpool.cgroups import CgroupUnavailable, ReplicaCgroup
@@ -43,6 +50,9 @@ from scaler.localpool.state import (
 
 log = logging.getLogger(__name__)
 
+Enforcement: TypeAlias = Literal["share", "limit"]
+"""What a replica's decided CPU is: its guaranteed share, or a hard limit."""
+
 Drain = Callable[[str, str], Awaitable[object]]
 """``await drain(service, address)`` returns once the gateway routes nothing new to the
 address and its in-flight requests have completed."""
@@ -62,6 +72,7 @@ class LocalPool:
 
     ``cgroups``: ``"auto"`` detects and creates a parent named ``cgroup_parent_name``
     (default ``sluice-<pid>``); ``None`` disables CPU limits; or a ready :class:`CgroupParent`.
+    ``enforcement``: see the module docstring.
     """
 
     def __init__(
@@ -74,9 +85,13 @@ class LocalPool:
         mountinfo_path: Path = Path("/proc/self/mountinfo"),
         host: str = "127.0.0.1",
         total_cpu_cores: float | None = None,
+        enforcement: Enforcement = "share",
     ) -> None:
         if total_cpu_cores is not None and total_cpu_cores <= 0:
             raise ValueError(f"total_cpu_cores must be > 0, got {total_cpu_cores!r}")
+        if enforcement not in ("share", "limit"):
+            raise ValueError(f"enforcement must be 'share' or 'limit', got {enforcement!r}")
+        self.enforcement: Enforcement = enforcement
         self._services = {name: ServiceEntry(name, spec, None) for name, spec in specs.items()}
         self._drain = drain or _no_drain
         self._cgroup_mode = cgroups
@@ -99,7 +114,7 @@ class LocalPool:
             f"{s.name}: {sum(sl.active for sl in s.slots)}/{s.desired}"
             for s in self._services.values()
         )
-        return f"LocalPool({parts}; cgroups={self.cgroups!r})"
+        return f"LocalPool({parts}; {self.enforcement}; cgroups={self.cgroups!r})"
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -125,11 +140,7 @@ class LocalPool:
             self.cgroups = self._cgroup_mode
         else:
             self.cgroups_unavailable_reason = "cgroups disabled"
-        if self.cgroups is not None and self.total_cpu_cores is not None:
-            try:
-                self.cgroups.group.set_cpu(self.total_cpu_cores)
-            except OSError as e:
-                log.warning("cannot cap %r at %g cores: %s", self.cgroups, self.total_cpu_cores, e)
+        self._apply_total()
         for svc in self._services.values():
             self._reconcile(svc)
 
@@ -210,9 +221,50 @@ class LocalPool:
             return
         log.info("%s: cpu per replica %s -> %s cores", service, svc.cpu_cores, cores)
         svc.cpu_cores = cores
+        self._apply_service(svc)
+
+    def set_cpu_cap(self, service: str, cores: float | None) -> None:
+        """The hard cap per replica in share enforcement (``scaling.cpu.max``; None = only the
+        budget).  In limit enforcement the decided CPU is the cap and this is only recorded."""
+        if cores is not None and cores <= 0:
+            raise ValueError(f"cpu cap per replica must be > 0 cores, got {cores}")
+        svc = self._service(service)
+        if svc.cpu_cap_cores == cores:
+            return
+        svc.cpu_cap_cores = cores
+        if self.enforcement == "share":
+            self._apply_service(svc)
+
+    def set_total_cpu(self, cores: float | None) -> None:
+        """Change the budget: the parent cgroup's cap (and the replicas' caps bounded by it)."""
+        if cores is not None and cores <= 0:
+            raise ValueError(f"total_cpu_cores must be > 0, got {cores!r}")
+        if cores == self.total_cpu_cores:
+            return
+        shrinking = self.total_cpu_cores is None or (
+            cores is not None and cores < self.total_cpu_cores
+        )
+        self.total_cpu_cores = cores
+        # v1 refuses a child quota above its parent's: lower the children first when shrinking.
+        if not shrinking:
+            self._apply_total()
+        for svc in self._services.values():
+            self._apply_service(svc)
+        if shrinking:
+            self._apply_total()
+
+    def _apply_total(self) -> None:
+        if self.cgroups is None or not self._started:
+            return
+        try:
+            self.cgroups.group.set_cpu(self.total_cpu_cores)
+        except OSError as e:
+            log.warning("cannot cap %r at %s cores: %s", self.cgroups, self.total_cpu_cores, e)
+
+    def _apply_service(self, svc: ServiceEntry) -> None:
         for slot in svc.slots:
             if slot.cgroup is not None:
-                slot.cpu_ok = self._apply_cpu(slot.cgroup, cores)
+                slot.cpu_ok = self._apply_cpu(slot.cgroup, svc)
 
     def _service(self, service: str) -> ServiceEntry:
         try:
@@ -220,13 +272,31 @@ class LocalPool:
         except KeyError:
             raise KeyError(f"the local pool runs no service {service!r}") from None
 
-    def _apply_cpu(self, cgroup: ReplicaCgroup, cores: float | None) -> bool:
-        if self.total_cpu_cores is not None and cores is not None:
-            cores = min(cores, self.total_cpu_cores)  # v1 refuses a child quota above its parent's
+    def cap_cores(self, svc: ServiceEntry) -> float | None:
+        """The hard cap per replica in force for ``svc`` (None = unlimited)."""
+        cap = svc.cpu_cores if self.enforcement == "limit" else svc.cpu_cap_cores
+        if self.total_cpu_cores is not None:
+            # Never above the budget (v1 refuses a child quota above its parent's).
+            cap = self.total_cpu_cores if cap is None else min(cap, self.total_cpu_cores)
+        return cap
+
+    def _apply_cpu(self, cgroup: ReplicaCgroup, svc: ServiceEntry) -> bool:
+        cap = self.cap_cores(svc)
         try:
-            cgroup.set_cpu(cores)
+            if self.enforcement == "limit":
+                cgroup.set_cpu(cap)
+            else:
+                # No decided CPU yet: the kernel's default weight (1 core).
+                cgroup.set_share(svc.cpu_cores or 1.0, cap)
         except OSError as e:
-            log.warning("cannot set CPU of %r to %s cores: %s", cgroup, cores, e)
+            log.warning(
+                "cannot set CPU of %r to %s cores (cap %s, %s): %s",
+                cgroup,
+                svc.cpu_cores,
+                cap,
+                self.enforcement,
+                e,
+            )
             return False
         return True
 
@@ -249,6 +319,8 @@ class LocalPool:
             desired=svc.desired,
             ready=sum(r.phase is ReplicaPhase.READY for r in replicas),
             cpu_per_replica_cores=svc.cpu_cores,
+            cpu_cap_per_replica_cores=self.cap_cores(svc),
+            enforcement=self.enforcement,
             cpu_applied=self.cgroups is not None and all(s.cpu_ok for s in svc.slots),
             restarts_total=svc.restarts_total,
             replicas=replicas,
@@ -345,7 +417,7 @@ class LocalPool:
                 log.warning("%s: cannot create cgroup for %s: %s", svc.name, name, e)
                 cpu_ok = False
             else:
-                cpu_ok = self._apply_cpu(cgroup, svc.cpu_cores)
+                cpu_ok = self._apply_cpu(cgroup, svc)
         slot = Slot(svc.name, name, cgroup, cpu_ok=cpu_ok)
         svc.slots.append(slot)
         slot.task = asyncio.create_task(self._supervise(svc, slot), name=f"replica {name}")
@@ -581,6 +653,7 @@ __all__ = [
     "STABLE_RUN_S",
     "CpuTotals",
     "Drain",
+    "Enforcement",
     "LocalPool",
     "PoolUpdate",
     "ReplicaPhase",

@@ -60,7 +60,14 @@ class ServiceStatus:
     desired: int
     ready: int
     cpu_per_replica_cores: float | None
-    """The CPU limit per replica the pool applies (None = unlimited)."""
+    """The decided CPU per replica (None = none decided): a hard limit in ``limit``
+    enforcement, the replica's guaranteed share (cgroup weight) in ``share`` enforcement."""
+    cpu_cap_per_replica_cores: float | None
+    """The hard cap per replica in force (cgroup quota): the decided CPU in ``limit``
+    enforcement, the service's ``cpu.max`` in ``share`` enforcement; never above the budget;
+    None = unlimited."""
+    enforcement: str
+    """``share`` or ``limit`` (see :class:`~scaler.localpool.pool.LocalPool`)."""
     cpu_applied: bool
     """False when cgroups are unavailable: the CPU figure is decided, not enforced."""
     restarts_total: int
@@ -106,6 +113,8 @@ class ServiceEntry:
         self.spec = spec
         self.desired = 0
         self.cpu_cores = cpu_cores
+        self.cpu_cap_cores: float | None = None
+        """Share enforcement: the hard cap per replica (``scaling.cpu.max``); None = budget."""
         self.slots: list[Slot] = []
         self.next_index = 0
         self.restarts_total = 0

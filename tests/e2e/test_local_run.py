@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from scaler.localpool.cgroup_parent import parent_name_for, sweep_stale
-from scaler.localpool.cgroups import CpuLimit, ReplicaCgroup, detect_layout
+from scaler.localpool.cgroups import CpuLimit, ReplicaCgroup, cores_for_weight, detect_layout
 from tests.support.localpool import ROOT, needs_cgroups
 from tests.support.processes import Gateway
 from tests.support.procs import MARKER_VAR, pids_with_marker, wait_until
@@ -64,6 +64,13 @@ def limits(parent: Path) -> dict[str, CpuLimit]:
 def test_sluice_run_local_starts_scales_and_stops_replicas(tmp_path: Path) -> None:
     marker = uuid.uuid4().hex
     layout = detect_layout(Path("/proc/self/mountinfo").read_text())
+
+    def decided(limit: CpuLimit) -> float:
+        """budget.enforcement: share (the default): the decided CPU is the replica's weight."""
+        return cores_for_weight(limit.weight, layout.version)
+
+    # The weight is rounded to whole shares (v1: 1/1024 core; v2: 1/100 core).
+    tol = 0.006
     gw = Gateway(local_config(marker), tmp_path / "local.yaml")
     try:
         parent = layout.cpu_root / parent_name_for(gw.pid)
@@ -76,7 +83,8 @@ def test_sluice_run_local_starts_scales_and_stops_replicas(tmp_path: Path) -> No
         first = limits(parent)
         assert list(first) == ["api-0"]
         # Started at cpu.request (0.25); the scaler may already have moved it within its bounds.
-        assert 0.2 - 1e-6 <= (first["api-0"].cores or 0) <= 0.6 + 1e-6
+        assert 0.2 - tol <= decided(first["api-0"]) <= 0.6 + tol
+        assert first["api-0"].cores == pytest.approx(0.6)  # capped at cpu.max
         assert ReplicaCgroup(layout, parent, None).read_limit().cores == pytest.approx(2.0)
 
         # Load: more requests in flight than one replica's target -> more replicas and/or CPU.
@@ -97,7 +105,7 @@ def test_sluice_run_local_starts_scales_and_stops_replicas(tmp_path: Path) -> No
             grew = wait_until(
                 lambda: (
                     len(limits(parent)) > 1
-                    or any((v.cores or 0) > 0.25 + 1e-6 for v in limits(parent).values())
+                    or any(decided(v) > 0.25 + tol for v in limits(parent).values())
                 ),
                 timeout_s=40,
             )
@@ -108,8 +116,9 @@ def test_sluice_run_local_starts_scales_and_stops_replicas(tmp_path: Path) -> No
                 t.join(60)
         assert grew, f"neither replicas nor CPU grew under load: {seen}\n{gw.output()[-3000:]}"
         assert failures == []
-        assert sum((v.cores or 0) for v in seen.values()) <= 2.0 + 1e-6
-        assert all(0.2 - 1e-6 <= (v.cores or 0) <= 0.6 + 1e-6 for v in seen.values())
+        assert sum(decided(v) for v in seen.values()) <= 2.0 + tol * len(seen)
+        assert all(0.2 - tol <= decided(v) <= 0.6 + tol for v in seen.values())
+        assert all(v.cores == pytest.approx(0.6) for v in seen.values())
         assert len(pids_with_marker(marker)) >= 1
     finally:
         gw.signal(signal.SIGTERM)

@@ -10,7 +10,7 @@ import pytest
 
 from scaler.actuators.kubernetes import KubernetesActuator
 from scaler.decision import Decision
-from scaler.kube_model import Workload
+from scaler.kube_model import ContainerResources, KubeError, Workload
 from scaler.kubeapi import KubeApi
 from tests.support.fake_kube import FakeKube, qos_class
 from tests.support.kube_objects import deployment, pod
@@ -210,5 +210,97 @@ async def test_a_plain_pod_patch_of_resources_is_rejected_by_the_api(fake: FakeK
             )
         assert info.value.status == 422
         assert "QOS" in (info.value.body or "")
+    finally:
+        await api.close()
+
+
+async def test_share_sets_requests_to_the_decision_and_limits_to_cpu_max(fake: FakeKube) -> None:
+    burstable = {
+        "requests": {"cpu": "250m", "memory": "64Mi"},
+        "limits": {"cpu": "500m", "memory": "128Mi"},
+    }
+    fake.put(deployment("web", 2))
+    fake.put(pod("web-1", "web", burstable))
+    fake.put(pod("web-2", "web", burstable))
+    api = KubeApi.connect(host=fake.url)
+    try:
+        act = KubernetesActuator(
+            api, lambda: {"shop/web": WEB}, enforcement="share", cpu_max=lambda: {"shop/web": 1.5}
+        )
+        await act.apply({"shop/web": decision(2, 0.4)})
+        for name in ("web-1", "web-2"):
+            assert cpu_of(fake, name) == {
+                "requests": {"cpu": "400m", "memory": "64Mi"},
+                "limits": {"cpu": "1500m", "memory": "128Mi"},
+            }
+            assert qos_class(fake.get("pods", "shop", name) or {}) == "Burstable"
+        (resized,) = events(fake, "Resized")
+        assert "cpu request per replica -> 400m (limit 1500m) on 2 pod(s)" in resized["message"]
+        # In force once the kubelet says so: the request is the guaranteed CPU, the limit the cap.
+        assert (await act.current())["shop/web"].cpu_per_replica_cores == 0.25
+        fake.kubelet_resize("shop", "web-1")
+        fake.kubelet_resize("shop", "web-2")
+        state = (await act.current())["shop/web"]
+        assert (state.cpu_per_replica_cores, state.cpu_cap_per_replica_cores) == (0.4, 1.5)
+        assert not state.resize_blocked and act.limited == {}
+        # Reclaimed: only the request moves.
+        await act.apply({"shop/web": decision(2, 0.1)})
+        assert cpu_of(fake, "web-1")["requests"]["cpu"] == "100m"
+        assert cpu_of(fake, "web-1")["limits"]["cpu"] == "1500m"
+    finally:
+        await api.close()
+
+
+async def test_share_on_guaranteed_pods_keeps_limits_equal_to_requests_and_says_so(
+    fake: FakeKube,
+) -> None:
+    guaranteed = {
+        "requests": {"cpu": "500m", "memory": "64Mi"},
+        "limits": {"cpu": "500m", "memory": "64Mi"},
+    }
+    fake.put(deployment("web", 1))
+    fake.put(pod("web-1", "web", guaranteed))
+    api = KubeApi.connect(host=fake.url)
+    try:
+        # What share would ask of a Guaranteed pod, the API server refuses (its QoS class would
+        # become Burstable): 422 Invalid, so the actuator never sends it.
+        wanted = ContainerResources(
+            "app", {"cpu": "250m", "memory": "64Mi"}, {"cpu": "2000m", "memory": "64Mi"}
+        )
+        with pytest.raises(KubeError) as info:
+            await api.resize_pod("shop", "web-1", {"app": wanted})
+        assert info.value.status == 422
+        assert "Pod QOS Class may not change as a result of resizing" in info.value.message
+
+        act = KubernetesActuator(
+            api, lambda: {"shop/web": WEB}, enforcement="share", cpu_max=lambda: {"shop/web": 2.0}
+        )
+        await act.apply({"shop/web": decision(1, 0.25)})
+        assert cpu_of(fake, "web-1") == {
+            "requests": {"cpu": "250m", "memory": "64Mi"},
+            "limits": {"cpu": "250m", "memory": "64Mi"},
+        }
+        assert act.errors == {}
+        (limited,) = events(fake, "ResizeLimited")
+        assert limited["type"] == "Warning"
+        assert "Guaranteed pod" in limited["message"] and "web-1" in limited["message"]
+        assert "shop/web-1" in act.limited
+        await act.apply({"shop/web": decision(1, 0.3)})
+        assert len(events(fake, "ResizeLimited")) == 1  # said once per pod
+        fake.kubelet_resize("shop", "web-1")
+        state = (await act.current())["shop/web"]
+        assert (state.cpu_per_replica_cores, state.cpu_cap_per_replica_cores) == (0.3, 0.3)
+        # Replaced by Burstable pods (web-2: cpu requests = limits but no memory limit, so
+        # Burstable): the old pod's reason goes, the new pods get request + cpu.max.
+        fake.remove("pods", "shop", "web-1")
+        fake.put(pod("web-2", "web", {"requests": {"cpu": "300m"}, "limits": {"cpu": "300m"}}))
+        fake.put(pod("web-3", "web", {"requests": {"cpu": "100m"}, "limits": {"cpu": "1"}}))
+        await act.apply({"shop/web": decision(1, 0.3)})
+        assert act.limited == {}
+        for name in ("web-2", "web-3"):
+            assert cpu_of(fake, name) == {
+                "requests": {"cpu": "300m"},
+                "limits": {"cpu": "2000m"},
+            }
     finally:
         await api.close()

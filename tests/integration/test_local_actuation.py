@@ -15,7 +15,8 @@ import pytest
 from scaler.actuators.local import LocalActuator
 from scaler.decision import Decision, ServiceState
 from scaler.engine import Engine
-from scaler.localpool.pool import LocalPool
+from scaler.localpool.cgroups import weight_for
+from scaler.localpool.pool import Enforcement, LocalPool
 from scaler.policy import BudgetConfig, ScalingPolicy
 from scaler.signals import ServiceSignals
 from tests.support.localpool import Harness, get, needs_cgroups, run_harness, until
@@ -43,19 +44,34 @@ async def settle(pool: LocalPool) -> None:
 
 
 def quotas_match(pool: LocalPool, decisions: dict[str, Decision]) -> None:
+    """limit: every replica's quota is its decided CPU (together within the budget); share:
+    every replica's weight is its decided CPU and its quota is its service's cpu.max (1.0)."""
     total = 0.0
     for name, d in decisions.items():
         for cg in pool.replica_cgroups(name):
-            cores = cg.read_limit().cores
+            limit = cg.read_limit()
+            version = cg.layout.version
+            assert limit.weight == weight_for(d.cpu_per_replica_cores, version), name
+            if pool.enforcement == "share":
+                assert limit.cores == 1.0, (name, d.summary())
+                continue
+            cores = limit.cores
             assert cores == pytest.approx(d.cpu_per_replica_cores, abs=1e-5), (name, d.summary())
             total += cores or 0.0
     assert total <= 2.0 + 1e-6, "the cgroup quotas in force exceed the 2-CPU budget"
 
 
 @needs_cgroups
-async def test_lend_then_reclaim_in_place_on_real_replicas(harness: Harness) -> None:
+@pytest.mark.parametrize("enforcement", ["limit", "share"])
+async def test_lend_then_reclaim_in_place_on_real_replicas(
+    harness: Harness, enforcement: Enforcement
+) -> None:
     policies = {"long": policy(max_replicas=8), "short": policy(min_replicas=0, max_replicas=8)}
-    pool = harness.pool({"long": harness.spec(), "short": harness.spec()}, total_cpu_cores=2.0)
+    pool = harness.pool(
+        {"long": harness.spec(), "short": harness.spec()},
+        total_cpu_cores=2.0,
+        enforcement=enforcement,
+    )
     actuator = LocalActuator(pool, policies)
     engine = Engine(policies, BudgetConfig(cpu=2))
     states: dict[str, ServiceState] = {}

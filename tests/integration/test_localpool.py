@@ -27,8 +27,8 @@ from gateway.discovery.local import LocalEndpointSource
 from scaler.actuators.local import LocalActuator
 from scaler.decision import Decision
 from scaler.localpool.cgroup_parent import sweep_stale
-from scaler.localpool.cgroups import detect_layout
-from scaler.localpool.pool import LocalPool, PoolUpdate, ReplicaPhase
+from scaler.localpool.cgroups import detect_layout, weight_for
+from scaler.localpool.pool import Enforcement, LocalPool, PoolUpdate, ReplicaPhase
 from scaler.policy import CpuPolicy, ScalingPolicy
 from scaler.signals import ServiceSignals
 from tests.support.localpool import ROOT, Harness, get, needs_cgroups, run_harness, until
@@ -42,18 +42,26 @@ async def harness() -> AsyncIterator[Harness]:
 
 
 @needs_cgroups
-async def test_replicas_become_ready_in_their_own_cgroups(harness: Harness) -> None:
-    pool = harness.pool({"api": harness.spec()})
+@pytest.mark.parametrize("enforcement", ["limit", "share"])
+async def test_replicas_become_ready_in_their_own_cgroups(
+    harness: Harness, enforcement: Enforcement
+) -> None:
+    pool = harness.pool({"api": harness.spec()}, enforcement=enforcement)
     async with pool:
         pool.scale("api", 2, 0.5)
         assert await until(lambda: pool.status("api").ready == 2)
         status = pool.status("api")
         assert status.cpu_applied and status.cpu_per_replica_cores == 0.5
+        assert status.enforcement == enforcement
+        # limit: 0.5 is the quota; share: 0.5 is the weight, and no cap (no cpu.max, no budget).
+        cap = 0.5 if enforcement == "limit" else None
+        assert status.cpu_cap_per_replica_cores == cap
         cgroups = pool.replica_cgroups("api")
         assert len(cgroups) == 2
         for replica, cg in zip(status.replicas, cgroups, strict=True):
             assert replica.pid in cg.pids()
-            assert cg.read_limit().cores == 0.5
+            assert cg.read_limit().cores == cap
+            assert cg.read_limit().weight == weight_for(0.5, cg.layout.version)
             assert replica.address is not None
             body = (await get(replica.address, "/work?cpu_ms=5")).json()
             assert body["pid"] == replica.pid
@@ -68,7 +76,7 @@ async def test_replicas_become_ready_in_their_own_cgroups(harness: Harness) -> N
 async def test_cpu_limit_changes_in_place_while_a_request_runs(
     harness: Harness, before: float, after: float
 ) -> None:
-    pool = harness.pool({"api": harness.spec()})
+    pool = harness.pool({"api": harness.spec()}, enforcement="limit")
     async with pool:
         pool.scale("api", 1, before)
         assert await until(lambda: pool.status("api").ready == 1)
@@ -250,13 +258,23 @@ def test_replicas_die_with_a_killed_sluice(harness: Harness, grandchild: bool) -
 
 
 @needs_cgroups
-async def test_actuator_applies_decisions_and_reports_state_and_cpu(harness: Harness) -> None:
-    pool = harness.pool({"api": harness.spec()})
+@pytest.mark.parametrize("enforcement", ["limit", "share"])
+async def test_actuator_applies_decisions_and_reports_state_and_cpu(
+    harness: Harness, enforcement: Enforcement
+) -> None:
+    pool = harness.pool({"api": harness.spec()}, enforcement=enforcement)
     policy = ScalingPolicy(min_replicas=1, max_replicas=4, cpu=CpuPolicy(min=0.25, max=1.0))
     actuator = LocalActuator(pool, {"api": policy})
+
+    def cap(decided: float) -> float:
+        """limit: the decided CPU is the quota; share: cpu.max is."""
+        return decided if enforcement == "limit" else 1.0
+
     async with pool:
         assert await until(lambda: pool.status("api").ready == 1)
-        assert pool.replica_cgroups("api")[0].read_limit().cores == 0.25
+        (first,) = pool.replica_cgroups("api")
+        assert first.read_limit().cores == cap(0.25)
+        assert first.read_limit().weight == weight_for(0.25, first.layout.version)
         decision = Decision(
             service="api",
             at=1.0,
@@ -269,8 +287,11 @@ async def test_actuator_applies_decisions_and_reports_state_and_cpu(harness: Har
         assert await until(lambda: pool.status("api").ready == 2)
         state = (await actuator.current())["api"]
         assert (state.replicas, state.ready_replicas, state.cpu_per_replica_cores) == (2, 2, 0.5)
+        assert state.cpu_cap_per_replica_cores == cap(0.5)
         assert state.cpu_limits_applied
-        assert [cg.read_limit().cores for cg in pool.replica_cgroups("api")] == [0.5, 0.5]
+        limits = [cg.read_limit() for cg in pool.replica_cgroups("api")]
+        assert [lim.cores for lim in limits] == [cap(0.5), cap(0.5)]
+        assert [lim.weight for lim in limits] == [weight_for(0.5, first.layout.version)] * 2
 
         frozen = Decision(
             service="api",
@@ -399,12 +420,17 @@ async def test_a_replica_never_ready_is_restarted_after_the_startup_timeout(
 
 
 @needs_cgroups
-async def test_a_replica_limit_above_the_pool_cap_is_clamped_to_it(harness: Harness) -> None:
-    pool = harness.pool({"api": harness.spec()}, total_cpu_cores=0.5)
+@pytest.mark.parametrize("enforcement", ["limit", "share"])
+async def test_a_replica_limit_above_the_pool_cap_is_clamped_to_it(
+    harness: Harness, enforcement: Enforcement
+) -> None:
+    pool = harness.pool({"api": harness.spec()}, total_cpu_cores=0.5, enforcement=enforcement)
     async with pool:
+        pool.set_cpu_cap("api", 3.0)
         pool.scale("api", 1, 2.0)
         assert await until(lambda: pool.status("api").ready == 1)
         assert pool.cgroups is not None
         assert pool.cgroups.group.read_limit().cores == 0.5
         assert pool.replica_cgroups("api")[0].read_limit().cores == 0.5
+        assert pool.status("api").cpu_cap_per_replica_cores == 0.5
         assert pool.status("api").cpu_applied

@@ -53,7 +53,12 @@ def qos_class(pod: Obj) -> str:
         for r in ("cpu", "memory"):
             limit = lim.get(r)
             request = req.get(r, limit)
-            if limit is None or str(request) != str(limit):
+            if limit is None or request is None:
+                guaranteed = False
+            elif r == "cpu":
+                # Quantities, not strings: "1" and "1000m" are equal.
+                guaranteed = guaranteed and cpu_millis(str(request)) == cpu_millis(str(limit))
+            elif str(request) != str(limit):
                 guaranteed = False
     if not any_set:
         return "BestEffort"
@@ -189,10 +194,12 @@ def check_resize(old: Obj, new: Obj) -> None:
                     "[cpu]: Forbidden: resource cpu cannot be removed",
                 )
     if qos_class(old) != qos_class(new):
+        # ValidatePodResize: the stored QoS class against the one computed from the new spec
+        # (field.Invalid on "spec"), e.g. a Guaranteed pod resized to requests < limits.
         raise ApiError(
             422,
             "Invalid",
-            f'Pod "{name}" is invalid: metadata: Invalid value: "{qos_class(new)}": '
+            f'Pod "{name}" is invalid: spec: Invalid value: "{qos_class(new)}": '
             "Pod QOS Class may not change as a result of resizing",
         )
 

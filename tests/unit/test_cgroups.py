@@ -13,6 +13,7 @@ from scaler.localpool.cgroups import (
     CgroupLayout,
     CgroupUnavailable,
     ReplicaCgroup,
+    cores_for_weight,
     detect_layout,
     quota_us_for,
     weight_for,
@@ -121,6 +122,55 @@ def test_v2_parent_enables_cpu_and_child_limits_are_written_in_place(v2: CgroupL
     assert (cg.cpu_dir / "cpu.max").read_text() == "max 100000"
     assert cg.read_limit().quota_us is None
     assert cg.read_limit().cores is None
+
+
+def test_v2_share_writes_the_decided_cpu_as_weight_and_the_cap_as_quota(v2: CgroupLayout) -> None:
+    parent = CgroupParent(v2, "sluice-test", rmdir=shutil.rmtree)
+    parent.create()
+    cg = parent.child("api-0")
+    cg.set_share(0.5, 1.0)  # guaranteed 0.5 core, capped at cpu.max = 1 core
+    assert (cg.cpu_dir / "cpu.weight").read_text() == "50"
+    assert (cg.cpu_dir / "cpu.max").read_text() == "100000 100000"
+    assert cg.read_limit().cores == 1.0
+    assert cores_for_weight(cg.read_limit().weight, 2) == 0.5
+
+    cg.set_share(1.25, None)  # no cap of its own: only the parent's (the budget)
+    assert (cg.cpu_dir / "cpu.weight").read_text() == "125"
+    assert (cg.cpu_dir / "cpu.max").read_text() == "max 100000"
+
+    # Limit enforcement on the same cgroup: quota and weight both follow the decided CPU.
+    cg.set_cpu(0.5)
+    assert (cg.cpu_dir / "cpu.weight").read_text() == "50"
+    assert (cg.cpu_dir / "cpu.max").read_text() == "50000 100000"
+    with pytest.raises(ValueError, match="guaranteed cores must be > 0"):
+        cg.set_share(0.0, 1.0)
+
+
+def test_v1_share_writes_the_decided_cpu_as_shares_and_the_cap_as_quota(v1: CgroupLayout) -> None:
+    parent = CgroupParent(v1, "sluice-test", rmdir=shutil.rmtree)
+    parent.create()
+    cg = parent.child("api-0")
+    cg.set_share(0.25, 1.5)
+    assert (cg.cpu_dir / "cpu.cfs_period_us").read_text() == "100000"
+    assert (cg.cpu_dir / "cpu.cfs_quota_us").read_text() == "150000"
+    assert (cg.cpu_dir / "cpu.shares").read_text() == "256"
+    assert cg.read_limit().cores == 1.5
+    assert cores_for_weight(cg.read_limit().weight, 1) == 0.25
+
+    cg.set_share(2.0, None)
+    assert (cg.cpu_dir / "cpu.cfs_quota_us").read_text() == "-1"
+    assert (cg.cpu_dir / "cpu.shares").read_text() == "2048"
+    assert cg.read_limit().cores is None
+
+    cg.set_cpu(0.25)
+    assert (cg.cpu_dir / "cpu.cfs_quota_us").read_text() == "25000"
+    assert (cg.cpu_dir / "cpu.shares").read_text() == "256"
+
+
+def test_cores_for_weight_inverts_weight_for() -> None:
+    for cores in (0.05, 0.25, 1.0, 3.5):
+        assert cores_for_weight(weight_for(cores, 1), 1) == pytest.approx(cores, abs=1 / 1024)
+        assert cores_for_weight(weight_for(cores, 2), 2) == pytest.approx(cores, abs=1 / 100)
 
 
 def test_v2_usage_and_throttling_from_cpu_stat(v2: CgroupLayout) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -106,3 +108,99 @@ def test_endpoint_conditions_nil_semantics() -> None:
     # ready nil = ready; serving nil = same as ready; terminating nil = not terminating
     assert got == [(True, True, False), (False, False, False), (False, True, True)]
     assert s.service_name == "web"
+
+
+def shape(raw: dict[str, Any], plan_container: Any) -> dict[str, Any]:
+    """The pod as it would be after the plan (first container's resources replaced)."""
+    new = dict(raw)
+    new["spec"] = {
+        "containers": [
+            {
+                "name": "app",
+                "resources": {
+                    "requests": dict(plan_container.requests),
+                    "limits": dict(plan_container.limits),
+                },
+            }
+        ]
+    }
+    return new
+
+
+@given(
+    kind=st.sampled_from(sorted(RESOURCES)),
+    millis=st.integers(1, 4_000),
+    cap_millis=st.integers(1, 4_000),
+)
+def test_share_keeps_qos_requests_the_decided_cpu_and_limits_the_cap(
+    kind: str, millis: int, cap_millis: int
+) -> None:
+    raw = pod("p", "app", RESOURCES[kind])
+    cores, cap = min(millis, cap_millis) / 1000, cap_millis / 1000  # the engine keeps cpu <= max
+    plan = plan_resize(pod_from_json(raw), cores, "share", cap)
+    if plan.container is None:
+        assert plan.blocked is None  # already there
+        return
+    after = shape(raw, plan.container)
+    assert qos_class(after) == qos_class(raw)  # the API server refuses anything else (422)
+    req = parse_cpu_cores(plan.container.requests["cpu"])
+    lim = plan.container.limits.get("cpu")
+    if kind == "guaranteed":
+        # requests < limits would make it Burstable: it stays at requests = limits = decided.
+        assert req == parse_cpu_cores(lim or "") == pytest.approx(cores)
+        assert plan.limited is not None and "Guaranteed pod" in plan.limited
+        return
+    assert lim is not None
+    if plan.limited is None:
+        assert req == pytest.approx(cores)
+        assert parse_cpu_cores(lim) == pytest.approx(cap)
+    else:
+        # At the cap with memory requests = limits: 1m apart, or the pod would be Guaranteed.
+        assert "1m below" in plan.limited
+        assert cores == cap
+        got = (round(req * 1000), round(parse_cpu_cores(lim) * 1000))
+        assert got in ((cap_millis - 1, cap_millis), (cap_millis, cap_millis + 1))
+    assert req < parse_cpu_cores(lim) or plan.limited is None
+
+
+def test_share_on_a_burstable_pod_sets_request_and_cap() -> None:
+    raw = pod("p", "app", RESOURCES["burstable-ratio"])  # 250m / 1
+    plan = plan_resize(pod_from_json(raw), 0.4, "share", 1.5)
+    assert plan.container is not None and plan.limited is None
+    assert (plan.container.requests["cpu"], plan.container.limits["cpu"]) == ("400m", "1500m")
+    # A request-only pod gets the cap as its (new) limit: still Burstable.
+    only = pod_from_json(pod("p", "app", RESOURCES["burstable-request-only"]))
+    plan = plan_resize(only, 0.4, "share", 1.0)
+    assert plan.container is not None
+    assert (plan.container.requests["cpu"], plan.container.limits["cpu"]) == ("400m", "1000m")
+    # No cpu.max known: the container's own limit stays.
+    plan = plan_resize(pod_from_json(raw), 0.5, "share", None)
+    assert plan.container is not None
+    assert (plan.container.requests["cpu"], plan.container.limits["cpu"]) == ("500m", "1")
+    # Already there (as quantities): nothing to do.
+    done = pod("p", "app", {"requests": {"cpu": "0.4"}, "limits": {"cpu": "1500m"}})
+    assert plan_resize(pod_from_json(done), 0.4, "share", 1.5).container is None
+
+
+def test_share_never_turns_a_burstable_pod_guaranteed() -> None:
+    # Memory requests = limits: cpu requests = limits would make the pod Guaranteed.
+    res = {
+        "requests": {"cpu": "250m", "memory": "64Mi"},
+        "limits": {"cpu": "1", "memory": "64Mi"},
+    }
+    plan = plan_resize(pod_from_json(pod("p", "app", res)), 1.0, "share", 1.0)
+    assert plan.container is not None
+    assert (plan.container.requests["cpu"], plan.container.limits["cpu"]) == ("999m", "1000m")
+    assert plan.limited is not None and "1m below" in plan.limited
+
+
+def test_share_on_a_guaranteed_pod_falls_back_to_limits_equal_requests() -> None:
+    raw = pod("p", "app", RESOURCES["guaranteed"])
+    plan = plan_resize(pod_from_json(raw), 0.25, "share", 2.0)
+    assert plan.container is not None
+    assert plan.container.requests["cpu"] == plan.container.limits["cpu"] == "250m"
+    assert plan.limited is not None
+    assert "QoS class cannot change in place" in plan.limited
+    # Already at the decided CPU: nothing to write, but still said.
+    again = plan_resize(pod_from_json(raw), 0.5, "share", 2.0)
+    assert again.container is None and again.limited is not None
