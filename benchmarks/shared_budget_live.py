@@ -64,7 +64,7 @@ LINE = re.compile(r"sluice listening data=http://(\S+):(\d+) admin=(\S+)")
 
 
 def scenario_config(
-    args: argparse.Namespace, arbitration: str, enforcement: str = "share"
+    args: argparse.Namespace, arbitration: str, enforcement: str = "limit"
 ) -> dict[str, Any]:
     demo = ["{python}", "-m", "gateway.demo", "--port", "{port}"]
     env = {"PYTHONPATH": str(ROOT), "DEMO_CPU_MS": "40"}
@@ -560,7 +560,7 @@ def main() -> int:
     p.add_argument(
         "--enforcement",
         choices=("share", "limit", "both"),
-        default="share",
+        default="limit",
         help="budget.enforcement: decided CPU as a guaranteed share, a hard limit, or both runs",
     )
     p.add_argument(

@@ -9,7 +9,7 @@ model and the real engine, three times on the very same arrivals, and prints:
 reports' p99 latency (goal: independent ÷ Sluice >= 10), api's throughput (goal: Sluice ÷
 independent >= 0.95) and budget utilisation during contention (goal: >= 90 %), with
 ``budget.early_ticks`` on and off (``--early-ticks on|off|both``), under
-``budget.enforcement: share`` (default; ``--enforcement limit|both``).  Every run of one
+``budget.enforcement: limit`` (default, as in the config; ``--enforcement share|both``).  Every run of one
 table (Sluice and the baselines) uses the same node model, so the comparison isolates the
 controller; ``--enforcement both`` adds a table of the goals under share vs limit.
 `--speed` also times one hour of ten services at 1 s ticks (wall and CPU time).
@@ -54,7 +54,7 @@ def seed_scenario(
     duration_s: float | None,
     console: Console,
     early_ticks: bool = True,
-    enforcement: Enforcement = "share",
+    enforcement: Enforcement = "limit",
 ) -> dict[str, object]:
     workload, policies, budget = seed_config()
     budget = budget.model_copy(update={"early_ticks": early_ticks, "enforcement": enforcement})
@@ -145,7 +145,7 @@ def speed_scenario() -> tuple[Workload, dict[str, ScalingPolicy], BudgetConfig]:
 
 
 def speed(
-    console: Console, early_ticks: bool = True, enforcement: Enforcement = "share"
+    console: Console, early_ticks: bool = True, enforcement: Enforcement = "limit"
 ) -> dict[str, object]:
     """One hour of ten services at 1 s ticks (Sluice run only), timed."""
     workload, policies, budget = speed_scenario()
@@ -175,8 +175,8 @@ def speed(
 
 
 def _suffix(enforcement: Enforcement, early_ticks: bool) -> str:
-    """JSON key suffix: none for the defaults (share, early ticks on)."""
-    return ("" if enforcement == "share" else f"_{enforcement}") + (
+    """JSON key suffix: none for the defaults (limit, early ticks on)."""
+    return ("" if enforcement == "limit" else f"_{enforcement}") + (
         "" if early_ticks else "_early_ticks_off"
     )
 
@@ -226,14 +226,14 @@ def main() -> int:
     parser.add_argument(
         "--enforcement",
         choices=["share", "limit", "both"],
-        default="share",
-        help="budget.enforcement for every run (default: share; both: share, then limit)",
+        default="limit",
+        help="budget.enforcement for every run (default: limit; both: limit, then share)",
     )
     args = parser.parse_args()
     console = Console()
     modes = {"on": [True], "off": [False], "both": [True, False]}[args.early_ticks]
     enforcements: list[Enforcement] = (
-        ["share", "limit"] if args.enforcement == "both" else [args.enforcement]
+        ["limit", "share"] if args.enforcement == "both" else [args.enforcement]
     )
     out: dict[str, object] = {
         "machine": {

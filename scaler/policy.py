@@ -217,15 +217,17 @@ class BudgetConfig(_Model):
             "first come first served on the budget (the one-HPA-per-service baseline)."
         ),
     )
-    enforcement: Literal["share", "limit"] = Field(
-        default="share",
+    enforcement: Literal["limit", "share"] = Field(
+        default="limit",
         description=(
-            "How a replica's decided CPU is enforced. share: it is the replica's guaranteed share "
-            "(cgroup cpu.shares/cpu.weight; Kubernetes requests), the replica may use idle CPU up to "
-            "cpu.max, and the budget caps the total (a parent cgroup's quota on the local platform), "
-            "so idle CPU is lent and reclaimed by the kernel within microseconds. limit: the decided "
-            "CPU is a hard cap (CFS quota; Kubernetes limits = requests), idle CPU is lent only by "
-            "the next decision."
+            "How a replica's decided CPU is enforced. limit (default): the decided CPU is a hard "
+            "cap (CFS quota; Kubernetes limits = requests), so a service's guaranteed CPU is "
+            "exact, and idle CPU is lent by the next decision. share: it is the replica's "
+            "guaranteed share (cgroup cpu.shares/cpu.weight; Kubernetes requests), the replica may "
+            "use idle CPU up to cpu.max and the kernel lends and reclaims it within microseconds; "
+            "the budget caps the total (a parent cgroup quota on the local platform). With a "
+            "budget below the machine's CPUs that quota throttles every replica alike and weakens "
+            "the guarantee; use share when the budget is the whole machine or node."
         ),
     )
     early_ticks: bool = Field(

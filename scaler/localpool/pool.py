@@ -11,10 +11,13 @@ the endpoint is withdrawn first, ``drain(service, address)`` is awaited (the gat
 CPU changes are written to the running replicas' cgroups in place.  The parent cgroup is
 capped at the budget (``total_cpu_cores``).  ``enforcement`` says what a replica's CPU is:
 
-* ``"share"`` (the default, ``budget.enforcement: share``): its guaranteed share of contended
+* ``"limit"`` (the default, ``budget.enforcement: limit``): a hard cap (quota = weight =
+  the decided CPU), idle CPU stays idle until the next decision lends it;
+* ``"share"``: its guaranteed share of contended
   CPU (cgroup weight); its quota is the service's cap (``set_cpu_cap``: ``scaling.cpu.max``,
-  at most the budget), so it uses CPU the others leave idle, and gives it back at once;
-* ``"limit"``: a hard cap (quota = weight = the decided CPU), idle CPU stays idle.
+  at most the budget), so it uses CPU the others leave idle, and gives it back at once.
+  The parent's quota throttles every replica alike, so with a budget below the machine's
+  CPUs the share is not guaranteed (docs/local.md).
 
 Where cgroups are not usable a warning is logged once, replicas still scale, and
 :class:`ServiceStatus` says ``cpu_applied=False``.
@@ -85,7 +88,7 @@ class LocalPool:
         mountinfo_path: Path = Path("/proc/self/mountinfo"),
         host: str = "127.0.0.1",
         total_cpu_cores: float | None = None,
-        enforcement: Enforcement = "share",
+        enforcement: Enforcement = "limit",
     ) -> None:
         if total_cpu_cores is not None and total_cpu_cores <= 0:
             raise ValueError(f"total_cpu_cores must be > 0, got {total_cpu_cores!r}")

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 
 from scaler.localpool.cgroup_parent import parent_name_for
-from scaler.localpool.cgroups import ReplicaCgroup, cores_for_weight, detect_layout
+from scaler.localpool.cgroups import ReplicaCgroup, detect_layout
 from tests.support.localpool import ROOT, needs_cgroups
 from tests.support.processes import Gateway
 from tests.support.procs import MARKER_VAR, pids_with_marker, wait_until
@@ -187,13 +187,11 @@ def test_reclaim_lowers_the_borrowers_cpu_without_failing_its_in_flight_requests
     parent = layout.cpu_root / parent_name_for(gw.pid)
 
     def api_cores() -> float:
-        """api's decided CPU: its replica's weight (budget.enforcement: share, the default)."""
+        """api's decided CPU: its replica's quota (budget.enforcement: limit, the default)."""
         try:
-            limit = ReplicaCgroup(layout, parent / "api-0", None).read_limit()
+            return ReplicaCgroup(layout, parent / "api-0", None).read_limit().cores or 0.0
         except (OSError, ValueError):
             return 0.0
-        assert limit.cores == 1.6  # the quota stays at cpu.max while the share moves
-        return cores_for_weight(limit.weight, layout.version)
 
     answers: dict[str, list[int]] = {"api": [], "reports": []}
     halt = {"api": threading.Event(), "reports": threading.Event()}

@@ -23,11 +23,11 @@ from tests.support.processes import Gateway
 from tests.support.procs import MARKER_VAR, pids_with_marker, wait_until
 
 
-def local_config(marker: str) -> dict[str, Any]:
+def local_config(marker: str, enforcement: str = "limit") -> dict[str, Any]:
     start = random.randrange(20000, 60000, 100)
     return {
         "platform": "local",
-        "budget": {"cpu": 2},
+        "budget": {"cpu": 2, "enforcement": enforcement},
         "services": {
             "api": {
                 "routes": [{"path": "/", "path_type": "Prefix"}],
@@ -61,17 +61,26 @@ def limits(parent: Path) -> dict[str, CpuLimit]:
 
 
 @needs_cgroups
-def test_sluice_run_local_starts_scales_and_stops_replicas(tmp_path: Path) -> None:
+@pytest.mark.parametrize("enforcement", ["limit", "share"])
+def test_sluice_run_local_starts_scales_and_stops_replicas(
+    tmp_path: Path, enforcement: str
+) -> None:
     marker = uuid.uuid4().hex
     layout = detect_layout(Path("/proc/self/mountinfo").read_text())
 
     def decided(limit: CpuLimit) -> float:
-        """budget.enforcement: share (the default): the decided CPU is the replica's weight."""
+        """The decided CPU: the quota under limit, the weight under share."""
+        if enforcement == "limit":
+            return limit.cores or 0.0
         return cores_for_weight(limit.weight, layout.version)
+
+    def capped(limit: CpuLimit) -> bool:
+        """limit: the quota is the decided CPU; share: it is cpu.max (0.6)."""
+        return limit.cores == pytest.approx(0.6 if enforcement == "share" else decided(limit))
 
     # The weight is rounded to whole shares (v1: 1/1024 core; v2: 1/100 core).
     tol = 0.006
-    gw = Gateway(local_config(marker), tmp_path / "local.yaml")
+    gw = Gateway(local_config(marker, enforcement), tmp_path / "local.yaml")
     try:
         parent = layout.cpu_root / parent_name_for(gw.pid)
         # The first replica becomes an endpoint: requests through the proxy reach it.
@@ -84,7 +93,7 @@ def test_sluice_run_local_starts_scales_and_stops_replicas(tmp_path: Path) -> No
         assert list(first) == ["api-0"]
         # Started at cpu.request (0.25); the scaler may already have moved it within its bounds.
         assert 0.2 - tol <= decided(first["api-0"]) <= 0.6 + tol
-        assert first["api-0"].cores == pytest.approx(0.6)  # capped at cpu.max
+        assert capped(first["api-0"])
         assert ReplicaCgroup(layout, parent, None).read_limit().cores == pytest.approx(2.0)
 
         # Load: more requests in flight than one replica's target -> more replicas and/or CPU.
@@ -118,7 +127,7 @@ def test_sluice_run_local_starts_scales_and_stops_replicas(tmp_path: Path) -> No
         assert failures == []
         assert sum(decided(v) for v in seen.values()) <= 2.0 + tol * len(seen)
         assert all(0.2 - tol <= decided(v) <= 0.6 + tol for v in seen.values())
-        assert all(v.cores == pytest.approx(0.6) for v in seen.values())
+        assert all(capped(v) for v in seen.values())
         assert len(pids_with_marker(marker)) >= 1
     finally:
         gw.signal(signal.SIGTERM)

@@ -68,7 +68,9 @@ def shield(pool: LocalPool) -> None:
 
 @needs_cgroups
 async def test_parent_quota_is_the_budget_and_replicas_follow_decisions(harness: Harness) -> None:
-    pool = harness.pool({"a": harness.spec(), "b": harness.spec()}, total_cpu_cores=1.5)
+    pool = harness.pool(
+        {"a": harness.spec(), "b": harness.spec()}, total_cpu_cores=1.5, enforcement="share"
+    )
     actuator = LocalActuator(pool, {"a": policy(1.0), "b": policy(2.0)})
     async with pool:
         await ready(pool)
@@ -96,7 +98,7 @@ async def test_parent_quota_is_the_budget_and_replicas_follow_decisions(harness:
 
 @needs_cgroups
 async def test_the_budget_can_change_under_running_replicas(harness: Harness) -> None:
-    pool = harness.pool({"a": harness.spec()}, total_cpu_cores=1.0)
+    pool = harness.pool({"a": harness.spec()}, total_cpu_cores=1.0, enforcement="share")
     actuator = LocalActuator(pool, {"a": policy(1.0)})
     async with pool:
         await ready(pool)

@@ -144,14 +144,15 @@ def test_the_local_example_builds_a_platform_at_min_replicas_and_initial_cpu() -
     assert (statuses["reports"].desired, statuses["reports"].cpu_per_replica_cores) == (0, 0.25)
     assert platform.endpoints.pool is platform.pool is platform.actuator.pool
     assert platform.pool.total_cpu_cores == settings.budget.cpu == 2
-    # budget.enforcement defaults to share: each replica is capped at its service's cpu.max.
-    assert platform.pool.enforcement == settings.budget.enforcement == "share"
-    for name, status in statuses.items():
-        assert status.enforcement == "share"
-        assert status.cpu_cap_per_replica_cores == settings.services[name].scaling.cpu.max
+    # budget.enforcement defaults to limit: the decided CPU (cpu.request until the first
+    # decision) is each replica's hard cap.
+    assert platform.pool.enforcement == settings.budget.enforcement == "limit"
+    for status in statuses.values():
+        assert status.enforcement == "limit"
+        assert status.cpu_cap_per_replica_cores == status.cpu_per_replica_cores == 0.25
 
 
-def test_limit_enforcement_reaches_the_pool() -> None:
+def test_share_enforcement_reaches_the_pool() -> None:
     from pathlib import Path
 
     import yaml
@@ -160,12 +161,15 @@ def test_limit_enforcement_reaches_the_pool() -> None:
 
     root = Path(__file__).resolve().parents[2]
     data = yaml.safe_load((root / "config" / "examples" / "local.yaml").read_text())
-    data.setdefault("budget", {})["enforcement"] = "limit"
-    platform = local_platform(parse_settings(data))
-    assert platform.pool.enforcement == "limit"
-    api = platform.pool.status("api")
-    # The decided CPU (cpu.request until the first decision) is the hard cap.
-    assert api.cpu_cap_per_replica_cores == api.cpu_per_replica_cores == 0.25
+    data.setdefault("budget", {})["enforcement"] = "share"
+    settings = parse_settings(data)
+    platform = local_platform(settings)
+    assert platform.pool.enforcement == "share"
+    # Each replica is capped at its service's cpu.max; the decided CPU is its share.
+    for name, status in platform.pool.statuses().items():
+        assert status.enforcement == "share"
+        assert status.cpu_per_replica_cores == 0.25
+        assert status.cpu_cap_per_replica_cores == settings.services[name].scaling.cpu.max
 
 
 def test_local_platform_refuses_a_service_without_replicas() -> None:

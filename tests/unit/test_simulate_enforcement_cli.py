@@ -22,10 +22,10 @@ def simulate(out: Path, *extra: str) -> dict[str, object]:
     return report
 
 
-def test_share_is_the_default_and_writes_report_and_png(
+def test_share_from_the_command_line_writes_report_and_png(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    report = simulate(tmp_path)  # the config leaves budget.enforcement at its default
+    report = simulate(tmp_path, "--enforcement", "share")
     printed = capsys.readouterr().out
     assert report["enforcement"] == "share"
     assert "node model: share enforcement" in printed
@@ -49,8 +49,8 @@ def test_share_is_the_default_and_writes_report_and_png(
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
 
 
-def test_limit_from_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    report = simulate(tmp_path, "--enforcement", "limit")
+def test_limit_is_the_default(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    report = simulate(tmp_path)  # the config leaves budget.enforcement at its default
     assert report["enforcement"] == "limit"
     assert "node model: limit enforcement" in capsys.readouterr().out
     series = report["series"]
