@@ -88,6 +88,7 @@ def decisions_route(runtime: Runtime) -> Route:
                 "budget": {
                     "cpu": budget.cpu,
                     "arbitration": budget.arbitration,
+                    "enforcement": budget.enforcement,
                     "allocated_cores": sum(d.allocated_cores for d in loop.last.values()),
                 },
                 "latest": latest,
