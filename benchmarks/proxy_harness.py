@@ -368,6 +368,7 @@ async def micro(requests: int, runs: int, check: bool = True) -> list[float]:
     pool.put(up, dp.loop.time())
     client = ClientConnection(dp)
     client.connection_made(MemoryTransport(("127.0.0.1", 40000)))  # type: ignore[arg-type]
+    outbox = dp.outbox
     out = []
     for _ in range(runs):
         _control("--instr=on")
@@ -375,8 +376,10 @@ async def micro(requests: int, runs: int, check: bool = True) -> list[float]:
         for _ in range(requests):
             client.data_received(MICRO_REQUEST)
             up.data_received(MICRO_RESPONSE)
+            outbox.flush()  # what the loop does at the end of the round (here: per request)
         out.append((time.process_time() - t0) / requests * 1e6)
         _control("--instr=off")
+        await asyncio.sleep(0)  # the outbox's scheduled rounds (nothing left to send)
     if check and runtime.services["bench"].stats.codes != {200: requests * runs}:
         raise RuntimeError(f"unexpected outcomes: {runtime.services['bench'].stats.codes}")
     return out
@@ -396,7 +399,8 @@ def run_callgrind(args: argparse.Namespace) -> int:
         report = Path(tmp) / "report.json"
         argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no"]
         if not args.micro:
-            argv += ["--toggle-collect=uv__stream_io"]
+            # socket callbacks, and the loop's ready callbacks (the outbox's sends run there)
+            argv += ["--toggle-collect=uv__stream_io", "--toggle-collect=uv__run_idle"]
         argv += [f"--callgrind-out-file={out}", sys.executable, __file__]
         argv += ["--runs", "1", "--duration-s", str(args.duration_s), "--json", str(report)]
         argv += ["--connections", str(args.connections), "--micro", str(args.micro)]

@@ -105,7 +105,7 @@ class UpstreamConnection(asyncio.Protocol):
         if self.in_head and self.head_from >= 0 and self.exchange is not None:
             self._keep_partial()
         if exchange.wbuf:
-            exchange.flush()  # one write per upstream read, head and body together
+            exchange.flush(len(data))  # one write per upstream read, head and body together
 
     def _keep_partial(self) -> None:
         """The read ended inside a response head: keep its start for the next read."""
