@@ -75,20 +75,20 @@ class Outbox:
         self.held_bytes = size
 
     def flush(self) -> None:
-        """Send everything held, in order (a transport closed meanwhile is skipped)."""
+        """Send everything held, in order (to a transport closed meanwhile: dropped)."""
         pending = self.pending
         if pending is None:
             return
         self.pending = None
         self.held_bytes = 0
         for transport, data in pending:
-            if transport.is_closing():
-                continue  # closed by the peer: its connection_lost is on the way
             try:
                 if isinstance(data, list):
                     transport.writelines(data)
                 else:
                     transport.write(data)
-            except (RuntimeError, OSError) as e:  # a transport that broke meanwhile
-                log.debug("held write to %r failed: %s", transport, e)
-                transport.abort()
+            except RuntimeError as e:
+                # Closed by the peer since (uvloop refuses writes to a closed handle): what
+                # was held is dropped, as a direct write would have been; connection_lost
+                # is on its way.
+                log.debug("held write to %r dropped: %s", transport, e)
