@@ -192,7 +192,7 @@ class Exchange:
             self.reply_error(Cause.UNKNOWN_SERVICE)
             return
         self.service = service
-        if self.span is not None:
+        if tracing is not None and self.span is not None:
             self.span.routed(name)
         # -- issue 4: the service's body limit (declared now, counted as the body streams)
         limit = service.admission.max_body_bytes
@@ -267,7 +267,10 @@ class Exchange:
         self.endpoint = ep
         if self.span is not None:
             self.attempt_span = self.span.attempt(ep.host, ep.port)
-        pool = self.pool = _pool_of(ep)
+        pool: EndpointConnections | None = ep.pool  # type: ignore[assignment]  # (as _pool_of)
+        if pool is None:
+            pool = _pool_of(ep)
+        self.pool = pool
         head = self.head
         if head.expect_continue and head.has_body and not self.req_done and not self.client.closed:
             self.client.dp.outbox.write(self.client.transport, CONTINUE)
@@ -616,10 +619,15 @@ class Exchange:
 
     def _finish(self, status: int, failed: bool = False, reusable: bool = False) -> None:
         self.done = True
-        if self.wbuf:
-            up = self.upstream
-            self.flush(0 if up is None else len(up.data))
         client = self.client
+        wbuf = self.wbuf
+        if wbuf:  # flush(), inlined
+            self.wbuf = None
+            if not client.closed:
+                up = self.upstream
+                client.dp.outbox.writelines(
+                    client.transport, wbuf, 0 if up is None else len(up.data)
+                )
         dp = client.dp
         active = dp.active
         active.discard(self)

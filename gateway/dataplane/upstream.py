@@ -165,15 +165,17 @@ class UpstreamConnection(asyncio.Protocol):
         exchange.on_upstream_headers(status, data[start:end])
 
     def on_body(self, body: bytes) -> None:
-        if self.exchange is not None:
-            self.exchange.on_upstream_body(body)
+        exchange = self.exchange
+        if exchange is not None:
+            exchange.on_upstream_body(body)
 
     def on_message_complete(self) -> None:
         self.in_head = True
         if not self.interim:
             self.head_from = -1  # more bytes in this read would be a response nobody asked for
-        if self.exchange is not None:
-            self.exchange.on_upstream_complete()
+        exchange = self.exchange
+        if exchange is not None:
+            exchange.on_upstream_complete()
 
     # -- control ---------------------------------------------------------------------------
 

@@ -1,11 +1,12 @@
-"""Outbox: writes held until the loop round ends, sent in order; big writes not held."""
+"""Outbox: writes held until the loop round ends (when rounds have several), sent in order;
+big writes not held; a quiet loop writes at once."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
-from gateway.dataplane.outbox import OUTBOX_MAX_BYTES, Outbox
+from gateway.dataplane.outbox import HOLD_MIN_WRITES, OUTBOX_MAX_BYTES, Outbox
 
 
 class Recording:
@@ -32,8 +33,14 @@ def transports(*names: str) -> tuple[list[tuple[str, bytes]], list[Any]]:
     return log, [Recording(n, log) for n in names]
 
 
-async def test_writes_wait_for_the_end_of_the_round_and_keep_their_order() -> None:
+def holding_outbox() -> Outbox:
     outbox = Outbox(asyncio.get_running_loop())
+    outbox.holding = True  # as after a busy round
+    return outbox
+
+
+async def test_writes_wait_for_the_end_of_the_round_and_keep_their_order() -> None:
+    outbox = holding_outbox()
     log, (a, b) = transports("a", "b")
     outbox.write(a, b"1")
     outbox.writelines(b, [b"2", b"3"], 2)
@@ -43,13 +50,16 @@ async def test_writes_wait_for_the_end_of_the_round_and_keep_their_order() -> No
     await asyncio.sleep(0)
     assert log == [("a", b"1"), ("b", b"23"), ("a", b"4")]
     assert outbox.pending is None
-    outbox.write(b, b"5")  # a new round is scheduled again
+    assert outbox.holding  # that round held three writes
+    for n in range(HOLD_MIN_WRITES):
+        outbox.write(b, b"%d" % n)  # a new round is scheduled again
+    assert outbox.pending is not None
     await asyncio.sleep(0)
-    assert log[-1] == ("b", b"5")
+    assert log[-HOLD_MIN_WRITES:] == [("b", b"%d" % n) for n in range(HOLD_MIN_WRITES)]
 
 
 async def test_flush_sends_at_once_and_the_scheduled_round_finds_nothing() -> None:
-    outbox = Outbox(asyncio.get_running_loop())
+    outbox = holding_outbox()
     log, (a,) = transports("a")
     outbox.write(a, b"x")
     outbox.flush()
@@ -59,7 +69,7 @@ async def test_flush_sends_at_once_and_the_scheduled_round_finds_nothing() -> No
 
 
 async def test_a_big_write_sends_what_is_held_first_then_itself() -> None:
-    outbox = Outbox(asyncio.get_running_loop())
+    outbox = holding_outbox()
     log, (a, b) = transports("a", "b")
     big = b"b" * (OUTBOX_MAX_BYTES + 1)
     outbox.write(a, b"small")
@@ -72,7 +82,7 @@ async def test_a_big_write_sends_what_is_held_first_then_itself() -> None:
 
 
 async def test_held_bytes_are_bounded() -> None:
-    outbox = Outbox(asyncio.get_running_loop())
+    outbox = holding_outbox()
     log, (a,) = transports("a")
     piece = b"p" * (OUTBOX_MAX_BYTES // 4)
     for _ in range(4):
@@ -84,7 +94,7 @@ async def test_held_bytes_are_bounded() -> None:
 
 
 async def test_a_transport_closed_meanwhile_does_not_stop_the_others() -> None:
-    outbox = Outbox(asyncio.get_running_loop())
+    outbox = holding_outbox()
     log: list[tuple[str, bytes]] = []
     gone = Recording("gone", log)
     live = Recording("live", log)
@@ -93,3 +103,24 @@ async def test_a_transport_closed_meanwhile_does_not_stop_the_others() -> None:
     gone.closed = True
     outbox.flush()
     assert log == [("live", b"kept")]
+
+
+async def test_a_quiet_loop_writes_at_once_and_a_busy_round_turns_holding_on() -> None:
+    outbox = Outbox(asyncio.get_running_loop())
+    log, (a, b) = transports("a", "b")
+    outbox.write(a, b"lone")
+    assert log == [("a", b"lone")]  # at once: a lone request does not wait for its round
+    await asyncio.sleep(0)
+    assert not outbox.holding
+    for n in range(HOLD_MIN_WRITES):
+        outbox.writelines(b, [b"%d" % n], 1)
+    assert len(log) == 1 + HOLD_MIN_WRITES  # still at once in this round
+    await asyncio.sleep(0)
+    assert outbox.holding  # the next rounds hold
+    outbox.write(a, b"held")
+    assert log[-1] != ("a", b"held")
+    await asyncio.sleep(0)
+    assert log[-1] == ("a", b"held")
+    assert not outbox.holding  # that round held only one write: at once again
+    outbox.write(a, b"again")
+    assert log[-1] == ("a", b"again")
