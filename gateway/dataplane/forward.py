@@ -192,7 +192,7 @@ class Exchange:
             self.reply_error(Cause.UNKNOWN_SERVICE)
             return
         self.service = service
-        if self.span is not None:
+        if tracing is not None and self.span is not None:
             self.span.routed(name)
         # -- issue 4: the service's body limit (declared now, counted as the body streams)
         limit = service.admission.max_body_bytes
@@ -267,10 +267,13 @@ class Exchange:
         self.endpoint = ep
         if self.span is not None:
             self.attempt_span = self.span.attempt(ep.host, ep.port)
-        pool = self.pool = _pool_of(ep)
+        pool: EndpointConnections | None = ep.pool  # type: ignore[assignment]  # (as _pool_of)
+        if pool is None:
+            pool = _pool_of(ep)
+        self.pool = pool
         head = self.head
         if head.expect_continue and head.has_body and not self.req_done and not self.client.closed:
-            self.client.transport.write(CONTINUE)
+            self.client.dp.outbox.write(self.client.transport, CONTINUE)
             self.continue_sent = True
         conn = pool.take(self.started_at)
         if conn is not None:
@@ -328,12 +331,12 @@ class Exchange:
         if self.head.has_body and self.method in IDEMPOTENT:
             self._keep_replay(buf)
         if buf:
-            transport.writelines([head, *buf])
+            client.dp.outbox.writelines(transport, [head, *buf], len(head) + self.body_buf_bytes)
             self.body_buf = None
             self.body_buf_bytes = 0
             client.unpause(PAUSE_BUFFER)
         else:
-            transport.write(head)
+            client.dp.outbox.write(transport, head)
         if conn.write_paused:
             client.pause(PAUSE_BACKPRESSURE)
         if self.req_done:
@@ -369,12 +372,13 @@ class Exchange:
                 return  # connection_lost is on its way and ends the exchange
             transport = up.transport
             assert transport is not None
+            outbox = self.client.dp.outbox
             if self.head.chunked:
-                framed: tuple[bytes, ...] = (b"%x\r\n" % len(body), body, CRLF)
-                transport.writelines(framed)
+                framed: list[bytes] = [b"%x\r\n" % len(body), body, CRLF]
+                outbox.writelines(transport, framed, len(body))
             else:
-                framed = (body,)
-                transport.write(body)
+                framed = [body]
+                outbox.write(transport, body)
             if self.replay is not None:
                 self._keep_replay(framed)
             return
@@ -398,7 +402,7 @@ class Exchange:
             if self.head.chunked:
                 transport = up.transport
                 assert transport is not None
-                transport.write(LAST_CHUNK)
+                self.client.dp.outbox.write(transport, LAST_CHUNK)
                 if self.replay is not None:
                     self.replay.append(LAST_CHUNK)
             self._request_sent()
@@ -463,13 +467,15 @@ class Exchange:
         else:
             wbuf.append(body)
 
-    def flush(self) -> None:
-        """Write what this read produced for the client (called after each upstream read)."""
+    def flush(self, nbytes: int = 0) -> None:
+        """Write what this read produced for the client (called after each upstream read of
+        ``nbytes``: about the size of what is written; 0 when small)."""
         wbuf = self.wbuf
         if wbuf:
             self.wbuf = None
-            if not self.client.closed:
-                self.client.transport.writelines(wbuf)
+            client = self.client
+            if not client.closed:
+                client.dp.outbox.writelines(client.transport, wbuf, nbytes)
 
     def on_upstream_complete(self) -> None:
         if self.interim:
@@ -574,14 +580,15 @@ class Exchange:
             self.keep_alive = False  # the client may or may not send the body now
         client = self.client
         if not client.closed:
-            client.transport.write(
+            client.dp.outbox.write(
+                client.transport,
                 error_response(
                     cause,
                     client.dp.date_value,
                     not self.keep_alive,
                     head_only=self.method == b"HEAD",
                     retry_after_s=retry_after_s,
-                )
+                ),
             )
         self.resp_state = 1
         self._finish(cause.status, failed=cause.status >= 500)
@@ -612,9 +619,15 @@ class Exchange:
 
     def _finish(self, status: int, failed: bool = False, reusable: bool = False) -> None:
         self.done = True
-        if self.wbuf:
-            self.flush()
         client = self.client
+        wbuf = self.wbuf
+        if wbuf:  # flush(), inlined
+            self.wbuf = None
+            if not client.closed:
+                up = self.upstream
+                client.dp.outbox.writelines(
+                    client.transport, wbuf, 0 if up is None else len(up.data)
+                )
         dp = client.dp
         active = dp.active
         active.discard(self)

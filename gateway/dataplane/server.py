@@ -30,6 +30,7 @@ from gateway.dataplane.limits import (
     check_request_line,
     origin_form,
 )
+from gateway.dataplane.outbox import Outbox
 from gateway.dataplane.upstream import WRITE_BUFFER_HIGH, WRITE_BUFFER_LOW, EndpointConnections
 from gateway.routing import RouteTable
 from gateway.service import Service
@@ -269,7 +270,9 @@ class ClientConnection(asyncio.Protocol):
             else:
                 version = parser.get_http_version()
             # The common request line (origin-form, no fragment, HTTP/1.x) needs no checks.
-            if target[:1] != b"/" or b"#" in target or version not in _SERVED_VERSIONS:
+            # (find, not `b"#" in target`: bytes.__contains__ first tries the operand as an
+            # int and raises and clears a TypeError: ~2k instructions per request.)
+            if target[:1] != b"/" or target.find(b"#") != -1 or version not in _SERVED_VERSIONS:
                 check_request_line(method, target, version)
                 if target[:1] != b"/":  # absolute-form: its own fields are checked first
                     check_fields(version, headers)
@@ -352,10 +355,16 @@ class ClientConnection(asyncio.Protocol):
 
     def close(self) -> None:
         self.closed = True
+        outbox = self.dp.outbox
+        if outbox.pending is not None:  # what is held for this client goes out first
+            outbox.flush()
         self.transport.close()
 
     def abort(self) -> None:
         self.closed = True
+        outbox = self.dp.outbox
+        if outbox.pending is not None:
+            outbox.flush()
         self.transport.abort()
 
     def _reject(self, cause: Cause) -> None:
@@ -383,7 +392,9 @@ class ClientConnection(asyncio.Protocol):
 
     def _answer_and_close(self, cause: Cause) -> None:
         if not self.closed:
-            self.transport.write(error_response(cause, self.dp.date_value, close=True))
+            self.dp.outbox.write(
+                self.transport, error_response(cause, self.dp.date_value, close=True)
+            )
             self.linger_close()
 
     def linger_close(self) -> None:
@@ -397,6 +408,9 @@ class ClientConnection(asyncio.Protocol):
         self.line_bytes = 0
         self.pause_bits = 0
         transport = self.transport
+        outbox = self.dp.outbox
+        if outbox.pending is not None:  # the response goes out before the FIN
+            outbox.flush()
         try:
             if transport.can_write_eof():
                 transport.write_eof()
@@ -439,6 +453,8 @@ class DataPlane:
         self.date = HttpDate()
         self.date_value = self.date.get()
         """The ``Date`` header value, refreshed by the sweep (every ``SWEEP_S``)."""
+        self.outbox = Outbox(self.loop)
+        """Writes of one loop round, sent together at its end (fewer cross-CPU wake-ups)."""
         self.heads = HeadCache()
         """Memoised header rewriting (a repeated header set costs one dict lookup)."""
         self._route_table: RouteTable | None = None

@@ -105,7 +105,7 @@ class UpstreamConnection(asyncio.Protocol):
         if self.in_head and self.head_from >= 0 and self.exchange is not None:
             self._keep_partial()
         if exchange.wbuf:
-            exchange.flush()  # one write per upstream read, head and body together
+            exchange.flush(len(data))  # one write per upstream read, head and body together
 
     def _keep_partial(self) -> None:
         """The read ended inside a response head: keep its start for the next read."""
@@ -165,15 +165,17 @@ class UpstreamConnection(asyncio.Protocol):
         exchange.on_upstream_headers(status, data[start:end])
 
     def on_body(self, body: bytes) -> None:
-        if self.exchange is not None:
-            self.exchange.on_upstream_body(body)
+        exchange = self.exchange
+        if exchange is not None:
+            exchange.on_upstream_body(body)
 
     def on_message_complete(self) -> None:
         self.in_head = True
         if not self.interim:
             self.head_from = -1  # more bytes in this read would be a response nobody asked for
-        if self.exchange is not None:
-            self.exchange.on_upstream_complete()
+        exchange = self.exchange
+        if exchange is not None:
+            exchange.on_upstream_complete()
 
     # -- control ---------------------------------------------------------------------------
 

@@ -378,3 +378,39 @@ def test_malformed_request_is_400_and_closed(gw: Gateway) -> None:
     assert status == 400
     assert dict(headers)["sluice-error"] == "bad-request"
     assert dict(headers)["connection"] == "close"
+
+
+def test_many_clients_at_once_get_complete_ordered_answers(gw: Gateway) -> None:
+    """Concurrent clients make the loop's rounds carry many writes, so the data plane holds
+    them until the round ends (the outbox): pipelined answers stay in order and complete,
+    errors among them too, and a closing request's answer arrives before the close."""
+    import re
+    import threading
+
+    clients = 24
+    barrier = threading.Barrier(clients)
+    answers: dict[int, bytes] = {}
+
+    def client(i: int) -> None:
+        request = (
+            f"GET /echo?c={i}&n=1 HTTP/1.1\r\nHost: x\r\n\r\n"
+            f"POST /echo?c={i}&n=2 HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello"
+            f"GET /empty?c={i}&n=3 HTTP/1.1\r\nHost: x\r\n\r\n"
+            f"GET /echo?c={i}&n=4 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        ).encode()
+        barrier.wait(timeout=10)
+        answers[i] = raw(gw, request)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert sorted(answers) == list(range(clients))
+    for i, data in answers.items():
+        statuses = [int(code) for code in re.findall(rb"HTTP/1\.[01] (\d{3}) ", data)]
+        assert statuses == [200, 200, 503, 200], (i, data[:300])
+        assert data.index(f"c={i}&n=1".encode()) < data.index(f"c={i}&n=2".encode())
+        assert data.index(b"Sluice-Error: no-endpoints") < data.index(f"c={i}&n=4".encode())
+        last_body = data.rpartition(b"\r\n\r\n")[2]  # complete: the connection closed after it
+        assert json.loads(last_body)["target"] == f"/echo?c={i}&n=4"

@@ -41,7 +41,7 @@ class RecordingExchange:
     def upstream_lost(self, got_bytes: bool) -> None:
         self.lost.append(got_bytes)
 
-    def flush(self) -> None:
+    def flush(self, nbytes: int = 0) -> None:
         self.wbuf = None
 
 
