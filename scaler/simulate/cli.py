@@ -39,6 +39,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "to cpu.max) or limit (decided CPU = hard cap) (default: the config's budget.enforcement)",
     )
     parser.add_argument(
+        "--baseline-enforcement",
+        choices=["share", "limit"],
+        default=None,
+        help="node model for the baseline's run only (default: the same as Sluice's); e.g. "
+        "limit for Kubernetes pods with limits = requests against Sluice under share",
+    )
+    parser.add_argument(
         "--out",
         type=Path,
         default=Path("simulate-out"),
@@ -67,8 +74,11 @@ def simulate_runs(
     *,
     console: Console | None = None,
     progress: bool = True,
+    budgets: Mapping[str, BudgetConfig] | None = None,
 ) -> list[RunResult]:
-    """Run each of ``names`` on the same scenario, with a rich progress bar on ``console``."""
+    """Run each of ``names`` on the same scenario, with a rich progress bar on ``console``.
+
+    ``budgets``: a different budget (e.g. node model) for some runs, by name."""
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -91,7 +101,8 @@ def simulate_runs(
             def advance(done: int, task_id: Any = task) -> None:
                 bar.update(task_id, completed=done)
 
-            results.append(run(scenario, name, policies, budget, progress=advance))
+            own = (budgets or {}).get(name, budget)
+            results.append(run(scenario, name, policies, own, progress=advance))
     return results
 
 
@@ -125,9 +136,20 @@ def run_command(
         print(f"{args.workload}: {e}", file=sys.stderr)
         return 2
     names: list[RunName] = ["sluice", args.baseline]
+    budgets: dict[str, BudgetConfig] = {}
+    if args.baseline_enforcement is not None:
+        budgets[args.baseline] = budget.model_copy(
+            update={"enforcement": args.baseline_enforcement}
+        )
     try:
         results = simulate_runs(
-            scenario, policies, budget, names, console=err, progress=not args.no_progress
+            scenario,
+            policies,
+            budget,
+            names,
+            console=err,
+            progress=not args.no_progress,
+            budgets=budgets,
         )
     except NotImplementedError as e:
         print(f"sluice simulate: the scaler engine cannot run: {e}", file=sys.stderr)
@@ -140,7 +162,7 @@ def run_command(
         "model": "processor sharing per replica, least-request dispatch, Poisson arrivals",
         "enforcement": budget.enforcement,
     }
-    report = build_report(scenario, results, budget.cpu, meta, enforcement=budget.enforcement)
+    report = build_report(scenario, results, budget.cpu, meta)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     write_json(report, out / "report.json")

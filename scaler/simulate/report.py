@@ -18,11 +18,11 @@ NODE_MODELS: dict[Enforcement, str] = {
     "share": (
         "share enforcement: a replica's decided CPU is its guaranteed share (cpu.weight / "
         "requests); busy replicas share the node's CPU by weight, each up to its cpu.max "
-        "(work-conserving); every run on this node model"
+        "(work-conserving)"
     ),
     "limit": (
         "limit enforcement: a replica's decided CPU is a hard cap (CFS quota / limits); "
-        "CPU a replica leaves unused is idle until the next decision; every run on this node model"
+        "CPU a replica leaves unused is idle until the next decision"
     ),
 }
 
@@ -117,18 +117,27 @@ def build_report(
 ) -> dict[str, Any]:
     """The whole report (what ``report.json`` holds): figures, comparison and per-tick series.
 
-    ``enforcement``: the node model every run used (default: the runs' own, which must agree)."""
-    used = {r.enforcement for r in runs}
+    ``enforcement``: the node model of the first run (Sluice's), checked against it when given.
+    Every run normally uses the same one; when a run used another (``--baseline-enforcement``),
+    ``node`` says so and ``node_models`` gives each run's."""
+    if not runs:
+        raise ValueError("no runs to report")
+    own = runs[0].enforcement
     if enforcement is None:
-        if len(used) != 1:
-            raise ValueError(f"the runs used different node models: {sorted(used)}")
-        enforcement = used.pop()
-    elif used - {enforcement}:
-        raise ValueError(f"the runs used {sorted(used)}, not {enforcement}")
+        enforcement = own
+    elif own != enforcement:
+        raise ValueError(f"the first run used {own}, not {enforcement}")
+    models = {r.name: r.enforcement for r in runs}
+    if set(models.values()) == {enforcement}:
+        node = f"{NODE_MODELS[enforcement]}; every run on this node model"
+    else:
+        node = "; ".join(f"{name}: {NODE_MODELS[e]}" for name, e in models.items())
+        node = f"runs on different node models -- {node}"
     out: dict[str, Any] = {
         "meta": dict(meta),
         "enforcement": enforcement,
-        "node": NODE_MODELS[enforcement],
+        "node": node,
+        "node_models": models,
         "scenario": {
             "duration_s": scenario.duration_s,
             "tick_s": scenario.tick_s,

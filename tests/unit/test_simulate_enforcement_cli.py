@@ -77,3 +77,30 @@ def test_a_bad_enforcement_is_refused(capsys: pytest.CaptureFixture[str]) -> Non
         )
     assert exited.value.code == 2
     assert "invalid choice: 'soft'" in capsys.readouterr().err
+
+
+def test_the_baseline_can_run_on_another_node_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Sluice under share against pods with limits = requests (the baseline under limit)."""
+    report = simulate(tmp_path, "--enforcement", "share", "--baseline-enforcement", "limit")
+    printed = capsys.readouterr().out
+    assert report["enforcement"] == "share"
+    assert report["node_models"] == {"sluice": "share", "independent": "limit"}
+    assert "runs on different node models" in printed
+    series = report["series"]
+    assert isinstance(series, dict)
+
+    def borrowed(run: str) -> bool:
+        return any(
+            u > a + 1e-6
+            for s in ("api", "reports")
+            for u, a in zip(
+                series[run][s]["used_cores"], series[run][s]["allocated_cores"], strict=True
+            )
+        )
+
+    # Sluice's replicas use idle CPU beyond their guarantee; the baseline's never exceed
+    # their hard caps.
+    assert borrowed("sluice")
+    assert not borrowed("independent")
