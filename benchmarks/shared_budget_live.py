@@ -415,9 +415,7 @@ def table(results: dict[str, dict[str, Any]]) -> str:
         ("decisions that reclaimed CPU", "reclaim_decisions", ""),
         ("early ticks", "early_ticks", ""),
     ]
-    out = [f"{'':<32} {'shared':>12} {'independent':>12}"]
-    for label, key, kind in rows:
-        out.append(f"{label:<32} {_fmt(shared[key], kind):>12} {_fmt(indep[key], kind):>12}")
+    out = _columns(("", "shared", "independent"), rows, shared, indep)
     p_s, p_i = shared["reports_p99_s"], indep["reports_p99_s"]
     lost = shared["lost_requests"] + indep["lost_requests"]
     if p_s and p_i:
@@ -442,10 +440,21 @@ def enforcement_table(by_enforcement: dict[str, dict[str, dict[str, Any]]]) -> s
         ("CPU used / budget (in bursts)", "cpu_utilisation_in_bursts", "pct"),
         ("lost requests", "lost_requests", ""),
     ]
-    out = [f"{'shared arbitration':<32} {'share':>12} {'limit':>12}"]
+    return "\n".join(_columns(("shared arbitration", "share", "limit"), rows, share, limit))
+
+
+def _columns(
+    titles: tuple[str, str, str],
+    rows: list[tuple[str, str, str]],
+    left: dict[str, Any],
+    right: dict[str, Any],
+) -> list[str]:
+    """Two summaries side by side, one line per (label, key, format) row."""
+    first, a, b = titles
+    out = [f"{first:<32} {a:>12} {b:>12}"]
     for label, key, kind in rows:
-        out.append(f"{label:<32} {_fmt(share[key], kind):>12} {_fmt(limit[key], kind):>12}")
-    return "\n".join(out)
+        out.append(f"{label:<32} {_fmt(left[key], kind):>12} {_fmt(right[key], kind):>12}")
+    return out
 
 
 def plot(

@@ -11,27 +11,8 @@ from scaler.simulate.baselines import static_split
 from scaler.simulate.model import DRAINING, PENDING, READY, STARTING, Node, ServiceModel
 from scaler.simulate.runner import build_scenario, run
 from scaler.simulate.workload import parse_workload
+from tests.support.sim_scenarios import BURSTY, POLICIES
 
-BURSTY = {
-    "duration_s": 180,
-    "seed": 3,
-    "services": {
-        "api": {"slo_s": 1, "cpu_cv": 0.5, "load": [{"at_s": 0, "rps": 16, "cpu_s": 0.1}]},
-        "reports": {
-            "slo_s": 0.5,
-            "cpu_cv": 1,
-            "startup_s": 2,
-            "load": [{"at_s": 0, "rps": 0, "cpu_s": 0.05}],
-            "bursts": [{"every_s": 60, "for_s": 10, "start_s": 30, "rps": 20, "cpu_s": 0.05}],
-        },
-    },
-}
-POLICIES = {
-    "api": ScalingPolicy(target=2, max_replicas=4, cpu={"min": 0.25, "max": 1.0, "request": 0.5}),
-    "reports": ScalingPolicy(
-        target=2, max_replicas=4, cpu={"min": 0.25, "max": 1.0, "request": 0.25}
-    ),
-}
 BUDGET = BudgetConfig(cpu=2, enforcement="limit")
 """Limit enforcement: each replica's decided CPU is a hard cap (share: tests/unit/test_simulate_share.py)."""
 

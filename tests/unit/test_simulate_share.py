@@ -24,6 +24,7 @@ from scaler.simulate.gps import SharedCpu, water_fill
 from scaler.simulate.model import READY, Node, ServiceModel
 from scaler.simulate.runner import build_scenario, run
 from scaler.simulate.workload import Workload, parse_workload
+from tests.support.sim_scenarios import BURSTY, POLICIES
 
 SHARE = BudgetConfig(cpu=2, enforcement="share")
 EPS = 1e-9
@@ -335,28 +336,6 @@ def test_cpu_used_per_tick_never_exceeds_the_budget(seed: int, name: RunName) ->
         assert abs(result.cpu_seconds[s] - series["used_cores"].sum() * scenario.tick_s) < 1e-6
     allocated = sum(result.series[s]["allocated_cores"] for s in scenario.services)
     assert (allocated <= budget.cpu + EPS).all()
-
-
-BURSTY = {
-    "duration_s": 180,
-    "seed": 3,
-    "services": {
-        "api": {"slo_s": 1, "cpu_cv": 0.5, "load": [{"at_s": 0, "rps": 16, "cpu_s": 0.1}]},
-        "reports": {
-            "slo_s": 0.5,
-            "cpu_cv": 1,
-            "startup_s": 2,
-            "load": [{"at_s": 0, "rps": 0, "cpu_s": 0.05}],
-            "bursts": [{"every_s": 60, "for_s": 10, "start_s": 30, "rps": 20, "cpu_s": 0.05}],
-        },
-    },
-}
-POLICIES = {
-    "api": ScalingPolicy(target=2, max_replicas=4, cpu={"min": 0.25, "max": 1.0, "request": 0.5}),
-    "reports": ScalingPolicy(
-        target=2, max_replicas=4, cpu={"min": 0.25, "max": 1.0, "request": 0.25}
-    ),
-}
 
 
 @pytest.mark.parametrize("name", ["sluice", "independent", "static"])

@@ -1,0 +1,31 @@
+"""A short two-service scenario for simulator tests: a steady ``api`` and a bursty ``reports``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scaler.policy import ScalingPolicy
+
+BURSTY: dict[str, Any] = {
+    "duration_s": 180,
+    "seed": 3,
+    "services": {
+        "api": {"slo_s": 1, "cpu_cv": 0.5, "load": [{"at_s": 0, "rps": 16, "cpu_s": 0.1}]},
+        "reports": {
+            "slo_s": 0.5,
+            "cpu_cv": 1,
+            "startup_s": 2,
+            "load": [{"at_s": 0, "rps": 0, "cpu_s": 0.05}],
+            "bursts": [{"every_s": 60, "for_s": 10, "start_s": 30, "rps": 20, "cpu_s": 0.05}],
+        },
+    },
+}
+"""The workload (``parse_workload(BURSTY)``): 180 s, a 10 s burst of ``reports`` every 60 s."""
+
+POLICIES = {
+    "api": ScalingPolicy(target=2, max_replicas=4, cpu={"min": 0.25, "max": 1.0, "request": 0.5}),
+    "reports": ScalingPolicy(
+        target=2, max_replicas=4, cpu={"min": 0.25, "max": 1.0, "request": 0.25}
+    ),
+}
+"""The two services' policies: 1..4 replicas of 0.25..1 core, as the seed scenario."""
