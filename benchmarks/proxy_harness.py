@@ -296,12 +296,41 @@ def side_by_side(args: argparse.Namespace) -> int:
 
 
 def _load(args: argparse.Namespace, name: str, port: int, done: dict[str, Any]) -> None:
-    done[name] = bench.wrk(port, args.connections, args.duration_s, args.duration_s + 30)
+    timeout_s = args.duration_s + 30
+    if not args.browser_head:
+        done[name] = bench.wrk(port, args.connections, args.duration_s, timeout_s)
+        return
+    argv = ["taskset", "-c", bench.LOAD_CORE, "wrk", "-t1", f"-c{args.connections}"]
+    argv += [f"-d{args.duration_s:g}s", "--latency", "-H", "Host: bench.test"]
+    for field_name, value in BROWSER_HEADERS:
+        argv += ["-H", f"{field_name.decode()}: {value.decode()}"]
+    argv.append(f"http://127.0.0.1:{port}/")
+    out = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=timeout_s)
+    done[name] = bench.parse_wrk(out.stdout)
 
 
 # ---------------------------------------------------------------- --micro: no sockets
 
 MICRO_REQUEST = b"GET / HTTP/1.1\r\nHost: bench.test\r\nUser-Agent: wrk\r\n\r\n"
+BROWSER_HEADERS = (
+    (b"User-Agent", b"Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Gecko/20100101 Firefox/128.0"),
+    (b"Accept", b"text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"),
+    (b"Accept-Language", b"en-US,en;q=0.5"),
+    (b"Accept-Encoding", b"gzip, deflate, br, zstd"),
+    (b"Connection", b"keep-alive"),
+    (b"Cookie", b"session=4f9a1c2e8b7d6a5f3e2d1c0b9a8f7e6d; theme=dark"),
+    (b"Upgrade-Insecure-Requests", b"1"),
+    (b"Sec-Fetch-Dest", b"document"),
+    (b"Sec-Fetch-Mode", b"navigate"),
+    (b"Sec-Fetch-Site", b"none"),
+    (b"Priority", b"u=0, i"),
+)
+"""A browser-like request's fields after Host (``--browser-head``: 12 fields in all)."""
+BROWSER_REQUEST = (
+    b"GET / HTTP/1.1\r\nHost: bench.test\r\n"
+    + b"".join(b"%s: %s\r\n" % field for field in BROWSER_HEADERS)
+    + b"\r\n"
+)
 MICRO_RESPONSE = (
     b"HTTP/1.1 200 OK\r\nServer: nginx/1.22.1\r\nDate: Thu, 01 Jan 2026 00:00:00 GMT\r\n"
     b"Content-Type: text/plain\r\nContent-Length: 3\r\nConnection: keep-alive\r\n\r\nok\n"
@@ -350,7 +379,9 @@ class MemoryTransport:
         self.closing = True
 
 
-async def micro(requests: int, runs: int, check: bool = True) -> list[float]:
+async def micro(
+    requests: int, runs: int, check: bool = True, request: bytes = MICRO_REQUEST
+) -> list[float]:
     """The data plane's Python path per request, socket I/O replaced by memory transports.
 
     One client connection and one pooled upstream connection; each request is fed to the
@@ -392,7 +423,7 @@ async def micro(requests: int, runs: int, check: bool = True) -> list[float]:
         _control("--instr=on")
         t0 = time.process_time()
         for i in range(requests):
-            client.data_received(MICRO_REQUEST)
+            client.data_received(request)
             up.data_received(MICRO_RESPONSE)
             if i % MICRO_ROUND == 0:
                 outbox.flush()  # what the loop does at the end of each round
@@ -424,6 +455,8 @@ def run_callgrind(args: argparse.Namespace) -> int:
         argv += [f"--callgrind-out-file={out}", sys.executable, __file__]
         argv += ["--runs", "1", "--duration-s", str(args.duration_s), "--json", str(report)]
         argv += ["--connections", str(args.connections), "--micro", str(args.micro)]
+        if args.browser_head:
+            argv.append("--browser-head")
         env = {**os.environ, "SLUICE_HARNESS_CALLGRIND": "1"}
         done = subprocess.run(argv, check=False, env=env, capture_output=True, text=True)
         if done.returncode != 0:
@@ -446,6 +479,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration-s", type=float, default=4, help="each run, default 4 s")
     parser.add_argument("--connections", type=int, default=50, help="wrk connections, default 50")
     parser.add_argument("--nginx", action="store_true", help="also measure nginx as the proxy")
+    parser.add_argument(
+        "--browser-head",
+        action="store_true",
+        help="--micro, --side-by-side: a 12-field browser-like request head instead of wrk's",
+    )
     parser.add_argument("--callgrind", action="store_true", help="instructions/request (valgrind)")
     parser.add_argument("--callgrind-keep", type=Path, default=None, help="keep the callgrind file")
     parser.add_argument(
@@ -470,7 +508,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.micro:
         import uvloop
 
-        per = uvloop.run(micro(args.micro, args.runs))
+        per = uvloop.run(
+            micro(
+                args.micro,
+                args.runs,
+                request=BROWSER_REQUEST if args.browser_head else MICRO_REQUEST,
+            )
+        )
         if args.json is not None:
             summary = {"cpu_us_per_request": per, "requests": args.micro * args.runs}
             args.json.write_text(json.dumps({"sluice": summary}) + "\n")

@@ -375,15 +375,26 @@ def rewrite_response(
 class CheckedFields:
     """A request header set as the cache keeps it: rewritten, and checked per HTTP version."""
 
-    __slots__ = ("fields", "keep_alive_token", "passed")
+    __slots__ = ("field_bytes", "fields", "headers", "keep_alive_token", "passed", "te")
 
-    def __init__(self, fields: RequestFields, keep_alive_token: bool) -> None:
+    def __init__(
+        self,
+        fields: RequestFields,
+        keep_alive_token: bool,
+        headers: list[tuple[bytes, bytes]] | None = None,
+    ) -> None:
         self.fields = fields
         self.keep_alive_token = keep_alive_token
         """A Connection or Proxy-Connection field mentions keep-alive (conservatively: the
         substring, any case), so llhttp may keep even an HTTP/1.0 connection alive."""
         self.passed: set[str] = set()
         """HTTP versions whose field checks (``limits.check_fields``) this set passed."""
+        self.headers: list[tuple[bytes, bytes]] = headers or []
+        """The fields as llhttp's ``on_header`` would report them (raw heads only)."""
+        self.field_bytes = sum(len(name) + len(value) + 4 for name, value in self.headers)
+        """What the fields count against ``max_header_bytes`` (name, value, ": ", CRLF)."""
+        self.te = any(name.lower() == b"transfer-encoding" for name, _ in self.headers)
+        """A Transfer-Encoding field (the body is chunked or the request is refused)."""
 
     def check(self, version: str, headers: list[tuple[bytes, bytes]]) -> None:
         """``limits.check_fields`` for ``version`` (raises ``RequestRejected``), remembered
@@ -393,6 +404,18 @@ class CheckedFields:
 
     def __repr__(self) -> str:
         return f"CheckedFields(host={self.fields.host!r}, passed={sorted(self.passed)})"
+
+
+def request_fields_raw(raw_fields: bytes) -> list[tuple[bytes, bytes]]:
+    """The fields of a request head as llhttp accepted it, from the bytes after the request
+    line's CRLF up to and including the last field's CRLF, as its ``on_header`` callbacks
+    would give them (like :func:`response_fields`: llhttp has refused bare LF, obs-fold and
+    whitespace before the colon; a value loses its leading SP/HTAB, keeps trailing ones)."""
+    out = []
+    for line in raw_fields.split(b"\r\n")[:-1]:
+        name, _, value = line.partition(b":")
+        out.append((name, value.lstrip(b" \t")))
+    return out
 
 
 def _names_keep_alive(headers: list[tuple[bytes, bytes]]) -> bool:
@@ -418,10 +441,13 @@ class HeadCache:
     __slots__ = (
         "_last_fields",
         "_last_fields_key",
+        "_last_raw",
+        "_last_raw_key",
         "_last_request",
         "_last_request_key",
         "_last_response",
         "_last_response_key",
+        "_raw_requests",
         "_requests",
         "_responses",
         "max_entries",
@@ -431,11 +457,14 @@ class HeadCache:
         self.max_entries = max_entries
         self._requests: dict[tuple[object, ...], CheckedFields] = {}
         self._responses: dict[tuple[object, ...], ResponseHead] = {}
+        self._raw_requests: dict[tuple[bytes, bool], CheckedFields] = {}
         # The previous input and result of each (checked before the dicts).
         self._last_fields_key: tuple[object, ...] | None = None
         self._last_fields = CheckedFields(
             RequestFields(b"", b"", b"", False, False, False, None, None), False
         )
+        self._last_raw_key: tuple[bytes, bool] | None = None
+        self._last_raw = self._last_fields
         self._last_request_key: tuple[object, ...] | None = None
         self._last_request = RequestHead(b"", b"", False, False, False)
         self._last_response_key: tuple[object, ...] | None = None
@@ -480,6 +509,26 @@ class HeadCache:
             cache[key] = checked
         self._last_fields_key = key
         self._last_fields = checked
+        return checked
+
+    def raw_fields(self, raw_fields: bytes, trusted: bool) -> CheckedFields:
+        """The rewritten fields of a request head received raw (see :func:`request_fields_raw`),
+        with the fields as ``on_header`` would report them; not yet checked for a version."""
+        key = (raw_fields, trusted)
+        if key == self._last_raw_key:
+            return self._last_raw
+        cache = self._raw_requests
+        checked = cache.get(key)
+        if checked is None:
+            headers = request_fields_raw(raw_fields)
+            checked = CheckedFields(
+                request_fields(headers, trusted=trusted), _names_keep_alive(headers), headers
+            )
+            if len(cache) >= self.max_entries:
+                cache.clear()
+            cache[key] = checked
+        self._last_raw_key = key
+        self._last_raw = checked
         return checked
 
     def head(

@@ -5,6 +5,12 @@ each parsed request becomes an :class:`~gateway.dataplane.forward.Exchange`.  Ke
 and pipelining are supported: a request that arrives while the previous response is still
 going out waits (its body buffered up to a bound, then reading pauses) and starts when the
 previous exchange ends, so responses leave in request order.
+
+Request heads are taken raw, like response heads (``upstream.py``): the parser has no
+``on_header`` callback; a head that arrives whole in one read is cut from the read's bytes
+when it completes and its fields are looked up by those bytes (``HeadCache.raw_fields``).
+A connection whose head is split across reads, or whose body is chunked (trailer fields),
+re-parses that request with per-field callbacks and keeps them (``_parse_fields``).
 """
 
 from __future__ import annotations
@@ -67,9 +73,11 @@ class ClientConnection(asyncio.Protocol):
         "broken",
         "closed",
         "current",
+        "data",
         "dp",
         "error_cause",
         "head_deadline",
+        "head_from",
         "head_left",
         "head_open",
         "headers",
@@ -82,6 +90,8 @@ class ClientConnection(asyncio.Protocol):
         "pause_bits",
         "peer_ip",
         "pending",
+        "raw",
+        "refeed",
         "reject_cause",
         "transport",
         "trusted",
@@ -93,6 +103,16 @@ class ClientConnection(asyncio.Protocol):
     def __init__(self, dp: DataPlane) -> None:
         self.dp = dp
         self.parser = httptools.HttpRequestParser(self)
+        self.raw = True
+        """Heads are taken raw (the parser has no ``on_header``); False once the connection
+        needed per-field callbacks (see ``_parse_fields``)."""
+        self.refeed = False
+        """``on_headers_complete`` stopped the raw parser to re-parse the head per field."""
+        self.data = b""
+        """This read's bytes (raw heads are cut from them)."""
+        self.head_from = 0
+        """Where the next request starts in ``data`` (raw heads: the parser's position at a
+        message boundary; bodies are counted as ``on_body`` reports them)."""
         self.transport: asyncio.Transport = None  # type: ignore[assignment]  # set in connection_made
         self.peer_ip = b""
         self.trusted = False
@@ -147,8 +167,20 @@ class ClientConnection(asyncio.Protocol):
             if self.lingering:
                 self._linger_read(len(data))
             return
+        if self.raw:
+            self.data = data
+            self.head_from = 0
         try:
-            self.parser.feed_data(data)
+            try:
+                self.parser.feed_data(data)
+            except httptools.HttpParserError:
+                if not self.refeed:
+                    raise
+                self.refeed = False
+                self._parse_fields(data)
+            else:
+                if self.head_open and self.raw and not (self.broken or self.closed):
+                    self._parse_fields(data)  # the read ended inside a head
         except httptools.HttpParserUpgrade:
             # Upgrade is hop-by-hop and not forwarded: serve this request as plain HTTP
             # and close afterwards (the bytes after it are not HTTP).
@@ -163,6 +195,16 @@ class ClientConnection(asyncio.Protocol):
             return
         if self.head_open:
             self._head_pending(data)
+
+    def _parse_fields(self, data: bytes) -> None:
+        """Re-parse the current request from its first byte with per-field callbacks, and
+        keep doing so on this connection: its head is split across reads (the limits are
+        then counted field by field as they arrive, see ``_head_pending``) or its body is
+        chunked (trailer fields are counted and bounded the same way)."""
+        self.raw = False
+        self.head_open = False
+        self.parser = httptools.HttpRequestParser(_FieldCallbacks(self))
+        self.parser.feed_data(data[self.head_from :])
 
     # -- issue 4: head size and time limits -------------------------------------------------
 
@@ -239,7 +281,8 @@ class ClientConnection(asyncio.Protocol):
         if len(self.url) > self.limits.max_uri_bytes:
             self._stop_parsing(Cause.URI_TOO_LONG)
 
-    def on_header(self, name: bytes, value: bytes) -> None:
+    def header_field(self, name: bytes, value: bytes) -> None:
+        """``on_header``, for a connection that left raw heads (see ``_FieldCallbacks``)."""
         self.headers.append((name, value))
         left = self.head_left = self.head_left - len(name) - len(value) - 4
         if left < 0:
@@ -252,16 +295,35 @@ class ClientConnection(asyncio.Protocol):
             self.dp.slow_heads.discard(self)
         if self.closed or self.broken:
             return
-        if len(self.headers) > self.limits.max_headers:
+        heads = self.dp.heads
+        if self.raw:
+            # Cut the head from this read (it is whole: a split head leaves raw heads);
+            # llhttp skips empty lines before a request and has checked every CRLF.
+            data = self.data
+            start = self.head_from
+            if data[start] in b"\r\n":
+                start = len(data) - len(data[start:].lstrip(b"\r\n"))
+            line_end = data.find(b"\r\n", start)
+            end = data.find(b"\r\n\r\n", line_end) + 2
+            self.head_from = end + 2
+            checked = heads.raw_fields(data[line_end + 2 : end], self.trusted)
+            if checked.te:  # the body is chunked: its trailers are counted per field
+                self.refeed = True
+                self.head_from = start
+                raise _Refeed
+            headers = self.headers = checked.headers
+            if len(self.url) + checked.field_bytes > self.limits.max_header_bytes:
+                self._stop_parsing(Cause.HEADERS_TOO_LARGE)
+        else:
+            headers = self.headers
+            checked = heads.fields(headers, self.trusted)
+        if len(headers) > self.limits.max_headers:
             self._stop_parsing(Cause.HEADERS_TOO_LARGE)
         parser = self.parser
         method = parser.get_method()
         target = self.url
-        headers = self.headers
-        heads = self.dp.heads
         keep_alive = parser.should_keep_alive()
         try:
-            checked = heads.fields(headers, self.trusted)
             # llhttp keeps a connection alive by default only in HTTP/1.1 (other versions
             # need a keep-alive token), so keep-alive without one means 1.1: no need to ask
             # (get_http_version formats a new str per call, ~3 % of a request's work).
@@ -297,6 +359,7 @@ class ClientConnection(asyncio.Protocol):
             self.pending.append(exchange)
 
     def on_body(self, body: bytes) -> None:
+        self.head_from += len(body)  # raw heads: the next request starts after the body
         exchange = self.parsing
         if exchange is not None:
             exchange.on_request_body(body)
@@ -427,6 +490,31 @@ class ClientConnection(asyncio.Protocol):
 
     def __repr__(self) -> str:
         return f"ClientConnection({self.peer_ip.decode()}, current={self.current!r})"
+
+
+class _Refeed(Exception):
+    """Stops the raw parser: the request is parsed again with per-field callbacks."""
+
+
+class _FieldCallbacks:
+    """The callbacks of a connection that takes heads field by field (``on_header``)."""
+
+    __slots__ = (
+        "on_body",
+        "on_header",
+        "on_headers_complete",
+        "on_message_begin",
+        "on_message_complete",
+        "on_url",
+    )
+
+    def __init__(self, conn: ClientConnection) -> None:
+        self.on_message_begin = conn.on_message_begin
+        self.on_url = conn.on_url
+        self.on_header = conn.header_field
+        self.on_headers_complete = conn.on_headers_complete
+        self.on_body = conn.on_body
+        self.on_message_complete = conn.on_message_complete
 
 
 class DataPlane:

@@ -658,7 +658,104 @@ SMUGGLING_PIPELINES = [
     ),
 ]
 
-CASES = GOOD + FRAMING + CHUNKS + HEADERS + REQUEST_LINE + LIMITS + SLOW + SMUGGLING_PIPELINES
+# Request heads are taken raw while each arrives whole in one read, and field by field once
+# a connection's head is split across reads or its body is chunked: the same requests, the
+# same rewriting and the same limits either way (dripped = split inside heads and bodies).
+BROWSER = (
+    H + b"User-Agent: Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Gecko/20100101 Firefox/128.0\r\n"
+    b"Accept: text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8\r\n"
+    b"Accept-Language: en-US,en;q=0.5\r\nAccept-Encoding: gzip, deflate, br, zstd\r\n"
+    b"Connection: keep-alive\r\nCookie: session=4f9a1c2e; theme=dark\r\n"
+    b"Upgrade-Insecure-Requests: 1\r\nSec-Fetch-Dest: document\r\nSec-Fetch-Mode: navigate\r\n"
+    b"Sec-Fetch-Site: none\r\nPriority: u=0, i\r\nX-Forwarded-For: 6.6.6.6\r\n"
+)
+AT_LIMIT = 32768 - len(b"/") - len(b"Host" + b"echo.test") - 4 - len(b"X-Big") - 4
+"""An X-Big value that makes the head exactly max_header_bytes as the limit counts it."""
+
+
+def browser_fields_rewritten(events: list[dict[str, Any]], responses: list[Response]) -> None:
+    browsers = [e for e in events if not e["target"].startswith("/__")]
+    assert len(browsers) == 3
+    for event in browsers:
+        names = [n.lower() for n, _ in event["headers"]]
+        assert "connection" not in names
+        assert ["Cookie", "session=4f9a1c2e; theme=dark"] in event["headers"]
+        assert ["X-Forwarded-For", "127.0.0.1"] in event["headers"]
+        assert ["Accept-Encoding", "gzip, deflate, br, zstd"] in event["headers"]
+        assert names.count("via") == 1
+
+
+def raw_head_cases() -> list[Case]:
+    three = b"".join(req(b"GET /%d HTTP/1.1" % i, BROWSER) for i in range(3))
+    post_then_get = post(b"Content-Length: 10\r\n", b"0123456789") + req(
+        b"GET /2 HTTP/1.1", BROWSER
+    )
+    out = []
+    for drip in (0, 1, 37):
+        suffix = f"-dripped-{drip}" if drip else ""
+        out += [
+            Case(
+                "browser-heads-pipelined" + suffix,
+                three,
+                [200] * 3,
+                False,
+                [("GET", f"/{i}") for i in range(3)],
+                drip=drip,
+                check=browser_fields_rewritten,
+            ),
+            Case(
+                "cl-body-then-browser-head" + suffix,
+                post_then_get,
+                [200, 200],
+                False,
+                [("POST", "/p"), ("GET", "/2")],
+                drip=drip,
+                check=body_seen("0123456789"),
+            ),
+            Case(
+                "empty-lines-between-pipelined" + suffix,
+                req(b"GET /1 HTTP/1.1") + b"\r\n\r\n\n" + req(b"GET /2 HTTP/1.1"),
+                [200, 200],
+                False,
+                [("GET", "/1"), ("GET", "/2")],
+                drip=drip,
+            ),
+        ]
+    for drip in (0, 4096):
+        suffix = f"-dripped-{drip}" if drip else ""
+        out += [
+            Case(
+                "head-bytes-at-limit" + suffix,
+                req(headers=H + b"X-Big: " + b"a" * AT_LIMIT + b"\r\n"),
+                [200],
+                False,
+                [("GET", "/")],
+                drip=drip,
+            ),
+            bad(
+                "head-bytes-one-over-limit" + suffix,
+                req(headers=H + b"X-Big: " + b"a" * (AT_LIMIT + 1) + b"\r\n"),
+                431,
+                drip=drip,
+                check=sluice_error("headers-too-large"),
+            ),
+        ]
+    return out
+
+
+RAW_HEADS = raw_head_cases()
+
+CASES = (
+    GOOD
+    + FRAMING
+    + CHUNKS
+    + HEADERS
+    + REQUEST_LINE
+    + LIMITS
+    + SLOW
+    + SMUGGLING_PIPELINES
+    + RAW_HEADS
+)
 
 
 def test_corpus_is_large_enough() -> None:

@@ -304,3 +304,52 @@ def test_response_fields_are_what_llhttp_reports(raw: bytes) -> None:
 
     httptools.HttpResponseParser(Fields()).feed_data(raw)
     assert response_fields(raw[: raw.index(b"\r\n\r\n") + 2]) == seen
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"GET / HTTP/1.1\r\nHost: h\r\n\r\n",
+        b"GET / HTTP/1.1\r\n\r\n",
+        b"GET  /x?y=1  HTTP/1.1\r\nHost: h\r\nX-A:   v  \t \r\nX-B:\r\nX-C:\tc\r\n\r\n",
+        b"POST /p HTTP/1.0\r\nCookie: a=b: c\r\nX-Name: caf\xe9\r\nContent-Length: 0\r\n\r\n",
+        b"\r\n\nGET / HTTP/1.1\r\nHost: h\r\nAccept: */*\r\nAccept: text/html\r\n\r\n",
+    ],
+)
+def test_request_fields_raw_are_what_llhttp_reports(raw: bytes) -> None:
+    """The fields cut from a raw request head equal llhttp's ``on_header`` calls, and what
+    they count against ``max_header_bytes`` is what the per-field count adds up."""
+    seen: list[tuple[bytes, bytes]] = []
+
+    class Fields:
+        def on_header(self, name: bytes, value: bytes) -> None:
+            seen.append((name, value))
+
+    httptools.HttpRequestParser(Fields()).feed_data(raw)
+    head = raw.lstrip(b"\r\n")
+    fields = head[head.index(b"\r\n") + 2 : head.index(b"\r\n\r\n") + 2]
+    checked = HeadCache().raw_fields(fields, False)
+    assert checked.headers == seen
+    assert checked.field_bytes == sum(len(n) + len(v) + 4 for n, v in seen)
+    assert not checked.te
+
+
+def test_head_cache_raw_fields_match_the_per_field_rewrite() -> None:
+    cache = HeadCache(max_entries=4)
+    raw = b"Host: h\r\nConnection: keep-alive, X-Hop\r\nX-Hop: 1\r\nX-Forwarded-For: 9.9.9.9\r\n"
+    headers = [
+        (b"Host", b"h"),
+        (b"Connection", b"keep-alive, X-Hop"),
+        (b"X-Hop", b"1"),
+        (b"X-Forwarded-For", b"9.9.9.9"),
+    ]
+    for trusted in (False, True):
+        checked = cache.raw_fields(raw, trusted)
+        assert checked.fields == request_fields(headers, trusted=trusted)
+        assert checked.headers == headers
+        assert checked.keep_alive_token
+        assert cache.raw_fields(raw, trusted) is checked  # remembered
+    assert cache.raw_fields(b"Host: h\r\nTransfer-Encoding: chunked\r\n", False).te
+    for i in range(10):  # bounded: it starts over instead of growing
+        cache.raw_fields(b"X-N: %d\r\n" % i, False)
+    assert len(cache._raw_requests) <= 4
