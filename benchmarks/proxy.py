@@ -305,6 +305,20 @@ services:
 """
 
 
+def start_upstream(workdir: Path, body: str = UPSTREAM_BODY) -> tuple[Process, int]:
+    """The fast upstream (nginx answering ``body``) on the load core, serving: (process, port).
+    Stopped again if it does not come up."""
+    port = free_port()
+    server = UPSTREAM_SERVER.format(port=port, body=body.replace("\n", "\\n"))
+    upstream = start_nginx("upstream", server, LOAD_CORE, workdir)
+    try:
+        wait_until_serving(upstream, port)
+    except BaseException:
+        upstream.stop()
+        raise
+    return upstream, port
+
+
 def start_nginx(name: str, server_block: str, core: str, workdir: Path) -> Process:
     conf = workdir / f"{name}.conf"
     conf.write_text(NGINX_MAIN.format(dir=workdir, name=name, body=server_block))
@@ -561,15 +575,9 @@ def run(args: argparse.Namespace) -> Run:
     processes: list[Process] = []
     with tempfile.TemporaryDirectory(prefix="sluice-bench-") as tmp, stopping(processes):
         workdir = Path(tmp)
-        upstream_port, nginx_port = free_port(), free_port()
-        upstream = start_nginx(
-            "upstream",
-            UPSTREAM_SERVER.format(port=upstream_port, body=UPSTREAM_BODY.replace("\n", "\\n")),
-            LOAD_CORE,
-            workdir,
-        )
+        upstream, upstream_port = start_upstream(workdir)
         processes.append(upstream)
-        wait_until_serving(upstream, upstream_port)
+        nginx_port = free_port()
         nginx = start_nginx(
             "nginx",
             PROXY_SERVER.format(port=nginx_port, upstream_port=upstream_port),

@@ -211,15 +211,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     bench.ensure_tools()
     with tempfile.TemporaryDirectory(prefix="sluice-harness-") as tmp:
         workdir = Path(tmp)
-        upstream_port = bench.free_port()
-        upstream = bench.start_nginx(
-            "upstream",
-            bench.UPSTREAM_SERVER.format(port=upstream_port, body="ok\\n"),
-            bench.LOAD_CORE,
-            workdir,
-        )
+        upstream, upstream_port = bench.start_upstream(workdir)
         try:
-            bench.wait_until_serving(upstream, upstream_port)
             out: dict[str, Any] = {"loadavg_at_start": os.getloadavg()}
             if args.nginx:
                 out["nginx"] = _summary(measure_nginx(args, upstream_port, workdir))
@@ -244,15 +237,8 @@ def side_by_side(args: argparse.Namespace) -> int:
     processes: list[Any] = []
     with tempfile.TemporaryDirectory(prefix="sluice-sbs-") as tmp, bench.stopping(processes):
         workdir = Path(tmp)
-        upstream_port = bench.free_port()
-        upstream = bench.start_nginx(
-            "upstream",
-            bench.UPSTREAM_SERVER.format(port=upstream_port, body="ok\\n"),
-            bench.LOAD_CORE,
-            workdir,
-        )
+        upstream, upstream_port = bench.start_upstream(workdir)
         processes.append(upstream)
-        bench.wait_until_serving(upstream, upstream_port)
         gateways = {}
         for name, tree in trees.items():
             port, admin = bench.free_port(), bench.free_port()

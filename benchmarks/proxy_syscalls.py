@@ -164,16 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     processes: list[Any] = []
     with tempfile.TemporaryDirectory(prefix="sluice-sys-") as tmp, bench.stopping(processes):
         workdir = Path(tmp)
-        upstream_port, nginx_port = bench.free_port(), bench.free_port()
-        body = bench.UPSTREAM_BODY.replace("\n", "\\n")
-        upstream = bench.start_nginx(
-            "upstream",
-            bench.UPSTREAM_SERVER.format(port=upstream_port, body=body),
-            bench.LOAD_CORE,
-            workdir,
-        )
+        upstream, upstream_port = bench.start_upstream(workdir)
         processes.append(upstream)
-        bench.wait_until_serving(upstream, upstream_port)
+        nginx_port = bench.free_port()
         if not args.skip_nginx:
             nginx = bench.start_nginx(
                 "nginx",
