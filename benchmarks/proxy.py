@@ -319,6 +319,34 @@ def start_upstream(workdir: Path, body: str = UPSTREAM_BODY) -> tuple[Process, i
     return upstream, port
 
 
+def start_gateway(
+    name: str,
+    workdir: Path,
+    upstream_port: int,
+    *,
+    extra_config: str = "",
+    cwd: Path = ROOT,
+) -> tuple[Process, int]:
+    """A Sluice gateway (``cwd``'s tree, default this one) in front of the upstream, on the
+    proxy core, ready and serving: (process, data-plane port).  Stopped again if it does not
+    come up."""
+    port, admin = free_port(), free_port()
+    config = workdir / f"{name}.yaml"
+    config.write_text(
+        SLUICE_CONFIG.format(port=port, admin_port=admin, upstream_port=upstream_port)
+        + extra_config
+    )
+    argv = [sys.executable, "-m", "gateway", "run", "--config", str(config)]
+    proc = start(name, argv, PROXY_CORE, workdir, cwd=cwd)
+    try:
+        wait_until_serving(proc, admin, "/readyz")
+        wait_until_serving(proc, port)
+    except BaseException:
+        proc.stop()
+        raise
+    return proc, port
+
+
 def start_nginx(name: str, server_block: str, core: str, workdir: Path) -> Process:
     conf = workdir / f"{name}.conf"
     conf.write_text(NGINX_MAIN.format(dir=workdir, name=name, body=server_block))
@@ -590,62 +618,18 @@ def run(args: argparse.Namespace) -> Run:
             ("nginx", nginx_port, nginx),
         ]
         wait_until_serving(nginx, nginx_port)
+        gateways: list[tuple[str, dict[str, Any]]] = []
         if not args.skip_sluice:
-            sluice_port, admin_port = free_port(), free_port()
-            config = workdir / "sluice.yaml"
-            config.write_text(
-                SLUICE_CONFIG.format(
-                    port=sluice_port, admin_port=admin_port, upstream_port=upstream_port
-                )
-            )
-            sluice = start(
-                "sluice",
-                [sys.executable, "-m", "gateway", "run", "--config", str(config)],
-                PROXY_CORE,
-                workdir,
-            )
-            processes.append(sluice)
-            wait_until_serving(sluice, admin_port, "/readyz")
-            wait_until_serving(sluice, sluice_port)
-            targets.append(("sluice", sluice_port, sluice))
-        if not args.skip_sluice and args.baseline_tree is not None:
-            base_port, base_admin = free_port(), free_port()
-            base_config = workdir / "sluice-baseline.yaml"
-            base_config.write_text(
-                SLUICE_CONFIG.format(
-                    port=base_port, admin_port=base_admin, upstream_port=upstream_port
-                )
-            )
-            baseline = start(
-                "baseline",
-                [sys.executable, "-m", "gateway", "run", "--config", str(base_config)],
-                PROXY_CORE,
-                workdir,
-                cwd=args.baseline_tree,
-            )
-            processes.append(baseline)
-            wait_until_serving(baseline, base_admin, "/readyz")
-            wait_until_serving(baseline, base_port)
-            targets.append(("baseline", base_port, baseline))
-        if not args.skip_sluice and args.trace_ratio is not None:
-            traced_port, traced_admin = free_port(), free_port()
-            traced_config = workdir / "sluice-traced.yaml"
-            traced_config.write_text(
-                SLUICE_CONFIG.format(
-                    port=traced_port, admin_port=traced_admin, upstream_port=upstream_port
-                )
-                + TRACED_CONFIG.format(ratio=args.trace_ratio, upstream_port=upstream_port)
-            )
-            traced = start(
-                "traced",
-                [sys.executable, "-m", "gateway", "run", "--config", str(traced_config)],
-                PROXY_CORE,
-                workdir,
-            )
-            processes.append(traced)
-            wait_until_serving(traced, traced_admin, "/readyz")
-            wait_until_serving(traced, traced_port)
-            targets.append(("traced", traced_port, traced))
+            gateways.append(("sluice", {}))
+            if args.baseline_tree is not None:
+                gateways.append(("baseline", {"cwd": args.baseline_tree}))
+            if args.trace_ratio is not None:
+                traced = TRACED_CONFIG.format(ratio=args.trace_ratio, upstream_port=upstream_port)
+                gateways.append(("traced", {"extra_config": traced}))
+        for name, options in gateways:
+            gateway, port = start_gateway(name, workdir, upstream_port, **options)
+            processes.append(gateway)
+            targets.append((name, port, gateway))
         for name, port, _ in targets:
             status, body = get(port)
             if status != 200 or body.decode() != UPSTREAM_BODY:

@@ -241,16 +241,8 @@ def side_by_side(args: argparse.Namespace) -> int:
         processes.append(upstream)
         gateways = {}
         for name, tree in trees.items():
-            port, admin = bench.free_port(), bench.free_port()
-            config = workdir / f"{name}.yaml"
-            config.write_text(
-                bench.SLUICE_CONFIG.format(port=port, admin_port=admin, upstream_port=upstream_port)
-            )
-            argv = [sys.executable, "-m", "gateway", "run", "--config", str(config)]
-            proc = bench.start(name, argv, bench.PROXY_CORE, workdir, cwd=tree)
+            proc, port = bench.start_gateway(name, workdir, upstream_port, cwd=tree)
             processes.append(proc)
-            bench.wait_until_serving(proc, admin, "/readyz")
-            bench.wait_until_serving(proc, port)
             bench.wrk(port, args.connections, 1, 30)  # warm-up
             gateways[name] = (port, proc)
         ratios = []

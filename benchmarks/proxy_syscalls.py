@@ -177,16 +177,8 @@ def main(argv: list[str] | None = None) -> int:
             processes.append(nginx)
             bench.wait_until_serving(nginx, nginx_port)
             _print("nginx", profile("nginx", nginx_port, nginx, args))
-        port, admin = bench.free_port(), bench.free_port()
-        config = workdir / "sluice.yaml"
-        config.write_text(
-            bench.SLUICE_CONFIG.format(port=port, admin_port=admin, upstream_port=upstream_port)
-        )
-        argv_sluice = [sys.executable, "-m", "gateway", "run", "--config", str(config)]
-        sluice = bench.start("sluice", argv_sluice, bench.PROXY_CORE, workdir, cwd=args.tree)
+        sluice, port = bench.start_gateway("sluice", workdir, upstream_port, cwd=args.tree)
         processes.append(sluice)
-        bench.wait_until_serving(sluice, admin, "/readyz")
-        bench.wait_until_serving(sluice, port)
         _print("sluice", profile("sluice", port, sluice, args))
     print(
         f"load average {os.getloadavg()[0]:.2f}: other work disturbs the CPU and interrupt "
