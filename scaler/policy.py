@@ -222,13 +222,29 @@ class BudgetConfig(_Model):
         description=(
             "How a replica's decided CPU is enforced. limit (default): the decided CPU is a hard "
             "cap (CFS quota; Kubernetes limits = requests), so a service's guaranteed CPU is "
-            "exact, and idle CPU is lent by the next decision. share: it is the replica's "
+            "exact, and idle CPU is lent by the next decision and, with lending, between ticks. share: it is the replica's "
             "guaranteed share (cgroup cpu.shares/cpu.weight; Kubernetes requests), the replica may "
             "use idle CPU up to cpu.max and the kernel lends and reclaims it within microseconds; "
             "the budget caps the total (a parent cgroup quota on the local platform). With a "
             "budget below the machine's CPUs that quota throttles every replica alike and weakens "
             "the guarantee; use share when the budget is the whole machine or node."
         ),
+    )
+    lending: bool = Field(
+        default=True,
+        description=(
+            "limit enforcement: between ticks, lend the quota of a service that has had no "
+            "request in flight or queued for lend_after_idle_s to the busy services (by weight, "
+            "each replica up to cpu.max; the idle one keeps cpu.min per replica), and take it "
+            "back at its next request (scaler/lending.py). Applied by the local platform; the "
+            "Kubernetes platform cannot resize pods that fast and lends at ticks only."
+        ),
+    )
+    lend_after_idle_s: float = Field(
+        default=0.02,
+        ge=0,
+        le=10,
+        description="How long a service must be idle before its quota is lent (hysteresis).",
     )
     early_ticks: bool = Field(
         default=True,
