@@ -19,6 +19,15 @@ finish tags per replica as limit mode.  While ``sum d <= B`` every busy replica 
 ``d_r`` and an event touches only its own replica; the water-filling is recomputed only
 when the node is (or becomes) oversubscribed and a replica's demand changes, and then only
 the replicas whose rate changed are rescheduled.
+
+**Limit enforcement with lending** (``budget.lending``, :mod:`scaler.lending`) runs in the
+same loop (``lending=``): every replica is capped at its quota as in limit mode (``x_r =
+min(n_r * request_cores_max, q_r)``), and the quotas move between ticks.  A service whose
+concurrency (in flight + queued) has been 0 for ``lend_after_idle_s`` is marked idle and
+lends (:func:`scaler.lending.lend`): each busy replica's quota is its decided CPU plus its
+service's lent share, up to ``cpu.max``.  An arrival for an idle-marked service takes it back
+before it is dispatched, as the local platform does.  Reclaim is modelled as instant (the
+platform writes a few cgroup files, microseconds).
 """
 
 from __future__ import annotations
@@ -26,8 +35,10 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
-from scaler.simulate.model import DRAINING, READY, STARTING, Replica, ServiceModel
+from scaler.lending import Holding, lend
+from scaler.simulate.model import DRAINING, PENDING, READY, STARTING, Replica, ServiceModel
 
 _EPS = 1e-9
 
@@ -62,8 +73,19 @@ def water_fill(
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class Lending:
+    """Limit enforcement with lending: the hold and each service's floor and weight."""
+
+    after_idle_s: float
+    floor_cores: Mapping[str, float]
+    """``cpu.min`` per service: what an idle replica keeps."""
+    weights: Mapping[str, float]
+
+
 class SharedCpu:
-    """All services' models on one node whose CPU is shared by weight (``enforcement: share``).
+    """All services' models on one node whose CPU is shared by weight (``enforcement: share``),
+    or capped by quotas that idle services lend (``lending``: limit enforcement with lending).
 
     :meth:`run` replaces :meth:`ServiceModel.run` for every model at once: the rates of one
     service's replicas depend on the others'.  The models' replicas, queues, counters and
@@ -71,10 +93,27 @@ class SharedCpu:
     reservations (:class:`scaler.simulate.model.Node`) work on them unchanged.
     """
 
-    def __init__(self, capacity_cores: float, models: Mapping[str, ServiceModel]) -> None:
+    def __init__(
+        self,
+        capacity_cores: float,
+        models: Mapping[str, ServiceModel],
+        *,
+        lending: Lending | None = None,
+    ) -> None:
         self.capacity_cores = capacity_cores
         self.models = list(models.values())
+        self.lending = lending
         self.clock = 0.0
+        n = len(self.models)
+        self._extra = [0.0] * n
+        """Lending: cores lent to each replica of a service now (0 when not borrowing)."""
+        self._quiet_since: list[float | None] = [None] * n
+        """Lending: since when a service has had no request in flight or queued."""
+        self._idle: set[int] = set()
+        """Lending: services marked idle (lending all above their floor)."""
+        self._timers: list[tuple[float, int]] = []
+        self.lends = 0
+        """Lending: how many times the quotas were recomputed (a cost figure)."""
         self._busy: dict[Replica, int] = {}
         """Replicas holding requests -> index of their model (insertion ordered: deterministic)."""
         self._sum_d = 0.0
@@ -116,6 +155,15 @@ class SharedCpu:
         """``r`` (flowed to ``t``) gained or lost requests at ``t``: update the rates."""
         m = self.models[j]
         n = len(r.tags)
+        if self.lending is not None:
+            if n:
+                self._busy[r] = j
+                self._schedule_capped(r, j)
+            else:
+                self._busy.pop(r, None)
+                r.x = r.per = 0.0
+                r.capped = False
+            return
         d = min(n * m.cap, m.cores_max) if n else 0.0
         old = r.d
         if n:
@@ -141,6 +189,9 @@ class SharedCpu:
     def _refill(self, t: float, changed: Replica | None, *, everyone: bool = False) -> None:
         """Water-fill the node over the busy replicas at ``t``; reschedule those whose rate
         moved (and ``changed``, whose requests did), or every one."""
+        if self.lending is not None:
+            self._relend(t, changed, everyone=everyone)
+            return
         self.recomputes += 1
         items = list(self._busy.items())
         demands = [r.d for r, _ in items]
@@ -151,6 +202,70 @@ class SharedCpu:
             if everyone or x != r.x or r is changed:
                 r.flow(t)
                 self._schedule(r, x, models[j])
+
+    # ---- lending (limit enforcement) ---------------------------------------------------------
+
+    def _schedule_capped(self, r: Replica, j: int) -> None:
+        """Lending: give busy ``r`` (flowed to now) what its quota allows its requests."""
+        m = self.models[j]
+        extra = self._extra[j]
+        quota = min(r.cores + extra, m.cores_max) if extra > 0.0 else r.cores
+        demand = len(r.tags) * m.cap
+        self._schedule(r, min(demand, quota), m)
+        r.capped = demand > quota + _EPS  # held at its own quota: throttled, as in limit mode
+
+    def _relend(self, t: float, changed: Replica | None, *, everyone: bool = False) -> None:
+        """Lending: recompute what the idle services lend and reschedule the busy replicas
+        whose quota moved (and ``changed``, or every one)."""
+        assert self.lending is not None
+        self.lends += 1
+        holdings: dict[str, Holding] = {}
+        means: list[float] = []
+        for m in self.models:
+            held = [r.cores for r in m.replicas if r.phase != PENDING]
+            mean = math.fsum(held) / len(held) if held else 0.0
+            means.append(mean)
+            holdings[m.name] = Holding(
+                len(held),
+                mean,
+                self.lending.floor_cores[m.name],
+                max(m.cores_max, mean),
+                self.lending.weights[m.name],
+            )
+        quota = lend(holdings, {self.models[j].name for j in self._idle})
+        moved: set[int] = set()
+        for j, m in enumerate(self.models):
+            extra = 0.0 if j in self._idle else max(quota[m.name] - means[j], 0.0)
+            if extra != self._extra[j]:
+                self._extra[j] = extra
+                moved.add(j)
+        for r, j in self._busy.items():
+            if everyone or j in moved or r is changed:
+                r.flow(t)
+                self._schedule_capped(r, j)
+
+    def _quiet(self, j: int, t: float) -> None:
+        """Lending: service ``j`` has nothing in flight or queued from ``t``: arm its idle timer."""
+        assert self.lending is not None
+        self._quiet_since[j] = t
+        heapq.heappush(self._timers, (t + self.lending.after_idle_s, j))
+
+    def _wake(self, j: int, t: float) -> None:
+        """Lending: a request arrived for service ``j`` at ``t``: it is busy; an idle-marked
+        one takes its quota back before the request is dispatched."""
+        self._quiet_since[j] = None
+        if j in self._idle:
+            self._idle.discard(j)
+            self._relend(t, None)
+
+    def _timer(self, at: float, j: int) -> None:
+        """Lending: ``j``'s idle timer is due at ``at``: mark it idle if it stayed quiet."""
+        assert self.lending is not None
+        since = self._quiet_since[j]
+        if since is None or j in self._idle or since + self.lending.after_idle_s != at:
+            return  # busy again since, or an older timer
+        self._idle.add(j)
+        self._relend(at, None)
 
     # ---- traffic ----------------------------------------------------------------------------
 
@@ -200,6 +315,12 @@ class SharedCpu:
                 arrivals.append((m.times[i], j))
         starting.sort()
         heapq.heapify(arrivals)
+        lending = self.lending is not None
+        if lending:
+            for j in range(len(models)):
+                if conc[j] == 0 and self._quiet_since[j] is None and j not in self._idle:
+                    self._quiet(j, t0)
+        timers = self._timers
         self._refill(t0, None, everyone=True)  # weights and replicas may have changed at a tick
         for j, m in enumerate(models):
             if m.queue and ready_of[j]:
@@ -218,7 +339,8 @@ class SharedCpu:
             ta = arrivals[0][0] if arrivals else inf
             tr = starting[s_i][0] if s_i < len(starting) else inf
             tc = heap[0][0] if heap else inf
-            if tc < t1 and tc <= ta and tc <= tr:
+            tt = timers[0][0] if timers else inf
+            if tc < t1 and tc <= ta and tc <= tr and tc <= tt:
                 _, _, ver, r = heappop(heap)
                 if ver != r.ver:
                     continue
@@ -231,7 +353,9 @@ class SharedCpu:
                 if not r.tags and r.phase == DRAINING:
                     models[j].remove(r)
                 self._changed(r, j, tc)
-            elif tr < t1 and tr <= ta:
+                if lending and conc[j] == 0:
+                    self._quiet(j, tc)
+            elif tr < t1 and tr <= ta and tr <= tt:
                 _, j, _, r = starting[s_i]
                 s_i += 1
                 if r.phase == STARTING:
@@ -240,6 +364,9 @@ class SharedCpu:
                     ready_of[j].append(r)
                     if models[j].queue:
                         self._flush(j, ready_of[j], tr)
+            elif tt < t1 and tt <= ta:
+                _, j = heappop(timers)
+                self._timer(tt, j)
             elif ta < t1:
                 _, j = arrivals[0]
                 m = models[j]
@@ -250,6 +377,8 @@ class SharedCpu:
                 else:
                     heappop(arrivals)
                 conc[j] += 1
+                if lending and conc[j] == 1:
+                    self._wake(j, ta)
                 ready = ready_of[j]
                 if not ready:
                     m.queue.append((ta, m.works[i]))

@@ -133,11 +133,19 @@ def build_report(
     else:
         node = "; ".join(f"{name}: {NODE_MODELS[e]}" for name, e in models.items())
         node = f"runs on different node models -- {node}"
+    lending = {r.name: r.lend_after_idle_s for r in runs}
+    for name, after_s in lending.items():
+        if after_s is not None:
+            node += (
+                f"; {name} lends the quota of a service idle for {after_s:g} s to the busy ones "
+                "between ticks and takes it back at its next request (budget.lending)"
+            )
     out: dict[str, Any] = {
         "meta": dict(meta),
         "enforcement": enforcement,
         "node": node,
         "node_models": models,
+        "lend_after_idle_s": lending,
         "scenario": {
             "duration_s": scenario.duration_s,
             "tick_s": scenario.tick_s,

@@ -11,6 +11,10 @@ baselines), so a comparison isolates the controller: ``limit``, each replica's d
 a hard cap and each service is simulated on its own (:meth:`ServiceModel.run`); ``share``,
 the decided CPU is a guaranteed share of the node, which all services' busy replicas share
 by weight up to their ``cpu.max`` (:class:`scaler.simulate.gps.SharedCpu`, one event loop).
+Under ``limit`` with ``budget.lending`` (the default), Sluice's run also lends the quota of
+idle services to busy ones between ticks (:mod:`scaler.lending`, in the same event loop), as
+the local platform does; the baselines cannot (an HPA per service and a static split leave
+a quota its owner does not use idle until something rescales).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from scaler.policy import BudgetConfig, ScalingPolicy
 from scaler.simulate.arrivals import Arrivals, FloatArray, draw_arrivals, offered_per_tick
 from scaler.simulate.baselines import Controller, RunName, make_controller
 from scaler.simulate.early import next_early_tick, next_early_tick_shared
-from scaler.simulate.gps import SharedCpu
+from scaler.simulate.gps import Lending, SharedCpu
 from scaler.simulate.model import DRAINING, PENDING, READY, Node, ServiceModel
 from scaler.simulate.workload import LoadStep, ServiceLoad, Workload
 
@@ -135,6 +139,8 @@ class RunResult:
     """When the early ticks ran (``budget.early_ticks``), in order."""
     enforcement: Enforcement = "limit"
     """The node model the run used (``budget.enforcement``)."""
+    lend_after_idle_s: float | None = None
+    """With lending (limit enforcement, Sluice's run): the idle hold; None without."""
 
     @property
     def early_ticks(self) -> int:
@@ -143,6 +149,12 @@ class RunResult:
 
 TickHook = Callable[[float, Mapping[str, ServiceModel], Node], None]
 """Called after every tick (regular or early) with its time, the models and the node."""
+
+
+def lends(name: RunName, budget: BudgetConfig) -> bool:
+    """Whether a run lends idle quota between ticks: Sluice's own run under limit enforcement
+    with ``budget.lending`` (the platform does it; an HPA per service or a static split cannot)."""
+    return name == "sluice" and budget.enforcement == "limit" and budget.lending
 
 
 def run(
@@ -174,7 +186,16 @@ def run(
         for s in scenario.services
     }
     node = Node(budget.cpu, models)
-    shared = SharedCpu(budget.cpu, models) if budget.enforcement == "share" else None
+    shared: SharedCpu | None = None
+    if budget.enforcement == "share":
+        shared = SharedCpu(budget.cpu, models)
+    elif lends(name, budget):
+        lending = Lending(
+            budget.lend_after_idle_s,
+            {s: policies[s].cpu.min for s in scenario.services},
+            {s: policies[s].weight for s in scenario.services},
+        )
+        shared = SharedCpu(budget.cpu, models, lending=lending)
     claims = node.claims()
     for s, target in ctl.initial().items():
         models[s].set_target(target.replicas, target.cpu_per_replica_cores, claims)
@@ -256,6 +277,7 @@ def run(
         rules={s: dict(c) for s, c in ctl.rules.items()},
         early_ticks_at=early_at,
         enforcement=budget.enforcement,
+        lend_after_idle_s=budget.lend_after_idle_s if lends(name, budget) else None,
     )
 
 

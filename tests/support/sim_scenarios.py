@@ -1,10 +1,15 @@
-"""A short two-service scenario for simulator tests: a steady ``api`` and a bursty ``reports``."""
+"""A short two-service scenario for simulator tests: a steady ``api`` and a bursty ``reports``;
+and hand-made services and arrivals for the event-driven models."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from scaler.policy import ScalingPolicy
+from scaler.simulate.arrivals import Arrivals
+from scaler.simulate.model import ServiceModel
 
 BURSTY: dict[str, Any] = {
     "duration_s": 180,
@@ -29,3 +34,23 @@ POLICIES = {
     ),
 }
 """The two services' policies: 1..4 replicas of 0.25..1 core, as the seed scenario."""
+
+
+def service(
+    name: str,
+    arrivals: Arrivals,
+    *,
+    cores_max: float = 1.0,
+    request_cores_max: float = 1.0,
+) -> ServiceModel:
+    return ServiceModel(
+        name, arrivals, startup_s=0.0, request_cores_max=request_cores_max, cores_max=cores_max
+    )
+
+
+def requests(*pairs: tuple[float, float]) -> Arrivals:
+    """(arrival time, CPU-seconds) pairs."""
+    return Arrivals(
+        np.array([t for t, _ in pairs], dtype=np.float64),
+        np.array([w for _, w in pairs], dtype=np.float64),
+    )

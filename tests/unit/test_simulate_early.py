@@ -118,7 +118,10 @@ def test_early_ticks_keep_the_gap_and_never_replace_a_regular_tick() -> None:
         assert t < math.floor(t) + 1.0  # before the next regular tick, which would cover it
 
 
-def test_every_model_is_exactly_at_the_tick_and_the_budget_holds_at_every_step() -> None:
+@pytest.mark.parametrize("lending", [False, True])
+def test_every_model_is_exactly_at_the_tick_and_the_budget_holds_at_every_step(
+    lending: bool,
+) -> None:
     workload = parse_workload(
         {
             "services": {
@@ -147,16 +150,23 @@ def test_every_model_is_exactly_at_the_tick_and_the_budget_holds_at_every_step()
             # settled: every scheduled replica's CPU is accounted up to now, none beyond
             assert all(r.t == now for r in m.replicas)
 
-    result = run(scenario, "sluice", BOTH_KPA, BUDGET, on_tick=check)
+    budget = BUDGET.model_copy(update={"lending": lending})
+    result = run(scenario, "sluice", BOTH_KPA, budget, on_tick=check)
     assert result.early_ticks > 0
     assert steps == scenario.ticks + result.early_ticks
     for s in scenario.services:
         series = result.series[s]
         assert result.completed[s] + result.unfinished[s] == result.arrivals[s]
         assert series["arrivals"].sum() == result.arrivals[s]
-        assert (series["used_cores"] <= series["allocated_cores"] + 1e-9).all()
+        if not lending:  # each service within its own quota
+            assert (series["used_cores"] <= series["allocated_cores"] + 1e-9).all()
     total = sum(result.series[s]["allocated_cores"] for s in scenario.services)
     assert (total <= BUDGET.cpu + 1e-9).all()
+    # lending moves quota between services, never more than the decisions hold together
+    used = sum(result.series[s]["used_cores"] for s in scenario.services)
+    assert (used <= total + 1e-9).all()
+    borrowed = result.series["long"]["used_cores"] > result.series["long"]["allocated_cores"] + 1e-6
+    assert borrowed.any() == lending
 
 
 def test_a_tick_in_pieces_is_bit_for_bit_one_whole_run() -> None:
@@ -240,7 +250,8 @@ def reference_run(
 
 def test_early_ticks_off_is_the_plain_tick_loop_bit_for_bit() -> None:
     scenario = scenario_with({"short": burst(10.3, 30, 0.01, cpu_s=0.3)}, duration_s=30)
-    off = BUDGET.model_copy(update={"early_ticks": False})
+    # the reference is plain limit enforcement: each service on its own, no lending
+    off = BUDGET.model_copy(update={"early_ticks": False, "lending": False})
     result = run(scenario, "sluice", POLICIES, off)
     assert result.early_ticks == 0
     reference, latencies = reference_run(scenario, POLICIES, off)

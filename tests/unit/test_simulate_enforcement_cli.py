@@ -52,14 +52,49 @@ def test_share_from_the_command_line_writes_report_and_png(
 def test_limit_is_the_default(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     report = simulate(tmp_path)  # the config leaves budget.enforcement at its default
     assert report["enforcement"] == "limit"
-    assert "node model: limit enforcement" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "node model: limit enforcement" in printed
+    assert "sluice lends the quota of a service idle for 0.02 s" in printed
+    assert report["lend_after_idle_s"] == {"sluice": 0.02, "independent": None}
     series = report["series"]
     assert isinstance(series, dict)
     for s in ("api", "reports"):
         for u, a in zip(
-            series["sluice"][s]["used_cores"], series["sluice"][s]["allocated_cores"], strict=True
+            series["independent"][s]["used_cores"],
+            series["independent"][s]["allocated_cores"],
+            strict=True,
         ):
             assert u <= a + 1e-6  # the decided CPU is a hard cap (figures rounded to 1e-6)
+    # Sluice lends idle quota between ticks: a borrower may use more than its decision, never
+    # the services together more than their decisions hold
+    used = [sum(v) for v in zip(*(series["sluice"][s]["used_cores"] for s in ("api", "reports")))]
+    held = [
+        sum(v) for v in zip(*(series["sluice"][s]["allocated_cores"] for s in ("api", "reports")))
+    ]
+    assert all(u <= h + 2e-6 for u, h in zip(used, held, strict=True))
+    assert any(
+        u > a + 1e-6
+        for u, a in zip(
+            series["sluice"]["api"]["used_cores"],
+            series["sluice"]["api"]["allocated_cores"],
+            strict=True,
+        )
+    )
+
+
+def test_lending_can_be_turned_off(tmp_path: Path) -> None:
+    config = tmp_path / "no-lending.yaml"
+    config.write_text(
+        CONFIG.read_text().replace("budget: {cpu: 2}", "budget: {cpu: 2, lending: false}")
+    )
+    args = ["simulate", "--config", str(config), "--workload", str(WORKLOAD), "--duration", "100"]
+    assert main([*args, "--out", str(tmp_path / "out"), "--no-progress"]) == 0
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["lend_after_idle_s"] == {"sluice": None, "independent": None}
+    series = report["series"]["sluice"]
+    for s in ("api", "reports"):
+        for u, a in zip(series[s]["used_cores"], series[s]["allocated_cores"], strict=True):
+            assert u <= a + 1e-6
 
 
 def test_a_bad_enforcement_is_refused(capsys: pytest.CaptureFixture[str]) -> None:

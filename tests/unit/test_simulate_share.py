@@ -24,7 +24,7 @@ from scaler.simulate.gps import SharedCpu, water_fill
 from scaler.simulate.model import READY, Node, ServiceModel
 from scaler.simulate.runner import build_scenario, run
 from scaler.simulate.workload import Workload, parse_workload
-from tests.support.sim_scenarios import BURSTY, POLICIES
+from tests.support.sim_scenarios import BURSTY, POLICIES, requests, service
 
 SHARE = BudgetConfig(cpu=2, enforcement="share")
 EPS = 1e-9
@@ -81,26 +81,6 @@ def test_water_fill_invariants(replicas: list[tuple[float, float]], headroom: fl
 
 
 # ---- the event-driven model, by hand -------------------------------------------------------
-
-
-def service(
-    name: str,
-    arrivals: Arrivals,
-    *,
-    cores_max: float = 1.0,
-    request_cores_max: float = 1.0,
-) -> ServiceModel:
-    return ServiceModel(
-        name, arrivals, startup_s=0.0, request_cores_max=request_cores_max, cores_max=cores_max
-    )
-
-
-def requests(*pairs: tuple[float, float]) -> Arrivals:
-    """(arrival time, CPU-seconds) pairs."""
-    return Arrivals(
-        np.array([t for t, _ in pairs], dtype=np.float64),
-        np.array([w for _, w in pairs], dtype=np.float64),
-    )
 
 
 def on_node(
