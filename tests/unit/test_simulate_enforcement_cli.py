@@ -67,9 +67,13 @@ def test_limit_is_the_default(tmp_path: Path, capsys: pytest.CaptureFixture[str]
             assert u <= a + 1e-6  # the decided CPU is a hard cap (figures rounded to 1e-6)
     # Sluice lends idle quota between ticks: a borrower may use more than its decision, never
     # the services together more than their decisions hold
-    used = [sum(v) for v in zip(*(series["sluice"][s]["used_cores"] for s in ("api", "reports")))]
+    sluice = series["sluice"]
+    used = [
+        a + r for a, r in zip(*(sluice[s]["used_cores"] for s in ("api", "reports")), strict=True)
+    ]
     held = [
-        sum(v) for v in zip(*(series["sluice"][s]["allocated_cores"] for s in ("api", "reports")))
+        a + r
+        for a, r in zip(*(sluice[s]["allocated_cores"] for s in ("api", "reports")), strict=True)
     ]
     assert all(u <= h + 2e-6 for u, h in zip(used, held, strict=True))
     assert any(
