@@ -81,3 +81,26 @@ def test_simulate_bad_workload_exits_2_with_key_path(tmp_path: Path) -> None:
     done = sluice("simulate", "--config", CONFIG, "--workload", workload, "--out", tmp_path)
     assert done.returncode == 2
     assert "the workload names service(s) the config does not have: nope" in done.stderr
+
+
+def test_the_whole_seed_scenario_meets_its_goals(tmp_path: Path) -> None:
+    """The issue's goals on the shipped scenario (an hour, seed 1), as a user runs it:
+    reports' p99 >= 10x lower than one HPA per service, api's throughput >= 95 % of it,
+    budget utilisation >= 90 % while the services contend."""
+    done = sluice(
+        "simulate", "--config", CONFIG, "--workload", WORKLOAD, "--out", tmp_path, "--no-progress",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["scenario"]["duration_s"] == 3600
+    assert report["enforcement"] == "limit"  # every run on the same node model
+    sluice_run, independent = report["runs"]["sluice"], report["runs"]["independent"]
+    p99 = {
+        name: run["services"]["reports"]["latency_p99_s"]
+        for name, run in (("sluice", sluice_run), ("independent", independent))
+    }
+    assert p99["independent"] >= 10 * p99["sluice"], p99
+    api = (sluice_run["services"]["api"], independent["services"]["api"])
+    assert api[0]["throughput_rps"] >= 0.95 * api[1]["throughput_rps"]
+    assert sluice_run["budget"]["utilisation_during_contention"] >= 0.9
+    assert (tmp_path / "report.png").stat().st_size > 10_000
