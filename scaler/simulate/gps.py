@@ -112,6 +112,7 @@ class SharedCpu:
         self._idle: set[int] = set()
         """Lending: services marked idle (lending all above their floor)."""
         self._timers: list[tuple[float, int]] = []
+        self._held: tuple[dict[str, Holding], list[float], list[float]] | None = None
         self.lends = 0
         """Lending: how many times the quotas were recomputed (a cost figure)."""
         self._busy: dict[Replica, int] = {}
@@ -214,24 +215,33 @@ class SharedCpu:
         self._schedule(r, min(demand, quota), m)
         r.capped = demand > quota + _EPS  # held at its own quota: throttled, as in limit mode
 
+    def _holdings(self) -> tuple[dict[str, Holding], list[float], list[float]]:
+        """Lending: what each service holds now, its mean quota per replica and what it would
+        lend idle (cached until a tick or a replica leaves)."""
+        if self._held is None:
+            assert self.lending is not None
+            holdings: dict[str, Holding] = {}
+            means: list[float] = []
+            lendable: list[float] = []
+            for m in self.models:
+                held = [r.cores for r in m.replicas if r.phase != PENDING]
+                mean = math.fsum(held) / len(held) if held else 0.0
+                floor = self.lending.floor_cores[m.name]
+                means.append(mean)
+                lendable.append(len(held) * max(mean - floor, 0.0))
+                holdings[m.name] = Holding(
+                    len(held), mean, floor, max(m.cores_max, mean), self.lending.weights[m.name]
+                )
+            self._held = (holdings, means, lendable)
+        return self._held
+
     def _relend(self, t: float, changed: Replica | None, *, everyone: bool = False) -> None:
         """Lending: recompute what the idle services lend and reschedule the busy replicas
         whose quota moved (and ``changed``, or every one)."""
-        assert self.lending is not None
+        if everyone:
+            self._held = None  # a tick: decisions and replicas may have changed
+        holdings, means, _ = self._holdings()
         self.lends += 1
-        holdings: dict[str, Holding] = {}
-        means: list[float] = []
-        for m in self.models:
-            held = [r.cores for r in m.replicas if r.phase != PENDING]
-            mean = math.fsum(held) / len(held) if held else 0.0
-            means.append(mean)
-            holdings[m.name] = Holding(
-                len(held),
-                mean,
-                self.lending.floor_cores[m.name],
-                max(m.cores_max, mean),
-                self.lending.weights[m.name],
-            )
         quota = lend(holdings, {self.models[j].name for j in self._idle})
         moved: set[int] = set()
         for j, m in enumerate(self.models):
@@ -243,6 +253,14 @@ class SharedCpu:
             if everyone or j in moved or r is changed:
                 r.flow(t)
                 self._schedule_capped(r, j)
+
+    def _lends_nothing(self, j: int) -> bool:
+        """Lending: whether marking ``j`` idle or busy leaves every quota as it is (nothing is
+        lent by the others and ``j`` has nothing to lend)."""
+        _, _, lendable = self._holdings()
+        if lendable[j] > _EPS:
+            return False
+        return all(lendable[i] <= _EPS for i in self._idle if i != j)
 
     def _quiet(self, j: int, t: float) -> None:
         """Lending: service ``j`` has nothing in flight or queued from ``t``: arm its idle timer."""
@@ -256,7 +274,8 @@ class SharedCpu:
         self._quiet_since[j] = None
         if j in self._idle:
             self._idle.discard(j)
-            self._relend(t, None)
+            if not self._lends_nothing(j):
+                self._relend(t, None)
 
     def _timer(self, at: float, j: int) -> None:
         """Lending: ``j``'s idle timer is due at ``at``: mark it idle if it stayed quiet."""
@@ -265,7 +284,8 @@ class SharedCpu:
         if since is None or j in self._idle or since + self.lending.after_idle_s != at:
             return  # busy again since, or an older timer
         self._idle.add(j)
-        self._relend(at, None)
+        if not self._lends_nothing(j):
+            self._relend(at, None)
 
     # ---- traffic ----------------------------------------------------------------------------
 
@@ -352,6 +372,7 @@ class SharedCpu:
                 conc[j] -= 1
                 if not r.tags and r.phase == DRAINING:
                     models[j].remove(r)
+                    self._held = None  # it no longer holds CPU
                 self._changed(r, j, tc)
                 if lending and conc[j] == 0:
                     self._quiet(j, tc)
