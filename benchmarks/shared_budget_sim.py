@@ -11,7 +11,9 @@ independent >= 0.95) and budget utilisation during contention (goal: >= 90 %), w
 ``budget.early_ticks`` on and off (``--early-ticks on|off|both``), under
 ``budget.enforcement: limit`` (default, as in the config; ``--enforcement share|both``).  Every run of one
 table (Sluice and the baselines) uses the same node model, so the comparison isolates the
-controller; ``--enforcement both`` adds a table of the goals under share vs limit.
+controller (under limit, Sluice's run lends an idle service's quota to busy ones between
+ticks, ``budget.lending``, as the local platform does; an HPA per service and a static split
+cannot); ``--enforcement both`` adds a table of the goals under share vs limit.
 `--speed` also times one hour of ten services at 1 s ticks (wall and CPU time).
 Writes DIR/shared_budget_sim.json.
 """
