@@ -177,6 +177,12 @@ class KubernetesRunner:
         return engine if self.tracer is None else TracedEngine(engine, self.tracer)
 
     async def start(self) -> None:
+        budget = self.settings.budget
+        if budget.enforcement == "limit" and budget.lending:
+            log.info(
+                "budget.lending: pods are resized at ticks only on Kubernetes (a resize is an "
+                "API round trip); idle CPU is lent between ticks on the local platform"
+            )
         self.http = httpx.AsyncClient()
         self.platform = KubernetesPlatform(self.settings, self.http, api=self._api)
         await self.platform.__aenter__()
