@@ -37,6 +37,7 @@ from gateway.settings import Settings
 from gateway.telemetry.scaler import TracedEngine
 from scaler.engine import Engine
 from scaler.localpool.lender import QuotaLender
+from scaler.localpool.pool import LocalPool
 from scaler.loop import ScalerLoop, TickEngine
 from scaler.signals import ServiceSignals
 
@@ -91,30 +92,11 @@ class LocalRunner:
         for name, service in self.runtime.services.items():
             service.admission.hold_at_zero(functools.partial(self._wake_for, name))
         await self.platform.pool.start()
-        self._start_lending()
+        self.lender = start_lending(self.runtime, self.platform.pool, self._settings)
         self._tasks = [
             asyncio.create_task(self._feed_endpoints(), name="local endpoints"),
             asyncio.create_task(self.loop.run(), name="scaler loop"),
         ]
-
-    def _start_lending(self) -> None:
-        budget = self._settings.budget
-        pool = self.platform.pool
-        if budget.enforcement != "limit" or not budget.lending or not pool.cpu_limits_applied:
-            return
-        lender = QuotaLender(
-            pool,
-            {name: s.scaling for name, s in self._settings.services.items()},
-            budget.lend_after_idle_s,
-            asyncio.get_running_loop(),
-        )
-        lender.start()
-        for name, service in self.runtime.services.items():
-            if name in lender.policies:
-                admission = service.admission
-                admission.watch_busy(functools.partial(lender.set_busy, name))
-                lender.set_busy(name, admission.busy)
-        self.lender = lender
 
     def lending_report(self) -> dict[str, Any]:
         """What ``GET /api/decisions`` shows in its budget block about lending."""
@@ -157,8 +139,39 @@ class LocalRunner:
                 await task
         self._tasks = []
         if self.lender is not None:
-            for service in self.runtime.services.values():
-                service.admission.watch_busy(None)
-            self.lender.stop()
+            stop_lending(self.runtime, self.lender)
+            self.lender = None
         # The data plane has stopped taking requests: replicas stop without waiting to drain.
         await self.platform.pool.close(drain=False)
+
+
+def start_lending(runtime: Runtime, pool: LocalPool, settings: Settings) -> QuotaLender | None:
+    """With ``budget.enforcement: limit`` and ``budget.lending`` (and cgroups in use): a
+    :class:`QuotaLender` on the started ``pool``, told by every service's admission when the
+    service becomes busy or idle.  None when lending does not apply."""
+    budget = settings.budget
+    if budget.enforcement != "limit" or not budget.lending or not pool.cpu_limits_applied:
+        return None
+    lender = QuotaLender(
+        pool,
+        {name: s.scaling for name, s in settings.services.items()},
+        budget.lend_after_idle_s,
+        asyncio.get_running_loop(),
+    )
+    lender.start()
+    for name, service in runtime.services.items():
+        if name in lender.policies:
+            admission = service.admission
+            admission.watch_busy(functools.partial(lender.set_busy, name))
+            lender.set_busy(name, admission.busy)
+    log.info("lending idle CPU between ticks after %gs idle", budget.lend_after_idle_s)
+    return lender
+
+
+def stop_lending(runtime: Runtime, lender: QuotaLender) -> None:
+    """Unhook the admissions and put every quota back to the decided CPU."""
+    for name in lender.policies:
+        service = runtime.services.get(name)
+        if service is not None:
+            service.admission.watch_busy(None)
+    lender.stop()

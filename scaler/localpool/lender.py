@@ -24,13 +24,27 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Protocol
 
 from scaler.lending import Holding, lend
-from scaler.localpool.pool import LocalPool
 from scaler.policy import ScalingPolicy
 
 log = logging.getLogger(__name__)
+
+
+class QuotaPool(Protocol):
+    """What the lender needs of :class:`~scaler.localpool.pool.LocalPool`."""
+
+    on_holdings_change: Callable[[], None] | None
+    total_cpu_cores: float | None
+
+    @property
+    def services(self) -> list[str]: ...
+
+    def cpu_holding(self, service: str) -> tuple[int, float | None]: ...
+
+    def set_quota_overlays(self, overlays: Mapping[str, float | None]) -> None: ...
 
 
 class QuotaLender:
@@ -44,7 +58,7 @@ class QuotaLender:
 
     def __init__(
         self,
-        pool: LocalPool,
+        pool: QuotaPool,
         policies: Mapping[str, ScalingPolicy],
         hold_s: float,
         loop: asyncio.AbstractEventLoop,
@@ -157,4 +171,4 @@ class QuotaLender:
         }
 
 
-__all__ = ["QuotaLender"]
+__all__ = ["QuotaLender", "QuotaPool"]
