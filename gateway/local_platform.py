@@ -100,22 +100,11 @@ class LocalRunner:
 
     def lending_report(self) -> dict[str, Any]:
         """What ``GET /api/decisions`` shows in its budget block about lending."""
-        lender = self.lender
-        return {
-            "lending": lender is not None,
-            "lend_after_idle_s": self._settings.budget.lend_after_idle_s,
-            "idle": sorted(lender.idle) if lender is not None else [],
-            "lent_cores": lender.lent_cores() if lender is not None else {},
-            "quota_in_force_cores": self.quotas_in_force(),
-        }
+        return lending_report(self.platform.pool, self.lender, self._settings)
 
     def quotas_in_force(self) -> dict[str, float]:
         """Per service: the quota per replica in force now (decided, or the lender's overlay)."""
-        out = {}
-        for name, status in self.platform.pool.statuses().items():
-            if status.cpu_applied and status.quota_in_force_cores is not None:
-                out[name] = status.quota_in_force_cores
-        return out
+        return quotas_in_force(self.platform.pool)
 
     def _wake_for(self, service: str) -> None:
         """A request is held for ``service`` (no ready replica): tick now, unless the scaler
@@ -175,3 +164,27 @@ def stop_lending(runtime: Runtime, lender: QuotaLender) -> None:
         if service is not None:
             service.admission.watch_busy(None)
     lender.stop()
+
+
+def quotas_in_force(pool: LocalPool) -> dict[str, float]:
+    """Per service whose CPU is enforced: the quota per replica in force now (cores)."""
+    out = {}
+    for name, status in pool.statuses().items():
+        if status.cpu_applied and status.quota_in_force_cores is not None:
+            out[name] = status.quota_in_force_cores
+    return out
+
+
+def lending_report(
+    pool: LocalPool, lender: QuotaLender | None, settings: Settings
+) -> dict[str, Any]:
+    """The lending part of ``GET /api/decisions``' budget block: whether CPU is lent between
+    ticks, the services marked idle, per service the cores lent (negative) or borrowed
+    (positive) over all its replicas, and the quota per replica in force."""
+    return {
+        "lending": lender is not None,
+        "lend_after_idle_s": settings.budget.lend_after_idle_s,
+        "idle": sorted(lender.idle) if lender is not None else [],
+        "lent_cores": lender.lent_cores() if lender is not None else {},
+        "quota_in_force_cores": quotas_in_force(pool),
+    }
