@@ -108,7 +108,7 @@ class QuotaLender:
             if service in self.idle:
                 # Reclaim: synchronously, before the request goes on.
                 self.idle.discard(service)
-                self.apply()
+                self._apply_guarded()
             return
         self._idle_since[service] = self._loop.time()
         if not self._timer_armed[service]:
@@ -127,7 +127,18 @@ class QuotaLender:
             self._loop.call_later(left_s, self._check_idle, service)
             return
         self.idle.add(service)
-        self.apply()
+        self._apply_guarded()
+
+    def _apply_guarded(self) -> None:
+        """:meth:`apply` from the data plane or a timer: a failure is logged and every quota
+        goes back to the decided CPU (a request is never failed by lending)."""
+        try:
+            self.apply()
+        except Exception:
+            log.exception("lending between ticks failed: quotas back to the decided CPU")
+            self.idle.clear()
+            self.quotas = {}
+            self.pool.set_quota_overlays(dict.fromkeys(self.policies))
 
     # -- the overlay ------------------------------------------------------------------------
 
