@@ -36,6 +36,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from gateway.admin_auth import AdminTokenMiddleware
+from gateway.decisions import LendingReport
 from gateway.metrics import CONTENT_TYPE, DecisionCollector, build_registry, render
 
 if TYPE_CHECKING:
@@ -83,6 +84,11 @@ def build_app(runtime: Runtime, extra_routes: Sequence[BaseRoute] = ()) -> Starl
             lambda: None if runtime.scaler is None else runtime.scaler.last,
             lambda: runtime.settings.budget.cpu,
             lambda: runtime.settings.platform != "static",
+            lambda: (
+                runtime.platform.quotas_in_force()
+                if isinstance(runtime.platform, LendingReport)
+                else {}
+            ),
         ),
     )
 

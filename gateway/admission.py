@@ -24,6 +24,12 @@ taken + queued) to that level calls ``on_early_wake`` once (the scaler ticks ear
 gets its CPU at once instead of at the next regular tick).  On the hot path this is one
 comparison.
 
+**Busy and idle** (:meth:`Admission.watch_busy`): ``on_busy_change(True)`` is called when the
+concurrency (slots taken + queued) leaves 0 and ``on_busy_change(False)`` when it comes back
+to 0 — by a release, a queued request abandoned or timed out — never on other changes (the
+platform lends an idle service's CPU between ticks and takes it back on the first request,
+synchronously, before that request goes on).  On the hot path this is one comparison.
+
 Whoever got a slot (at once or through ``on_admit``) calls :meth:`Admission.release` exactly
 once when the request ends.  A client that leaves while queued calls :meth:`abandon`.
 
@@ -137,6 +143,7 @@ class Admission:
         "hold_when_empty",
         "in_use",
         "max_body_bytes",
+        "on_busy_change",
         "on_early_wake",
         "on_hold",
         "per_replica",
@@ -177,6 +184,8 @@ class Admission:
         self.early_wake_at = math.inf
         """Concurrency (slots taken + queued) at which ``on_early_wake`` is called, once."""
         self.on_early_wake: Callable[[], None] | None = None
+        self.on_busy_change: Callable[[bool], None] | None = None
+        """Called with True when the concurrency leaves 0, with False when it returns to 0."""
         self.wait_counts = [0] * (len(QUEUE_WAIT_BUCKETS_S) + 1)
         self.wait_sum_s = 0.0
         self.rejected: dict[str, int] = {
@@ -225,6 +234,16 @@ class Admission:
         self.early_wake_at = level if on_wake is not None else math.inf
         self.on_early_wake = on_wake
 
+    def watch_busy(self, on_change: Callable[[bool], None] | None) -> None:
+        """Call ``on_change(True)`` each time the concurrency (slots taken + queued) leaves 0
+        and ``on_change(False)`` each time it returns to 0 (``None``: stop watching)."""
+        self.on_busy_change = on_change
+
+    @property
+    def busy(self) -> bool:
+        """A request holds a slot or waits in the queue."""
+        return self.in_use + self.queued > 0
+
     def set_replicas(self, replicas: int) -> None:
         """The number of endpoints taking requests changed: recompute the slots."""
         self.replicas = replicas
@@ -253,6 +272,8 @@ class Admission:
             self._take_token()
         if self.in_use < self.capacity and not self.queued:
             self.in_use += 1
+            if self.in_use == 1 and self.on_busy_change is not None:
+                self.on_busy_change(True)
             if self.in_use >= self.early_wake_at:
                 self._wake_early()
             return None
@@ -268,6 +289,8 @@ class Admission:
         """
         if self._limiter is None and self.in_use < self.capacity and not self.queued:
             self.in_use += 1
+            if self.in_use == 1 and self.on_busy_change is not None:
+                self.on_busy_change(True)
             if self.in_use >= self.early_wake_at:
                 self._wake_early()
             return True
@@ -276,13 +299,17 @@ class Admission:
     def release(self) -> None:
         """A request that held a slot has finished."""
         self.in_use -= 1
-        if self.queued and not self._wake_scheduled:
-            self._schedule_wake()
+        if self.queued:
+            if not self._wake_scheduled:
+                self._schedule_wake()
+        elif not self.in_use and self.on_busy_change is not None:
+            self.on_busy_change(False)
 
     def abandon(self, waiter: Waiter) -> None:
         """A queued request's client went away: drop it from the queue (no callback)."""
         if waiter.live:
             self._drop(waiter)
+            self._maybe_idle()
 
     # -- slow paths -----------------------------------------------------------------------
 
@@ -291,6 +318,11 @@ class Admission:
         self.early_wake_at = math.inf
         if self.on_early_wake is not None:
             self.on_early_wake()
+
+    def _maybe_idle(self) -> None:
+        """A queued request left without a slot: the service may have become idle."""
+        if not self.in_use and not self.queued and self.on_busy_change is not None:
+            self.on_busy_change(False)
 
     def _loop_now(self) -> asyncio.AbstractEventLoop:
         loop = self._loop
@@ -336,6 +368,8 @@ class Admission:
         self.queued += 1
         if self.gauge is not None:
             self.gauge.queued = self.queued
+        if self.queued == 1 and not self.in_use and self.on_busy_change is not None:
+            self.on_busy_change(True)
         if self.in_use < self.capacity:
             self._schedule_wake()
         elif self.replicas == 0 and self.on_hold is not None:
@@ -359,6 +393,7 @@ class Admission:
             return
         waiter.timer = None
         self._drop(waiter)
+        self._maybe_idle()
         self.rejected[QueueTimeout.code] += 1
         self._observe_wait(self._loop_now().time() - waiter.enqueued_at)
         waiter.on_reject(

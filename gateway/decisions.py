@@ -4,7 +4,8 @@
   replica, budget share, the rule that fired, the reasons and inputs);
 * :func:`decisions_route` — ``GET /api/decisions[?service=NAME][&limit=N]``: the scaler
   loop's recent decisions (a bounded ring of those that changed something), newest first,
-  plus the latest decision of every service and the budget;
+  plus the latest decision of every service and the budget (with, on the local platform,
+  what is lent between ticks: :class:`LendingReport`);
 * :class:`RecommendRunner` — ``platform: static``: a :class:`~scaler.loop.ScalerLoop` over
   the gateway's signals with the recommend-only actuator.  Decisions are computed, logged
   (one line per service whose decision changed, with its reason) and exposed; nothing is
@@ -17,7 +18,7 @@ import asyncio
 import contextlib
 import math
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -36,6 +37,21 @@ if TYPE_CHECKING:
     from gateway.app import Runtime
 
 DEFAULT_LIMIT = 50
+
+
+@runtime_checkable
+class LendingReport(Protocol):
+    """A platform runner that can say what CPU is in force and lent between ticks
+    (``LocalRunner``)."""
+
+    def lending_report(self) -> dict[str, Any]:
+        """``{"lending": bool, "lend_after_idle_s", "idle": [...], "lent_cores": {...},
+        "quota_in_force_cores": {...}}`` (per replica; lent: negative = lent out)."""
+        ...
+
+    def quotas_in_force(self) -> dict[str, float]:
+        """Per service: the CPU quota per replica written to its cgroups now (cores)."""
+        ...
 
 
 def decision_json(d: Decision) -> dict[str, Any]:
@@ -78,6 +94,10 @@ def decisions_route(runtime: Runtime) -> Route:
             if service is None or name == service
         }
         budget = runtime.settings.budget
+        platform = runtime.platform
+        lending: dict[str, Any] = (
+            platform.lending_report() if isinstance(platform, LendingReport) else {"lending": False}
+        )
         return JSONResponse(
             {
                 "at": runtime.now(),
@@ -90,6 +110,7 @@ def decisions_route(runtime: Runtime) -> Route:
                     "arbitration": budget.arbitration,
                     "enforcement": budget.enforcement,
                     "allocated_cores": sum(d.allocated_cores for d in loop.last.values()),
+                    **lending,
                 },
                 "latest": latest,
                 "recent": [decision_json(d) for d in recent],

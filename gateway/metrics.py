@@ -29,6 +29,9 @@ From the scaler's latest decisions (``DecisionCollector``; absent when no scaler
   its allocated part
 * ``sluice_scaler_decision_applied`` — 1 when decisions are applied (local), 0 when only
   recommended (static)
+* ``sluice_cpu_quota_in_force_cores{service}`` — local platform: the CPU quota per replica in
+  force in the cgroups now (the decided CPU, or while lending between ticks, ``cpu.min`` for
+  an idle service and more than decided for a borrower)
 """
 
 from __future__ import annotations
@@ -170,10 +173,12 @@ class DecisionCollector(Collector):
         decisions: Callable[[], Mapping[str, Decision] | None],
         budget_cpu: Callable[[], float],
         applied: Callable[[], bool],
+        quotas: Callable[[], Mapping[str, float]] | None = None,
     ) -> None:
         self._decisions = decisions
         self._budget_cpu = budget_cpu
         self._applied = applied
+        self._quotas = quotas
 
     def describe(self) -> Iterable[Metric]:
         return []
@@ -211,7 +216,18 @@ class DecisionCollector(Collector):
             "1 when the scaler's decisions are applied, 0 when only recommended.",
         )
         applied.add_metric([], 1 if self._applied() else 0)
-        return [replicas, cpu, allocated, budget, total, applied]
+        out = [replicas, cpu, allocated, budget, total, applied]
+        quotas = self._quotas() if self._quotas is not None else {}
+        if quotas:
+            in_force = GaugeMetricFamily(
+                "sluice_cpu_quota_in_force_cores",
+                "CPU quota per replica in force now (cores): decided, or lent/borrowed between ticks.",
+                labels=["service"],
+            )
+            for name, cores in sorted(quotas.items()):
+                in_force.add_metric([name], cores)
+            out.append(in_force)
+        return out
 
 
 def build_registry(

@@ -12,7 +12,11 @@ CPU changes are written to the running replicas' cgroups in place.  The parent c
 capped at the budget (``total_cpu_cores``).  ``enforcement`` says what a replica's CPU is:
 
 * ``"limit"`` (the default, ``budget.enforcement: limit``): a hard cap (quota = weight =
-  the decided CPU), idle CPU stays idle until the next decision lends it;
+  the decided CPU), idle CPU stays idle until the next decision lends it, or until a
+  lender (:class:`~scaler.localpool.lender.QuotaLender`, ``budget.lending``) lends it between
+  ticks through :meth:`LocalPool.set_quota_overlays`: the quota in force is then the overlay
+  (re-computed by ``on_holdings_change`` whenever the decided CPU or the replicas change),
+  the decided CPU is still what the pool reports as decided;
 * ``"share"``: its guaranteed share of contended
   CPU (cgroup weight); its quota is the service's cap (``set_cpu_cap``: ``scaling.cpu.max``,
   at most the budget), so it uses CPU the others leave idle, and gives it back at once.
@@ -70,6 +74,13 @@ async def _no_drain(service: str, address: str) -> None:
     return None
 
 
+def min_cap(a: float | None, b: float | None) -> float | None:
+    """The smaller of two caps (None = unlimited)."""
+    if a is None:
+        return b
+    return a if b is None else min(a, b)
+
+
 class LocalPool:
     """Runs every service's replicas as local child processes, under per-replica CPU cgroups.
 
@@ -111,6 +122,10 @@ class LocalPool:
         self._closed = False
         self._drain_on_close = True
         self._killed = False
+        self.on_holdings_change: Callable[[], None] | None = None
+        """Limit enforcement: called (synchronously) when a service's decided CPU or its
+        replicas holding a cgroup change, before the new quotas are written; the lender
+        re-computes its overlays there (:meth:`set_quota_overlays`)."""
 
     def __repr__(self) -> str:
         parts = ", ".join(
@@ -224,7 +239,27 @@ class LocalPool:
             return
         log.info("%s: cpu per replica %s -> %s cores", service, svc.cpu_cores, cores)
         svc.cpu_cores = cores
-        self._apply_service(svc)
+        if self.enforcement == "limit" and self.on_holdings_change is not None:
+            self._holdings_changed()
+        else:
+            self._apply_service(svc)
+
+    def set_quota_overlays(self, overlays: Mapping[str, float | None]) -> None:
+        """Limit enforcement: the quota per replica in force for these services instead of
+        their decided CPU (None: back to the decided CPU); every replica's quota is written
+        at once, the shrinking ones first, so the quotas in force never add up to more than
+        before or after.  Quotas stay capped at the budget.  Ignored under ``share``."""
+        for name, cores in overlays.items():
+            if cores is not None and cores <= 0:
+                raise ValueError(f"{name}: quota overlay must be > 0 cores, got {cores}")
+            self._service(name).quota_overlay = cores
+        if self.enforcement == "limit":
+            self._apply_quotas()
+
+    def cpu_holding(self, service: str) -> tuple[int, float | None]:
+        """(replicas whose cgroup holds a quota, decided CPU per replica) of ``service``."""
+        svc = self._service(service)
+        return sum(s.cgroup is not None for s in svc.slots), svc.cpu_cores
 
     def set_cpu_cap(self, service: str, cores: float | None) -> None:
         """The hard cap per replica in share enforcement (``scaling.cpu.max``; None = only the
@@ -255,6 +290,7 @@ class LocalPool:
             self._apply_service(svc)
         if shrinking:
             self._apply_total()
+        self._holdings_changed()
 
     def _apply_total(self) -> None:
         if self.cgroups is None or not self._started:
@@ -265,9 +301,40 @@ class LocalPool:
             log.warning("cannot cap %r at %s cores: %s", self.cgroups, self.total_cpu_cores, e)
 
     def _apply_service(self, svc: ServiceEntry) -> None:
+        quota = self.quota_cores(svc)
         for slot in svc.slots:
             if slot.cgroup is not None:
-                slot.cpu_ok = self._apply_cpu(slot.cgroup, svc)
+                self._write_cpu(slot, svc, quota)
+
+    def _apply_quotas(self) -> None:
+        """Limit enforcement: write every replica quota that differs from what should be in
+        force, the shrinking ones first (the sum in force never goes above its end value)."""
+        inf = float("inf")
+        writes: list[tuple[float, Slot, ServiceEntry, float | None]] = []
+        for svc in self._services.values():
+            target = self.quota_cores(svc)
+            for slot in svc.slots:
+                if slot.cgroup is None or (slot.quota_written and slot.quota_cores == target):
+                    continue
+                now = slot.quota_cores if slot.quota_written else None
+                delta = (inf if target is None else target) - (inf if now is None else now)
+                writes.append((delta, slot, svc, target))
+        writes.sort(key=lambda w: w[0])
+        for _, slot, svc, target in writes:
+            self._write_cpu(slot, svc, target)
+
+    def _holdings_changed(self) -> None:
+        """The decided CPU, the replicas or the budget changed: the lender re-computes its
+        overlays, then whatever differs is written (a failing lender leaves the decided CPU)."""
+        if self.enforcement != "limit" or self.on_holdings_change is None or self._closed:
+            return
+        try:
+            self.on_holdings_change()
+        except Exception:
+            log.exception("lending between ticks failed: quotas back to the decided CPU")
+            for svc in self._services.values():
+                svc.quota_overlay = None
+        self._apply_quotas()
 
     def _service(self, service: str) -> ServiceEntry:
         try:
@@ -283,8 +350,18 @@ class LocalPool:
             cap = self.total_cpu_cores if cap is None else min(cap, self.total_cpu_cores)
         return cap
 
-    def _apply_cpu(self, cgroup: ReplicaCgroup, svc: ServiceEntry) -> bool:
-        cap = self.cap_cores(svc)
+    def quota_cores(self, svc: ServiceEntry) -> float | None:
+        """The quota per replica that should be in force for ``svc`` (None = unlimited): the
+        decided cap, or in limit enforcement the lender's overlay (also within the budget)."""
+        if self.enforcement != "limit" or svc.quota_overlay is None:
+            return self.cap_cores(svc)
+        if self.total_cpu_cores is not None:
+            return min(svc.quota_overlay, self.total_cpu_cores)
+        return svc.quota_overlay
+
+    def _write_cpu(self, slot: Slot, svc: ServiceEntry, cap: float | None) -> None:
+        cgroup = slot.cgroup
+        assert cgroup is not None
         try:
             if self.enforcement == "limit":
                 cgroup.set_cpu(cap)
@@ -300,8 +377,10 @@ class LocalPool:
                 self.enforcement,
                 e,
             )
-            return False
-        return True
+            slot.cpu_ok = slot.quota_written = False
+            return
+        slot.cpu_ok = slot.quota_written = True
+        slot.quota_cores = cap
 
     # ---- what is ---------------------------------------------------------------------------
 
@@ -327,6 +406,7 @@ class LocalPool:
             cpu_applied=self.cgroups is not None and all(s.cpu_ok for s in svc.slots),
             restarts_total=svc.restarts_total,
             replicas=replicas,
+            quota_in_force_cores=self.quota_cores(svc),
         )
 
     def statuses(self) -> dict[str, ServiceStatus]:
@@ -392,6 +472,8 @@ class LocalPool:
         active = [s for s in svc.slots if s.active]
         for _ in range(svc.desired - len(active)):
             self._add_slot(svc)
+        if svc.desired > len(active):
+            self._holdings_changed()
         if len(active) > svc.desired:
             order = {
                 ReplicaPhase.BACKOFF: 0,
@@ -412,16 +494,16 @@ class LocalPool:
         name = f"{svc.name.replace('/', '_')}-{svc.next_index}"
         svc.next_index += 1
         cgroup = None
-        cpu_ok = self.cgroups is not None
         if self.cgroups is not None:
             try:
                 cgroup = self.cgroups.child(name)
             except OSError as e:
                 log.warning("%s: cannot create cgroup for %s: %s", svc.name, name, e)
-                cpu_ok = False
-            else:
-                cpu_ok = self._apply_cpu(cgroup, svc)
-        slot = Slot(svc.name, name, cgroup, cpu_ok=cpu_ok)
+        slot = Slot(svc.name, name, cgroup, cpu_ok=cgroup is not None)
+        if cgroup is not None:
+            # The decided CPU (never a borrower's overlay: a new replica must not add more
+            # than its decided quota to what is in force); the lender then re-computes.
+            self._write_cpu(slot, svc, min_cap(self.cap_cores(svc), self.quota_cores(svc)))
         svc.slots.append(slot)
         slot.task = asyncio.create_task(self._supervise(svc, slot), name=f"replica {name}")
 
@@ -605,6 +687,8 @@ class LocalPool:
             slot.phase = ReplicaPhase.STOPPED
             if slot in svc.slots:
                 svc.slots.remove(slot)
+                if slot.cgroup is not None:
+                    self._holdings_changed()
             self._publish(svc)
 
     async def _retire_slot(self, svc: ServiceEntry, slot: Slot) -> None:

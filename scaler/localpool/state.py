@@ -72,6 +72,10 @@ class ServiceStatus:
     """False when cgroups are unavailable: the CPU figure is decided, not enforced."""
     restarts_total: int
     replicas: tuple[ReplicaStatus, ...]
+    quota_in_force_cores: float | None = None
+    """The quota per replica written to the cgroups now: ``cpu_cap_per_replica_cores``, or
+    while CPU is lent between ticks (``limit`` enforcement, ``budget.lending``) the lender's
+    overlay: ``cpu.min`` for an idle service, more than decided for a borrower."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +100,9 @@ class Slot:
     restarts: int = 0
     cpu_ok: bool = True
     """The last CPU limit was written to this replica's cgroup."""
+    quota_cores: float | None = None
+    """The quota last written to this replica's cgroup (None = unlimited or not written)."""
+    quota_written: bool = False
     retire: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
 
@@ -115,6 +122,9 @@ class ServiceEntry:
         self.cpu_cores = cpu_cores
         self.cpu_cap_cores: float | None = None
         """Share enforcement: the hard cap per replica (``scaling.cpu.max``); None = budget."""
+        self.quota_overlay: float | None = None
+        """Limit enforcement with lending: the quota per replica in force instead of
+        ``cpu_cores`` (None = the decided CPU)."""
         self.slots: list[Slot] = []
         self.next_index = 0
         self.restarts_total = 0

@@ -40,6 +40,7 @@ def test_static_platform_computes_logs_and_exposes_decisions_without_applying_th
             assert api["allocated_cores"] == api["replicas"] * api["cpu_per_replica_cores"]
             assert body["budget"]["cpu"] == 2
             assert body["budget"]["enforcement"] == "limit"  # the default
+            assert body["budget"]["lending"] is False  # only the local platform lends
             assert body["recent"], "the first decision of each service is a change"
             # Filter by service; newest first.
             only = admin.get("/api/decisions", params={"service": "api"}).json()

@@ -1,0 +1,185 @@
+"""Lending idle quota between ticks on the local pool (``budget.enforcement: limit``).
+
+:class:`QuotaLender` is the state machine around the rule :func:`scaler.lending.lend`:
+
+* the gateway tells it when a service becomes busy or idle (``set_busy``; its admission's
+  slots taken + queued leave or return to 0);
+* a service idle for ``hold_s`` (``budget.lend_after_idle_s``) is *marked idle* (one timer per
+  service at most, from the event loop: ``loop.call_later``) and the overlay is applied: its
+  replicas' quotas drop to ``cpu.min`` and the busy services' rise, each replica up to
+  ``cpu.max`` (and the budget);
+* a request for a service marked idle unmarks it and re-applies at once, synchronously,
+  before the request goes on: the owner has its decided quota back, the borrowers shrink,
+  nothing is stopped;
+* every change of the decided CPU or of the replicas (the pool's ``on_holdings_change``)
+  re-applies the overlay on top of the new decisions.
+
+The pool writes the quotas, the shrinking ones first, so the quotas in force never add up to
+more than the decided ones (:func:`lend` never hands out more than the idle services hold).
+The decided CPU is untouched: the pool still reports it as decided; the overlay is only what
+is in force in the cgroups.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+from scaler.lending import Holding, lend
+from scaler.policy import ScalingPolicy
+
+log = logging.getLogger(__name__)
+
+
+class QuotaPool(Protocol):
+    """What the lender needs of :class:`~scaler.localpool.pool.LocalPool`."""
+
+    on_holdings_change: Callable[[], None] | None
+    total_cpu_cores: float | None
+
+    @property
+    def services(self) -> list[str]: ...
+
+    def cpu_holding(self, service: str) -> tuple[int, float | None]: ...
+
+    def set_quota_overlays(self, overlays: Mapping[str, float | None]) -> None: ...
+
+
+class QuotaLender:
+    """Marks services idle after ``hold_s`` and keeps the pool's quota overlays true.
+
+    ``policies``: the services' scaling policies (``cpu.min`` is an idle replica's floor,
+    ``cpu.max`` a borrowing replica's ceiling, ``weight`` its share of what is lent).  Every
+    service starts busy: it is marked idle only after the gateway has seen it idle.  Timers
+    and time come from ``loop`` (tests step its clock).
+    """
+
+    def __init__(
+        self,
+        pool: QuotaPool,
+        policies: Mapping[str, ScalingPolicy],
+        hold_s: float,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        if hold_s < 0:
+            raise ValueError(f"hold_s must be >= 0, got {hold_s!r}")
+        self.pool = pool
+        self.policies = {n: p for n, p in policies.items() if n in pool.services}
+        self.hold_s = hold_s
+        self._loop = loop
+        self._busy = dict.fromkeys(self.policies, True)
+        self._idle_since = dict.fromkeys(self.policies, 0.0)
+        self._timer_armed = dict.fromkeys(self.policies, False)
+        self.idle: set[str] = set()
+        """Services marked idle: their quota above ``cpu.min`` is lent."""
+        self.quotas: dict[str, float] = {}
+        """The quota per replica in force under the latest overlay (services with a decision)."""
+        self.applies = 0
+        """How many times the overlay was re-computed (for tests and operators)."""
+
+    def __repr__(self) -> str:
+        idle = ", ".join(sorted(self.idle)) or "none"
+        return f"QuotaLender(idle: {idle}; hold {self.hold_s:g}s; {self.applies} applies)"
+
+    def start(self) -> None:
+        """Take over the pool's overlays (re-computed on every decision from now on)."""
+        self.pool.on_holdings_change = self.apply
+
+    def stop(self) -> None:
+        """Stop lending: every quota back to the decided CPU (pending timers do nothing)."""
+        if self.pool.on_holdings_change == self.apply:
+            self.pool.on_holdings_change = None
+        self.idle.clear()
+        for name in self._busy:
+            self._busy[name] = True
+        self.pool.set_quota_overlays(dict.fromkeys(self.policies))
+        self.quotas = {}
+
+    # -- the gateway's admission hook -------------------------------------------------------
+
+    def set_busy(self, service: str, busy: bool) -> None:
+        """``service`` has a request in flight or queued (True) or none any more (False)."""
+        if service not in self._busy or self._busy[service] == busy:
+            return
+        self._busy[service] = busy
+        if busy:
+            if service in self.idle:
+                # Reclaim: synchronously, before the request goes on.
+                self.idle.discard(service)
+                self._apply_guarded()
+            return
+        self._idle_since[service] = self._loop.time()
+        if not self._timer_armed[service]:
+            self._timer_armed[service] = True
+            self._loop.call_later(self.hold_s, self._check_idle, service)
+
+    def _check_idle(self, service: str) -> None:
+        """The hold may be over: mark ``service`` idle if it has stayed idle all along."""
+        self._timer_armed[service] = False
+        if self._busy[service] or service in self.idle or self.pool.on_holdings_change is None:
+            return
+        left_s = self._idle_since[service] + self.hold_s - self._loop.time()
+        if left_s > 1e-9:
+            # Busy again and idle again since the timer was set: wait for the rest.
+            self._timer_armed[service] = True
+            self._loop.call_later(left_s, self._check_idle, service)
+            return
+        self.idle.add(service)
+        self._apply_guarded()
+
+    def _apply_guarded(self) -> None:
+        """:meth:`apply` from the data plane or a timer: a failure is logged and every quota
+        goes back to the decided CPU (a request is never failed by lending)."""
+        try:
+            self.apply()
+        except Exception:
+            log.exception("lending between ticks failed: quotas back to the decided CPU")
+            self.idle.clear()
+            self.quotas = {}
+            self.pool.set_quota_overlays(dict.fromkeys(self.policies))
+
+    # -- the overlay ------------------------------------------------------------------------
+
+    def holdings(self) -> dict[str, Holding]:
+        """What every service with a decided CPU holds now, for :func:`lend`."""
+        budget = self.pool.total_cpu_cores
+        out = {}
+        for name, policy in self.policies.items():
+            replicas, cores = self.pool.cpu_holding(name)
+            if cores is None:
+                continue
+            ceiling = policy.cpu.max if budget is None else min(policy.cpu.max, budget)
+            out[name] = Holding(
+                replicas=replicas,
+                cores=cores,
+                floor=policy.cpu.min,
+                ceiling=max(ceiling, cores),
+                weight=policy.weight,
+            )
+        return out
+
+    def apply(self) -> None:
+        """Re-compute the quotas in force from the decided CPU and the idle marks; hand the
+        differences from the decided CPU to the pool as overlays (it writes the changes)."""
+        self.applies += 1
+        holdings = self.holdings()
+        quotas = lend(holdings, self.idle)
+        self.quotas = quotas
+        overlays: dict[str, float | None] = dict.fromkeys(self.policies)
+        for name, quota in quotas.items():
+            if abs(quota - holdings[name].cores) > 1e-9:
+                overlays[name] = quota
+        self.pool.set_quota_overlays(overlays)
+
+    def lent_cores(self) -> dict[str, float]:
+        """Per service: cores in force minus decided (negative: lent out; positive: borrowed)."""
+        holdings = self.holdings()
+        return {
+            name: round(h.replicas * (self.quotas.get(name, h.cores) - h.cores), 6)
+            for name, h in holdings.items()
+        }
+
+
+__all__ = ["QuotaLender", "QuotaPool"]
