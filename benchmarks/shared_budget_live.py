@@ -6,7 +6,9 @@ app, real cgroup CPU limits) twice with the same code and the same load, once wi
 first come first served on the budget, nothing reclaimed), and prints side by side.
 ``--enforcement share|limit|both`` picks ``budget.enforcement`` (``both``: the pair of runs
 for each, so four runs): ``share`` makes a replica's decided CPU its guaranteed share (cgroup
-weight) under a cap of ``cpu.max``, ``limit`` a hard quota.  The figures:
+weight) under a cap of ``cpu.max``, ``limit`` a hard quota.  Under ``limit`` the shared run
+lends an idle service's quota to the busy one between ticks (``budget.lending``; ``--lending
+off`` to compare); the independent run never does.  The figures:
 
 * short-lived (``reports``) p50/p99 latency and requests over the SLO;
 * long-lived (``api``) throughput (answers per second);
@@ -76,6 +78,7 @@ def scenario_config(
             "cpu": args.budget_cpu,
             "arbitration": arbitration,
             "enforcement": enforcement,
+            "lending": getattr(args, "lending", "on") == "on",
         },
         "services": {
             "api": {  # long-lived: first in config order (first come, first served)
@@ -571,6 +574,12 @@ def main() -> int:
         choices=("share", "limit", "both"),
         default="limit",
         help="budget.enforcement: decided CPU as a guaranteed share, a hard limit, or both runs",
+    )
+    p.add_argument(
+        "--lending",
+        choices=("on", "off"),
+        default="on",
+        help="budget.lending (limit enforcement, shared run): lend idle quota between ticks",
     )
     p.add_argument(
         "--no-isolate",

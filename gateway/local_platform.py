@@ -135,11 +135,17 @@ class LocalRunner:
 
 
 def start_lending(runtime: Runtime, pool: LocalPool, settings: Settings) -> QuotaLender | None:
-    """With ``budget.enforcement: limit`` and ``budget.lending`` (and cgroups in use): a
-    :class:`QuotaLender` on the started ``pool``, told by every service's admission when the
-    service becomes busy or idle.  None when lending does not apply."""
+    """With ``budget.enforcement: limit``, ``budget.lending`` and shared arbitration (and
+    cgroups in use): a :class:`QuotaLender` on the started ``pool``, told by every service's
+    admission when the service becomes busy or idle.  None when lending does not apply
+    (``arbitration: independent`` is the one-autoscaler-per-service baseline: nothing lent)."""
     budget = settings.budget
-    if budget.enforcement != "limit" or not budget.lending or not pool.cpu_limits_applied:
+    if (
+        budget.enforcement != "limit"
+        or not budget.lending
+        or budget.arbitration != "shared"
+        or not pool.cpu_limits_applied
+    ):
         return None
     lender = QuotaLender(
         pool,

@@ -236,8 +236,9 @@ class BudgetConfig(_Model):
             "limit enforcement: between ticks, lend the quota of a service that has had no "
             "request in flight or queued for lend_after_idle_s to the busy services (by weight, "
             "each replica up to cpu.max; the idle one keeps cpu.min per replica), and take it "
-            "back at its next request (scaler/lending.py). Applied by the local platform; the "
-            "Kubernetes platform cannot resize pods that fast and lends at ticks only."
+            "back at its next request (scaler/lending.py). Applied by the local platform with "
+            "arbitration: shared; the Kubernetes platform cannot resize pods that fast and "
+            "lends at ticks only."
         ),
     )
     lend_after_idle_s: float = Field(
