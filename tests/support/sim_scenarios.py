@@ -3,13 +3,14 @@ and hand-made services and arrivals for the event-driven models."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from scaler.policy import ScalingPolicy
 from scaler.simulate.arrivals import Arrivals
-from scaler.simulate.model import ServiceModel
+from scaler.simulate.model import READY, Node, ServiceModel
 
 BURSTY: dict[str, Any] = {
     "duration_s": 180,
@@ -54,3 +55,16 @@ def requests(*pairs: tuple[float, float]) -> Arrivals:
         np.array([t for t, _ in pairs], dtype=np.float64),
         np.array([w for _, w in pairs], dtype=np.float64),
     )
+
+
+def placed(capacity: float, targets: Mapping[ServiceModel, tuple[int, float]]) -> Node:
+    """Put each model's (replicas, cores per replica) on a node of ``capacity``, all serving."""
+    node = Node(capacity, {m.name: m for m in targets})
+    claims = node.claims()
+    for m, (replicas, cores) in targets.items():
+        m.set_target(replicas, cores, claims)
+    node.schedule(0.0)
+    for m in targets:
+        for r in m.replicas:
+            r.phase = READY
+    return node

@@ -17,7 +17,7 @@ import pytest
 from scaler.simulate.arrivals import Arrivals
 from scaler.simulate.gps import Lending, SharedCpu
 from scaler.simulate.model import PENDING, READY, Node, ServiceModel
-from tests.support.sim_scenarios import requests, service
+from tests.support.sim_scenarios import placed, requests, service
 
 
 def on_node(
@@ -27,15 +27,8 @@ def on_node(
     after_idle_s: float,
     floor: float = 0.25,
 ) -> tuple[SharedCpu, Node]:
-    models = {m.name: m for m in targets}
-    node = Node(capacity, models)
-    claims = node.claims()
-    for m, (replicas, cores) in targets.items():
-        m.set_target(replicas, cores, claims)
-    node.schedule(0.0)
-    for m in targets:
-        for r in m.replicas:
-            r.phase = READY
+    node = placed(capacity, targets)
+    models = node.services
     lending = Lending(after_idle_s, dict.fromkeys(models, floor), dict.fromkeys(models, 1.0))
     return SharedCpu(capacity, models, lending=lending), node
 

@@ -21,10 +21,10 @@ from scaler.simulate.arrivals import Arrivals
 from scaler.simulate.baselines import RunName
 from scaler.simulate.early import next_early_tick_shared
 from scaler.simulate.gps import SharedCpu, water_fill
-from scaler.simulate.model import READY, Node, ServiceModel
+from scaler.simulate.model import Node, ServiceModel
 from scaler.simulate.runner import build_scenario, run
 from scaler.simulate.workload import Workload, parse_workload
-from tests.support.sim_scenarios import BURSTY, POLICIES, requests, service
+from tests.support.sim_scenarios import BURSTY, POLICIES, placed, requests, service
 
 SHARE = BudgetConfig(cpu=2, enforcement="share")
 EPS = 1e-9
@@ -86,16 +86,8 @@ def test_water_fill_invariants(replicas: list[tuple[float, float]], headroom: fl
 def on_node(
     capacity: float, targets: Mapping[ServiceModel, tuple[int, float]]
 ) -> tuple[SharedCpu, Node]:
-    models = {m.name: m for m in targets}
-    node = Node(capacity, models)
-    claims = node.claims()
-    for m, (replicas, cores) in targets.items():
-        m.set_target(replicas, cores, claims)
-    node.schedule(0.0)
-    for m in targets:
-        for r in m.replicas:
-            r.phase = READY
-    return SharedCpu(capacity, models), node
+    node = placed(capacity, targets)
+    return SharedCpu(capacity, node.services), node
 
 
 def test_a_lone_busy_replica_uses_the_idle_cpu_up_to_cpu_max() -> None:
