@@ -79,6 +79,7 @@ def scenario_config(
             "arbitration": arbitration,
             "enforcement": enforcement,
             "lending": getattr(args, "lending", "on") == "on",
+            "lend_after_idle_s": getattr(args, "lend_after_idle_s", 0.02),
         },
         "services": {
             "api": {  # long-lived: first in config order (first come, first served)
@@ -580,6 +581,12 @@ def main() -> int:
         choices=("on", "off"),
         default="on",
         help="budget.lending (limit enforcement, shared run): lend idle quota between ticks",
+    )
+    p.add_argument(
+        "--lend-after-idle-s",
+        type=float,
+        default=0.02,
+        help="budget.lend_after_idle_s: how long a service is idle before its quota is lent",
     )
     p.add_argument(
         "--no-isolate",
