@@ -4,8 +4,10 @@ installed into a fresh venv exactly as the build stage does, then the entrypoint
 command runs from that venv, outside the repository.
 
 Differences from ``docker build``, all forced by running offline: the wheel is built
-without build isolation (the global setuptools instead of a downloaded one) and the venv
-sees the machine's site-packages for Sluice's dependencies instead of downloading them.
+without build isolation (the test environment's setuptools instead of a downloaded one) and
+the image venv reaches Sluice's dependencies through a ``.pth`` line naming the *test
+environment's* site-packages instead of downloading them. Never ``--system-site-packages``:
+that is the base interpreter's site-packages, which on a fresh machine holds none of them.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import http.client
 import os
 import shutil
 import signal
+import site
 import socket
 import subprocess
 import sys
@@ -78,9 +81,16 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # python -m venv --without-pip /opt/sluice
     venv = base / "venv"
     subprocess.run(
-        [sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)],
+        [sys.executable, "-m", "venv", "--without-pip", str(venv)],
         check=True,
         timeout=60,
+    )
+    (image_site,) = (venv / "lib").glob("python3*/site-packages")
+    # Dependencies from the running test environment, after the venv's own site-packages
+    # (so the wheel's gateway/scaler win); .pth files in the added directory are not run,
+    # so an editable install of the repository there stays invisible.
+    (image_site / "_test_dependencies.pth").write_text(
+        "\n".join(p for p in site.getsitepackages() if Path(p).is_dir()) + "\n"
     )
     # python -m pip --python /opt/sluice/bin/python install /wheels/sluice-*.whl
     (wheel,) = (base / "wheels").glob("sluice-*.whl")
