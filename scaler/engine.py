@@ -4,9 +4,7 @@ Contract (other parts of Sluice code against it; extend, don't rename):
 
 * ``Engine(policies, budget)`` holds per-service window state in memory; no I/O, no clock.
   Optional keywords: ``staleness_s`` (signals older than this freeze the service, default
-  3 s = 3 ticks at 1 s), ``hysteresis_cores`` / ``hysteresis_ratio`` (the arbiter's band),
-  ``small`` (tick in plain Python: default for up to ``SMALL_MAX_SERVICES`` services;
-  ``False`` forces the array form, which decides exactly the same).
+  3 s = 3 ticks at 1 s), ``hysteresis_cores`` / ``hysteresis_ratio`` (the arbiter's band).
 * ``tick(now, signals, states)`` takes the time on the injected clock, the latest
   ``ServiceSignals`` per service (a service missing from ``signals``, or whose snapshot is
   stale, is frozen, never scaled down) and the platform's ``ServiceState`` per service,
@@ -21,10 +19,7 @@ allocation is split into replicas × CPU per replica.
 
 Every per-service quantity lives in a numpy array indexed like the policies, so one tick is
 a few dozen array operations whatever the number of services; each decision renders its
-reasons from the tick's arrays only when someone reads them (``scaler.explain``).  Those few
-hundred numpy calls cost about half a millisecond however few the services, so an engine
-with a few services runs the same steps on Python lists instead (``scaler.engine_small``,
-several times faster there; same decisions bit for bit).
+reasons from the tick's arrays only when someone reads them (``scaler.explain``).
 """
 
 from __future__ import annotations
@@ -45,7 +40,6 @@ from scaler.budget import (
     split_arrays,
 )
 from scaler.decision import Decision, Explanation, ServiceState
-from scaler.engine_small import Counters, EngineLists, KpaLists, KpaWindows, fits, tick_small
 from scaler.explain import FROZEN_REASONS, TickView, rule_names
 from scaler.hpa import HpaBehaviorState, NoMetricsError, PodSample, calculate_replicas
 from scaler.kpa_batch import RULES, Bools, Floats, Ints, KpaBatch, reference_max
@@ -77,7 +71,6 @@ class Engine:
         staleness_s: float = 3.0,
         hysteresis_cores: float = 0.05,
         hysteresis_ratio: float = 0.05,
-        small: bool | None = None,
     ) -> None:
         if staleness_s <= 0:
             raise ValueError(f"staleness_s must be > 0, got {staleness_s!r}")
@@ -118,13 +111,6 @@ class Engine:
         self.kpa = KpaBatch([pols[i] for i in self.kpa_index])
         self.hpa = {i: _HpaTrack(p) for i, p in enumerate(pols) if p.mode == "hpa"}
         self._by_name = {name: i for i, name in enumerate(self.names)}
-        self.lists = EngineLists.of(self)
-        self.kpa_lists = KpaLists.of(self.kpa)
-        self.small = fits(self) if small is None else small and fits(self)
-        """Tick in plain Python (``scaler.engine_small``): a few services, same decisions.
-        Its memory then lives in ``counters`` and ``kpa_windows`` instead of the arrays."""
-        self.counters = Counters(n) if self.small else None
-        self.kpa_windows = KpaWindows(self.kpa) if self.small else None
         nan = np.full(n, np.nan)
         self._last_at = nan.copy()
         self._arrivals_at = nan.copy()
@@ -157,8 +143,6 @@ class Engine:
         states: Mapping[str, ServiceState],
     ) -> dict[str, Decision]:
         """Decide every configured service's replicas and CPU for this tick."""
-        if self.small:
-            return tick_small(self, now, signals, states)
         names = self.names
         n = self.n
         sigs = [signals.get(name) for name in names]
