@@ -84,15 +84,21 @@ class EngineController:
         return out
 
 
-def static_split(policies: Mapping[str, ScalingPolicy], budget_cores: float) -> dict[str, Target]:
-    """The budget shared equally: per service, replicas × CPU within its bounds, at least 1 replica.
+def static_split(
+    policies: Mapping[str, ScalingPolicy],
+    budget_cores: float,
+    shares: Mapping[str, float] | None = None,
+) -> dict[str, Target]:
+    """The budget shared equally (or as ``shares``, in cores): per service, replicas × CPU
+    within its bounds, at least 1 replica.
 
     A service's share is split into as few replicas as ``cpu.max`` allows; when ``cpu.min``
     or ``min_replicas`` need more than the share, the node's capacity decides who runs.
     """
-    share = budget_cores / max(len(policies), 1)
+    equal = budget_cores / max(len(policies), 1)
     out: dict[str, Target] = {}
     for service, p in policies.items():
+        share = equal if shares is None else shares[service]
         replicas = max(1, p.min_replicas, math.ceil(share / p.cpu.max - 1e-9))
         replicas = min(replicas, p.max_replicas)
         cores = min(max(share / replicas, p.cpu.min), p.cpu.max)
@@ -108,8 +114,13 @@ class StaticController:
 
     name: RunName = "static"
 
-    def __init__(self, policies: Mapping[str, ScalingPolicy], budget: BudgetConfig) -> None:
-        self.targets = static_split(policies, budget.cpu)
+    def __init__(
+        self,
+        policies: Mapping[str, ScalingPolicy],
+        budget: BudgetConfig,
+        shares: Mapping[str, float] | None = None,
+    ) -> None:
+        self.targets = static_split(policies, budget.cpu, shares)
         self.rules: dict[str, Counter[str]] = {s: Counter() for s in policies}
 
     def initial(self) -> dict[str, Target]:

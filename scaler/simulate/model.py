@@ -176,6 +176,11 @@ class ServiceModel:
         self._latency_window: deque[list[float]] = deque(maxlen=self._window_ticks)
         self._window_stats: tuple[float, float | None, float | None] | None = None
         self._target: tuple[int, float] | None = None
+        self.removed_while_starting = 0
+        """Replicas removed by a decision while they were starting (scheduled, not yet ready)."""
+        self.replica_reversals = 0
+        """Times the replicas asked for changed direction (up after down, or down after up)."""
+        self._direction = 0
 
     def __repr__(self) -> str:
         phases = [r.phase for r in self.replicas]
@@ -299,6 +304,11 @@ class ServiceModel:
         """
         if (replicas, cores) == self._target:
             return  # the same target again changes nothing (only set_target moves it)
+        if self._target is not None and replicas != self._target[0]:
+            direction = 1 if replicas > self._target[0] else -1
+            if self._direction and direction != self._direction:
+                self.replica_reversals += 1
+            self._direction = direction
         self._target = (replicas, cores)
         seq = iter(claims)
         self.desired_cores = cores
@@ -321,6 +331,8 @@ class ServiceModel:
             order = {PENDING: 0, STARTING: 1, READY: 2}
             victims = sorted(active, key=lambda r: (order[r.phase], len(r.tags), -r.rid))
             for r in victims[: len(active) - replicas]:
+                if r.phase == STARTING:
+                    self.removed_while_starting += 1
                 if r.tags:
                     r.phase = DRAINING
                 else:

@@ -42,13 +42,24 @@ def _quantile(values: np.ndarray, q: float) -> float | None:
     return float(np.quantile(values, q, method="inverted_cdf"))
 
 
-def service_summary(scenario: Scenario, result: RunResult, service: str) -> dict[str, Any]:
+def direction_changes(values: np.ndarray) -> int:
+    """How often a series changes direction: a rise after a fall or a fall after a rise."""
+    steps = np.diff(np.asarray(values, dtype=np.float64))
+    signs = np.sign(steps[np.abs(steps) > 1e-9])
+    return int(np.count_nonzero(signs[1:] != signs[:-1])) if signs.size > 1 else 0
+
+
+def service_summary(
+    scenario: Scenario, result: RunResult, service: str, budget_cores: float
+) -> dict[str, Any]:
     """The figures one run gives one service (latencies count unfinished requests by their age)."""
     s = result.series[service]
     lat = result.latencies_s[service]
     slo = scenario.loads[service].slo_s
     ready = s["ready_replicas"]
     running = s["cpu_per_replica_cores"][s["cpu_per_replica_cores"] > 0]
+    hours = scenario.duration_s / 3600
+    contention = scenario.contention(budget_cores)
     return {
         "requests": result.arrivals[service],
         "completed": result.completed[service],
@@ -67,6 +78,14 @@ def service_summary(scenario: Scenario, result: RunResult, service: str) -> dict
         "pending_replicas_max": int(s["pending_replicas"].max()),
         "cpu_per_replica_min_cores": float(running.min()) if running.size else 0.0,
         "cpu_per_replica_max_cores": float(running.max()) if running.size else 0.0,
+        "cpu_used_in_contention_cores": (
+            float(s["used_cores"][contention].mean()) if contention.any() else None
+        ),
+        "replicas_removed_while_starting": result.removed_while_starting.get(service, 0),
+        "replica_direction_changes_per_hour": result.replica_reversals.get(service, 0) / hours,
+        "offered_direction_changes_per_hour": (
+            direction_changes(scenario.offered_rps[service]) / hours
+        ),
         "rules": result.rules.get(service, {}),
     }
 
@@ -172,7 +191,9 @@ def build_report(
     }
     for r in runs:
         out["runs"][r.name] = {
-            "services": {s: service_summary(scenario, r, s) for s in scenario.services},
+            "services": {
+                s: service_summary(scenario, r, s, budget_cores) for s in scenario.services
+            },
             "budget": budget_summary(scenario, r, budget_cores),
             "ticks": {"regular": scenario.ticks, "early": r.early_ticks},
         }
@@ -212,6 +233,9 @@ _ROWS: list[tuple[str, str, str]] = [
     ("replicas_min", "replicas min", "{:.0f}"),
     ("replicas_max", "replicas max", "{:.0f}"),
     ("cpu_per_replica_max_cores", "CPU/replica max", "{:.2f}"),
+    ("replica_direction_changes_per_hour", "replica direction changes /h", "{:.0f}"),
+    ("offered_direction_changes_per_hour", "… of the offered load /h", "{:.0f}"),
+    ("replicas_removed_while_starting", "replicas removed while starting", "{:.0f}"),
 ]
 
 

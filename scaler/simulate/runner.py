@@ -141,6 +141,10 @@ class RunResult:
     """The node model the run used (``budget.enforcement``)."""
     lend_after_idle_s: float | None = None
     """With lending (limit enforcement, Sluice's run): the idle hold; None without."""
+    removed_while_starting: dict[str, int] = field(default_factory=dict)
+    """Replicas a decision removed while they were starting, per service."""
+    replica_reversals: dict[str, int] = field(default_factory=dict)
+    """Times the replicas asked for changed direction, per service (every decision counted)."""
 
     @property
     def early_ticks(self) -> int:
@@ -278,6 +282,8 @@ def run(
         early_ticks_at=early_at,
         enforcement=budget.enforcement,
         lend_after_idle_s=budget.lend_after_idle_s if lends(name, budget) else None,
+        removed_while_starting={s: m.removed_while_starting for s, m in models.items()},
+        replica_reversals={s: m.replica_reversals for s, m in models.items()},
     )
 
 

@@ -9,6 +9,7 @@ from scaler.policy import BudgetConfig, ScalingPolicy
 from scaler.simulate.arrivals import Arrivals, draw_arrivals
 from scaler.simulate.baselines import static_split
 from scaler.simulate.model import DRAINING, PENDING, READY, STARTING, Node, ServiceModel
+from scaler.simulate.report import direction_changes
 from scaler.simulate.runner import build_scenario, lends, run
 from scaler.simulate.workload import parse_workload
 from tests.support.sim_scenarios import BURSTY, POLICIES
@@ -169,3 +170,35 @@ def test_runs_replay_the_same_arrivals() -> None:
     assert np.array_equal(a.arrivals["api"].times_s, b.arrivals["api"].times_s)
     c = build_scenario(parse_workload(BURSTY), POLICIES, seed=99)
     assert not np.array_equal(a.arrivals["api"].times_s, c.arrivals["api"].times_s)
+
+
+def test_flapping_counters_count_reversals_and_replicas_removed_while_starting() -> None:
+    m = ServiceModel("a", Arrivals(np.zeros(0), np.zeros(0)), startup_s=3.0, request_cores_max=1.0)
+    node = Node(8.0, {"a": m})
+    claims = node.claims()
+    m.set_target(1, 0.5, claims)
+    node.schedule(0.0)
+    m.run(0.0, 4.0)  # the first replica is ready
+    m.set_target(3, 0.5, claims)  # up
+    node.schedule(4.0)
+    m.set_target(3, 1.0, claims)  # CPU only: no direction
+    m.set_target(2, 1.0, claims)  # down: one starting replica goes
+    assert (m.replica_reversals, m.removed_while_starting) == (1, 1)
+    m.run(4.0, 8.0)  # the other starting one becomes ready
+    m.set_target(1, 1.0, claims)  # down again: no reversal, and it was ready
+    m.set_target(4, 1.0, claims)  # up: a reversal
+    assert (m.replica_reversals, m.removed_while_starting) == (2, 1)
+
+
+def test_direction_changes_of_a_series() -> None:
+    assert direction_changes(np.array([1.0, 1, 2, 2, 3, 1, 1, 4, 4])) == 2
+    assert direction_changes(np.array([5.0, 5, 5])) == 0
+    assert direction_changes(np.array([1.0, 0, 1, 0])) == 2
+
+
+def test_static_split_by_given_shares() -> None:
+    targets = static_split(POLICIES, 2.0, {"api": 1.5, "reports": 0.5})
+    assert targets["api"].replicas * targets["api"].cpu_per_replica_cores == pytest.approx(1.5)
+    assert targets["reports"].replicas * targets["reports"].cpu_per_replica_cores == pytest.approx(
+        0.5
+    )

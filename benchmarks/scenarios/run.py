@@ -1,0 +1,567 @@
+"""The scenario suite: every scenario under Sluice, `independent` and `static`, one table, one verdict.
+
+    python benchmarks/scenarios/run.py [--jobs N] [--only SUBSTRING ...] [--out FILE]
+                                       [--table FILE] [--enforcement limit|share]
+
+Each directory here holding ``config.yaml`` (a Sluice config, as a user writes it: KPA/HPA
+defaults, no per-scenario knobs) and ``workload.yaml`` (``sluice simulate``'s format) is a
+scenario.  Each is simulated (the real engine, the queueing model of ``sluice simulate``, the
+very same arrivals for every run) under:
+
+* ``sluice``      -- the config as written (``budget.arbitration: shared``);
+* ``independent`` -- one autoscaler per service, first come first served on the budget;
+* ``static``      -- the budget split equally, fixed;
+* ``best split``  -- a clairvoyant reference: the best of three fixed splits chosen in hindsight
+  from the offered load (proportional to each service's mean, mean during contention, and peak
+  offered CPU), the one whose worst service p99 ÷ independent's is lowest;
+
+and two bounds no controller beats on this model: the **p99 floor** per service (the p99 of its
+requests' own service time on a replica at ``cpu.max``: no queueing, no start-up) and the
+**fluid bound** on CPU used during contention (a work-conserving node serving every backlog at
+once up to ``max_replicas × cpu.max``, without start-up delays).
+
+It prints one table, scenarios that miss goals first, then the verdict against issue #14's
+goals, and writes JSON (``--out``, default ``scenarios-out/suite.json``, untracked).
+The scenarios run in ``--jobs`` processes (default 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import math
+import os
+import platform
+import sys
+import time
+from collections.abc import Mapping
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+from rich import box  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from gateway.settings import load_settings  # noqa: E402
+from scaler.policy import BudgetConfig, ScalingPolicy  # noqa: E402
+from scaler.simulate.baselines import StaticController  # noqa: E402
+from scaler.simulate.report import budget_summary, service_summary  # noqa: E402
+from scaler.simulate.runner import RunResult, Scenario, build_scenario, run  # noqa: E402
+from scaler.simulate.workload import ServiceLoad, load_workload  # noqa: E402
+
+P99_SLACK = 1.10
+"""Goal: no service's p99 worse than independent's by more than 10 %."""
+CPU_SLACK = 0.02
+"""Goal: CPU used in contention at least independent's minus 2 points."""
+SEED_P99_FACTOR = 10.0
+SEED_THROUGHPUT = 0.95
+SEED_UTILISATION = 0.90
+SEED_BUDGETS = (2.0, 8.0)
+"""The seed-class goals hold at these budgets (issue #14); elsewhere they are shown as info."""
+
+
+def discover(only: list[str]) -> list[Path]:
+    dirs = sorted(
+        p
+        for p in HERE.iterdir()
+        if (p / "config.yaml").is_file() and (p / "workload.yaml").is_file()
+    )
+    if only:
+        dirs = [d for d in dirs if any(o in d.name for o in only)]
+    return dirs
+
+
+# ---- clairvoyant references ----------------------------------------------------------------
+
+
+def capacity(policy: ScalingPolicy) -> float:
+    """The most CPU a service can ever hold: max_replicas × cpu.max."""
+    return policy.max_replicas * policy.cpu.max
+
+
+def fill(
+    budget: float,
+    weights: Mapping[str, float],
+    floors: Mapping[str, float],
+    caps: Mapping[str, float],
+) -> dict[str, float]:
+    """Split ``budget``: every service its floor, the rest by weight, none above its cap."""
+    shares = dict(floors)
+    spare = budget - sum(shares.values())
+    open_ = {s for s in weights if shares[s] < caps[s] - 1e-9 and weights[s] > 0}
+    while spare > 1e-9 and open_:
+        total = sum(weights[s] for s in open_)
+        given = 0.0
+        for s in sorted(open_):
+            add = min(spare * weights[s] / total, caps[s] - shares[s])
+            shares[s] += add
+            given += add
+        spare -= given
+        open_ = {s for s in open_ if shares[s] < caps[s] - 1e-9}
+        if given <= 1e-12:
+            break
+    return shares
+
+
+def candidate_splits(
+    scenario: Scenario, policies: Mapping[str, ScalingPolicy], budget: float
+) -> dict[str, dict[str, float]]:
+    """Fixed splits chosen in hindsight from the offered load (cores per service)."""
+    contention = scenario.contention(budget)
+    floors = {s: max(1, p.min_replicas) * p.cpu.min for s, p in policies.items()}
+    caps = {s: max(capacity(p), floors[s]) for s, p in policies.items()}
+    offered = {s: scenario.offered_cores[s] for s in scenario.services}
+    weights = {
+        "mean": {s: float(v.mean()) for s, v in offered.items()},
+        "contention": {
+            s: float(v[contention].mean()) if contention.any() else float(v.mean())
+            for s, v in offered.items()
+        },
+        "peak": {s: float(v.max()) for s, v in offered.items()},
+    }
+    return {name: fill(budget, w, floors, caps) for name, w in weights.items()}
+
+
+def p99_floor(scenario: Scenario, service: str, policy: ScalingPolicy) -> float | None:
+    """p99 of a request's own service time on a replica at cpu.max (no queueing, no start-up)."""
+    work = scenario.arrivals[service].cpu_s
+    if work.size == 0:
+        return None
+    speed = min(scenario.loads[service].request_cores_max, policy.cpu.max)
+    return float(np.quantile(work / speed, 0.99, method="inverted_cdf"))
+
+
+def fluid_bound(
+    scenario: Scenario, policies: Mapping[str, ScalingPolicy], budget: float
+) -> float | None:
+    """CPU used during contention ÷ budget by a work-conserving fluid node (no start-up)."""
+    contention = scenario.contention(budget)
+    if not contention.any():
+        return None
+    tick = scenario.tick_s
+    backlog = dict.fromkeys(scenario.services, 0.0)
+    used = np.zeros(scenario.ticks)
+    for k in range(scenario.ticks):
+        want = {}
+        for s in scenario.services:
+            avail = backlog[s] + scenario.offered_cores[s][k] * tick
+            want[s] = min(capacity(policies[s]), avail / tick)
+        got = fill(budget, {s: 1.0 for s in want}, dict.fromkeys(want, 0.0), want)
+        for s in scenario.services:
+            backlog[s] += scenario.offered_cores[s][k] * tick - got[s] * tick
+            backlog[s] = max(backlog[s], 0.0)
+        used[k] = sum(got.values())
+    return float(used[contention].mean() / budget)
+
+
+# ---- one scenario ------------------------------------------------------------------------
+
+
+def role(load: ServiceLoad) -> str:
+    """``long`` (constant load, no bursts), ``short`` (idle between bursts) or ``other``."""
+    if not load.bursts and len(load.load) == 1 and load.load[0].rps > 0:
+        return "long"
+    if load.bursts and all(step.rps == 0 for step in load.load):
+        return "short"
+    return "other"
+
+
+def summarise(scenario: Scenario, result: RunResult, budget: float) -> dict[str, Any]:
+    services = {s: service_summary(scenario, result, s, budget) for s in scenario.services}
+    for figures in services.values():
+        figures.pop("rules", None)
+    return {
+        "services": services,
+        "budget": budget_summary(scenario, result, budget),
+        "early_ticks": result.early_ticks,
+    }
+
+
+def run_scenario(directory: str, enforcement: str | None) -> dict[str, Any]:
+    """Every run of one scenario, its bounds, and its figures (JSON-ready)."""
+    started = time.process_time()
+    path = Path(directory)
+    settings = load_settings(path / "config.yaml")
+    policies = {n: s.scaling for n, s in settings.services.items()}
+    budget: BudgetConfig = settings.budget
+    if enforcement is not None:
+        budget = budget.model_copy(update={"enforcement": enforcement})
+    workload = load_workload(path / "workload.yaml")
+    scenario = build_scenario(workload, policies)
+    cores = budget.cpu
+    runs: dict[str, dict[str, Any]] = {}
+    for name in ("sluice", "independent", "static"):
+        runs[name] = summarise(scenario, run(scenario, name, policies, budget), cores)
+    splits = candidate_splits(scenario, policies, cores)
+    best: tuple[float, str, dict[str, Any]] | None = None
+    indep = runs["independent"]["services"]
+    for label, shares in splits.items():
+        ctl = StaticController(policies, budget, shares)
+        figures = summarise(
+            scenario, run(scenario, "static", policies, budget, controller=ctl), cores
+        )
+        worst = max(
+            _ratio(figures["services"][s]["latency_p99_s"], indep[s]["latency_p99_s"]) or 0.0
+            for s in scenario.services
+        )
+        if best is None or worst < best[0]:
+            best = (worst, label, figures)
+    assert best is not None
+    runs["best_split"] = best[2]
+    runs["best_split"]["split"] = {"by": best[1], "cores": splits[best[1]]}
+    return {
+        "name": path.name,
+        "budget_cores": cores,
+        "enforcement": budget.enforcement,
+        "duration_s": scenario.duration_s,
+        "services": {
+            s: {
+                "role": role(scenario.loads[s]),
+                "mode": policies[s].mode,
+                "startup_s": scenario.loads[s].startup_s,
+                "slo_s": scenario.loads[s].slo_s,
+                "requests": len(scenario.arrivals[s]),
+                "offered_cores_mean": float(scenario.offered_cores[s].mean()),
+                "offered_cores_max": float(scenario.offered_cores[s].max()),
+                "p99_floor_s": p99_floor(scenario, s, policies[s]),
+            }
+            for s in scenario.services
+        },
+        "contention_s": float(scenario.contention(cores).sum() * scenario.tick_s),
+        "fluid_bound_utilisation_in_contention": fluid_bound(scenario, policies, cores),
+        "runs": runs,
+        "cpu_s": time.process_time() - started,
+    }
+
+
+# ---- goals ---------------------------------------------------------------------------------
+
+
+def _ratio(a: Any, b: Any) -> float | None:
+    if a is None or b is None:
+        return None
+    if b == 0:
+        return 1.0 if a == 0 else math.inf
+    return float(a) / float(b)
+
+
+def verdict(sc: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every goal of issue #14 on one scenario: ``{goal, met, detail, why}`` (``why``: a bound
+    showing the goal cannot be met on this scenario, when one does)."""
+    out: list[dict[str, Any]] = []
+    s_runs, i_runs = sc["runs"]["sluice"], sc["runs"]["independent"]
+    sv, iv = s_runs["services"], i_runs["services"]
+
+    def add(
+        kind: str,
+        service: str | None,
+        met: bool,
+        detail: str,
+        why: str | None = None,
+        info: bool = False,
+    ) -> None:
+        goal = kind.replace("<service>", service) if service else kind
+        out.append(
+            {"goal": goal, "kind": kind, "met": met, "detail": detail, "why": why, "info": info}
+        )
+
+    for s in sc["services"]:
+        r = _ratio(sv[s]["latency_p99_s"], iv[s]["latency_p99_s"])
+        if r is not None:
+            add(
+                "<service>: p99 <= 1.10 x independent",
+                s,
+                r <= P99_SLACK,
+                f"{sv[s]['latency_p99_s']:.3g} s vs {iv[s]['latency_p99_s']:.3g} s ({r:.2f}x)",
+            )
+    done_s = sum(v["completed"] for v in sv.values())
+    done_i = sum(v["completed"] for v in iv.values())
+    add("completed >= independent", None, done_s >= done_i, f"{done_s} vs {done_i}")
+    left_s = sum(v["unfinished"] for v in sv.values())
+    left_i = sum(v["unfinished"] for v in iv.values())
+    add("unfinished at end <= independent", None, left_s <= left_i, f"{left_s} vs {left_i}")
+    us = s_runs["budget"]["utilisation_during_contention"]
+    ui = i_runs["budget"]["utilisation_during_contention"]
+    if us is not None and ui is not None:
+        add(
+            "CPU in contention >= independent - 2 points",
+            None,
+            us >= ui - CPU_SLACK - 1e-12,
+            f"{us:.1%} vs {ui:.1%}",
+        )
+    removed = {s: v["replicas_removed_while_starting"] for s, v in sv.items()}
+    add(
+        "no replica removed while starting",
+        None,
+        not any(removed.values()),
+        ", ".join(f"{s} {n}" for s, n in removed.items() if n) or "0",
+    )
+    flapping = {
+        s: (v["replica_direction_changes_per_hour"], v["offered_direction_changes_per_hour"])
+        for s, v in sv.items()
+        if v["replica_direction_changes_per_hour"] > v["offered_direction_changes_per_hour"] + 1e-9
+    }
+    add(
+        "replica direction changes <= the offered load's",
+        None,
+        not flapping,
+        ", ".join(f"{s} {a:.0f}/h vs load {b:.0f}/h" for s, (a, b) in flapping.items()) or "ok",
+    )
+    if sc["name"].startswith("seed-"):
+        info = sc["budget_cores"] not in SEED_BUDGETS
+        for s, meta in sc["services"].items():
+            if meta["role"] == "short":
+                ps, pi, floor = sv[s]["latency_p99_s"], iv[s]["latency_p99_s"], meta["p99_floor_s"]
+                factor = _ratio(pi, ps) or 0.0
+                why = None
+                if floor and pi / floor < SEED_P99_FACTOR:
+                    why = f"impossible: even the p99 floor ({floor:.3g} s) is only {pi / floor:.1f}x below independent"
+                add(
+                    "seed: short-lived <service> p99 >= 10x lower than independent",
+                    s,
+                    factor >= SEED_P99_FACTOR,
+                    f"{factor:.1f}x",
+                    why,
+                    info,
+                )
+            if meta["role"] == "long":
+                t = _ratio(sv[s]["completed"], iv[s]["completed"]) or 0.0
+                add(
+                    "seed: long-lived <service> throughput >= 95 % of independent",
+                    s,
+                    t >= SEED_THROUGHPUT,
+                    f"{t:.3f}",
+                    None,
+                    info,
+                )
+        if us is not None:
+            bound = sc["fluid_bound_utilisation_in_contention"]
+            why = None
+            if bound is not None and bound < SEED_UTILISATION:
+                why = f"impossible: the fluid bound is {bound:.1%}"
+            add(
+                "seed: CPU in contention >= 90 %",
+                None,
+                us >= SEED_UTILISATION,
+                f"{us:.1%}",
+                why,
+                info,
+            )
+    return out
+
+
+# ---- output --------------------------------------------------------------------------------
+
+
+def _f(x: Any, pattern: str = "{:.3g}") -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float) and math.isinf(x):
+        return "inf"
+    return pattern.format(x)
+
+
+def failed(goals: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [g for g in goals if not g["met"] and not g["info"]]
+
+
+def badness(sc: dict[str, Any]) -> tuple[int, float]:
+    worst = max(
+        (
+            _ratio(
+                sc["runs"]["sluice"]["services"][s]["latency_p99_s"],
+                sc["runs"]["independent"]["services"][s]["latency_p99_s"],
+            )
+            or 0.0
+            for s in sc["services"]
+        ),
+        default=0.0,
+    )
+    return (len(failed(sc["verdict"])), worst)
+
+
+COLUMNS = [
+    ("service", "left"),
+    ("p99 S/I", "right"),
+    ("p99 s: Sluice", "right"),
+    ("indep", "right"),
+    ("static", "right"),
+    ("best split", "right"),
+    ("floor", "right"),
+    ("thr S/I", "right"),
+    ("CPU in cont. S / I", "right"),
+    ("unfin S / I", "right"),
+    ("dir/h S / I / load", "right"),
+    ("rm-start S / I", "right"),
+]
+
+
+def _pct(x: Any) -> str:
+    return _f(x, "{:.1%}")
+
+
+def print_results(results: list[dict[str, Any]], console: Console) -> None:
+    """Per scenario: a line with its budget figures, a table of its services, its misses."""
+    for sc in results:
+        runs = sc["runs"]
+        b = {k: runs[k]["budget"] for k in runs}
+        fails = failed(sc["verdict"])
+        status = f"[red]misses {len(fails)} goal(s)[/]" if fails else "[green]meets every goal[/]"
+        console.print(
+            f"[bold]{sc['name']}[/]: {sc['budget_cores']:g} cores, {len(sc['services'])} services, "
+            f"{sc['duration_s']:.0f} s, contention {sc['contention_s']:.0f} s -- {status}"
+        )
+        if sc["contention_s"]:
+            console.print(
+                "  CPU used in contention: Sluice "
+                f"{_pct(b['sluice']['utilisation_during_contention'])}, independent "
+                f"{_pct(b['independent']['utilisation_during_contention'])}, static "
+                f"{_pct(b['static']['utilisation_during_contention'])}, best split "
+                f"{_pct(b['best_split']['utilisation_during_contention'])}, fluid bound "
+                f"{_pct(sc['fluid_bound_utilisation_in_contention'])}"
+            )
+        t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+        for col, just in COLUMNS:
+            t.add_column(col, justify=just)  # type: ignore[arg-type]
+        for s, meta in sc["services"].items():
+            sv = {k: runs[k]["services"][s] for k in runs}
+            r = _ratio(sv["sluice"]["latency_p99_s"], sv["independent"]["latency_p99_s"])
+            mark = "[red]" if r is not None and r > P99_SLACK else ""
+            t.add_row(
+                f"{s} ({meta['role']}, {meta['mode']}, start {meta['startup_s']:g} s)",
+                f"{mark}{_f(r, '{:.2f}')}",
+                _f(sv["sluice"]["latency_p99_s"]),
+                _f(sv["independent"]["latency_p99_s"]),
+                _f(sv["static"]["latency_p99_s"]),
+                _f(sv["best_split"]["latency_p99_s"]),
+                _f(meta["p99_floor_s"]),
+                _f(_ratio(sv["sluice"]["completed"], sv["independent"]["completed"]), "{:.3f}"),
+                f"{_f(sv['sluice']['cpu_used_in_contention_cores'], '{:.2f}')} / "
+                f"{_f(sv['independent']['cpu_used_in_contention_cores'], '{:.2f}')}",
+                f"{sv['sluice']['unfinished']} / {sv['independent']['unfinished']}",
+                f"{sv['sluice']['replica_direction_changes_per_hour']:.0f} / "
+                f"{sv['independent']['replica_direction_changes_per_hour']:.0f} / "
+                f"{sv['sluice']['offered_direction_changes_per_hour']:.0f}",
+                f"{sv['sluice']['replicas_removed_while_starting']} / "
+                f"{sv['independent']['replicas_removed_while_starting']}",
+            )
+        console.print(t)
+        for g in fails:
+            why = f" -- {g['why']}" if g["why"] else ""
+            console.print(f"  [red]✗[/] {g['goal']}: {g['detail']}{why}")
+        for g in sc["verdict"]:
+            if g["info"]:
+                mark = "✓" if g["met"] else "✗"
+                console.print(
+                    f"  (info, not a goal at this budget) {mark} {g['goal']}: {g['detail']}"
+                )
+        console.print()
+
+
+def print_verdict(results: list[dict[str, Any]], console: Console) -> None:
+    ok = [sc for sc in results if not failed(sc["verdict"])]
+    console.print(
+        f"[bold]verdict[/]: {len(ok)} of {len(results)} scenarios meet every goal of issue #14"
+    )
+    counts: dict[str, int] = {}
+    impossible = 0
+    for sc in results:
+        for g in failed(sc["verdict"]):
+            key = g["kind"]
+            counts[key] = counts.get(key, 0) + 1
+            impossible += g["why"] is not None
+    for goal, n in sorted(counts.items(), key=lambda kv: -kv[1]):
+        console.print(f"  missed {n:>3}x  {goal}")
+    if impossible:
+        console.print(f"  ({impossible} of the misses are shown impossible by a bound)")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--jobs", type=int, default=2, help="processes (default 2)")
+    ap.add_argument(
+        "--only", nargs="*", default=[], help="scenarios whose name contains one of these"
+    )
+    ap.add_argument(
+        "--out", type=Path, default=Path("scenarios-out/suite.json"), help="JSON results"
+    )
+    ap.add_argument("--table", type=Path, default=None, help="also write the table as text here")
+    ap.add_argument(
+        "--enforcement",
+        choices=["limit", "share"],
+        default=None,
+        help="node model for every run (default: each config's budget.enforcement)",
+    )
+    args = ap.parse_args()
+    dirs = discover(args.only)
+    if not dirs:
+        print("no scenarios found", file=sys.stderr)
+        return 2
+    err = Console(stderr=True)
+    started = time.monotonic()
+    results: list[dict[str, Any]] = []
+    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        futures = {pool.submit(run_scenario, str(d), args.enforcement): d for d in dirs}
+        for fut in as_completed(futures):
+            sc = fut.result()
+            sc["verdict"] = verdict(sc)
+            results.append(sc)
+            err.print(
+                f"[{len(results)}/{len(dirs)}] {sc['name']}: {sc['cpu_s']:.1f} s CPU, "
+                f"{len(failed(sc['verdict']))} goal(s) missed"
+            )
+    wall = time.monotonic() - started
+    results.sort(key=lambda sc: (-badness(sc)[0], -badness(sc)[1], sc["name"]))
+    console = Console(width=200)
+    print_results(results, console)
+    print_verdict(results, console)
+    console.print(
+        f"{len(results)} scenarios in {wall:.0f} s wall ({args.jobs} processes). Columns: p99 S/I = "
+        "Sluice ÷ independent; floor = p99 of a request's own service time at cpu.max; best split = "
+        "best fixed split in hindsight; thr = completed requests; CPU in cont. = cores used "
+        "during contention; dir/h = replica direction changes "
+        "per hour (load = the offered load's own); rm-start = replicas removed while starting"
+    )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "meta": {
+            "command": "python benchmarks/scenarios/run.py " + " ".join(sys.argv[1:]),
+            "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "host": platform.node(),
+            "cpus": os.cpu_count(),
+            "wall_s": wall,
+            "goals": {
+                "p99_vs_independent_max": P99_SLACK,
+                "cpu_in_contention_slack": CPU_SLACK,
+                "seed_p99_factor": SEED_P99_FACTOR,
+                "seed_throughput": SEED_THROUGHPUT,
+                "seed_utilisation": SEED_UTILISATION,
+                "seed_budgets": SEED_BUDGETS,
+            },
+        },
+        "scenarios": results,
+    }
+    args.out.write_text(json.dumps(doc, allow_nan=False, default=float) + "\n", encoding="utf-8")
+    if args.table is not None:
+        args.table.parent.mkdir(parents=True, exist_ok=True)
+        buf = io.StringIO()
+        file_console = Console(file=buf, width=200, no_color=True, force_terminal=False)
+        print_results(results, file_console)
+        print_verdict(results, file_console)
+        text = "\n".join(line.rstrip() for line in buf.getvalue().splitlines())
+        args.table.write_text(f"# {doc['meta']['command']} ({doc['meta']['when']})\n{text}\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
