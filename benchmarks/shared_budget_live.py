@@ -24,8 +24,8 @@ Load (open loop for ``reports``, closed loop for ``api``, both from ``gateway.lo
 which alone would take the whole budget; ``reports`` gets bursts of ``--burst-rps`` for
 ``--burst-s`` every ``--period-s`` (40 ms of CPU each).
 
-Writes ``benchmarks/results/shared_budget_live.json``, one ``shared_budget_live.<enforcement>.png``
-per enforcement and each run's decision log.  Needs writable CPU cgroups (root) for the
+Writes ``OUT/shared_budget_live.json`` (``--out``, default ``live-out``), one
+``shared_budget_live.<enforcement>.png`` per enforcement and each run's decision log.  Needs writable CPU cgroups (root) for the
 limits to mean anything; it says so when they are not applied.
 
     python benchmarks/shared_budget_live.py            # ~2 x 150 s (share)
@@ -61,7 +61,6 @@ from gateway.loadgen import LoadReport, Stream, percentile, run_load  # noqa: E4
 from scaler.localpool.cgroup_parent import CgroupParent, parent_name_for  # noqa: E402
 from scaler.localpool.cgroups import CgroupUnavailable, detect_layout  # noqa: E402
 
-RESULTS = ROOT / "benchmarks" / "results"
 LINE = re.compile(r"sluice listening data=http://(\S+):(\d+) admin=(\S+)")
 
 
@@ -371,8 +370,8 @@ async def run_mode(
     finally:
         code = gw.stop()
         # The scaler's decision lines (one per service whose decision changed, with reasons).
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        (RESULTS / f"shared_budget_live.{enforcement}.{arbitration}.log").write_text(
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / f"shared_budget_live.{enforcement}.{arbitration}.log").write_text(
             "\n".join(line for line in gw.lines if "scaler decision" in line) + "\n"
         )
     cpu_s = None if cpu0 is None or cpu1 is None else cpu1 - cpu0
@@ -524,7 +523,6 @@ async def main_async(args: argparse.Namespace) -> int:
         print(table(results[enforcement]))
     if len(enforcements) == 2:
         print(enforcement_table(results))
-    RESULTS.mkdir(parents=True, exist_ok=True)
     out = {
         "scenario": {
             "budget_cpu": args.budget_cpu,
@@ -548,15 +546,16 @@ async def main_async(args: argparse.Namespace) -> int:
             for enf, by_mode in results.items()
         },
     }
-    (RESULTS / "shared_budget_live.json").write_text(json.dumps(out, indent=2) + "\n")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "shared_budget_live.json").write_text(json.dumps(out, indent=2) + "\n")
     for enforcement in enforcements:
         plot(
             results[enforcement],
-            RESULTS / f"shared_budget_live.{enforcement}.png",
+            args.out / f"shared_budget_live.{enforcement}.png",
             args,
             enforcement,
         )
-    print(f"wrote {RESULTS / 'shared_budget_live.json'} and the plots")
+    print(f"wrote {args.out / 'shared_budget_live.json'} and the plots")
     return 0
 
 
@@ -587,6 +586,12 @@ def main() -> int:
         type=float,
         default=0.02,
         help="budget.lend_after_idle_s: how long a service is idle before its quota is lent",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=Path("live-out"),
+        help="directory for the JSON, the plots and the decision logs (default: live-out)",
     )
     p.add_argument(
         "--no-isolate",
