@@ -49,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--out",
         type=Path,
         default=Path("simulate-out"),
-        help="directory for report.json and report.png",
+        help="directory for report.json, report.png and zoom.png",
     )
     parser.add_argument(
         "--duration",
@@ -115,7 +115,7 @@ def run_command(
     """Run ``sluice simulate`` with a loaded config; returns the exit code."""
     from rich.console import Console
 
-    from scaler.simulate.plot import write_png
+    from scaler.simulate.plot import missing, write_plots
     from scaler.simulate.report import build_report, print_tables, write_json
     from scaler.simulate.runner import SimulationError, build_scenario
     from scaler.simulate.workload import WorkloadError, load_workload
@@ -166,7 +166,12 @@ def run_command(
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     write_json(report, out / "report.json")
-    write_png(report, out / "report.png")
+    written = [out / "report.json"]
+    cannot_draw = missing()
+    if cannot_draw is None:
+        written += write_plots(report, out)
     print_tables(report, Console())
-    print(f"wrote {out / 'report.json'} and {out / 'report.png'}")
+    if cannot_draw is not None:
+        print(f"sluice simulate: no report.png/zoom.png: {cannot_draw}", file=sys.stderr)
+    print(f"wrote {', '.join(str(p) for p in written)}")
     return 0

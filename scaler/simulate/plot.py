@@ -1,99 +1,208 @@
-"""The report's PNG: per service, load, replicas, CPU and latency over time, both runs overlaid."""
+"""The report's figures, read at a glance.
+
+* ``report.png`` (summary): per service, the latency CDF of every run (Sluice and the
+  baseline on the same arrivals); per run, the CPU each service used, stacked against the
+  budget, smoothed over windows of about 1/150 of the run (a raw 1 s series over an hour is
+  noise), with the ticks in contention shaded.
+* ``zoom.png``: one or two cycles around the first contention, raw per-tick series: CPU used
+  stacked against the budget, ready replicas and p99 latency against the SLO, per run.
+
+matplotlib is an optional extra (``pip install 'sluice[sim]'``); :func:`missing` says whether
+it is installed and how to install it.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-_STYLE = {
-    0: {"linestyle": "-", "linewidth": 1.2, "color": "tab:blue"},
-    1: {"linestyle": "--", "linewidth": 1.0, "color": "tab:orange"},
-    2: {"linestyle": ":", "linewidth": 1.0, "color": "tab:green"},
-}
+INSTALL_HINT = "pip install 'sluice[sim]'"
+
+_RUN_STYLE = {0: ("tab:blue", "-"), 1: ("tab:orange", "--"), 2: ("tab:green", ":")}
 
 
-def write_png(report: Mapping[str, Any], path: Path) -> None:
-    """Draw ``report`` (as :func:`scaler.simulate.report.build_report` makes it) to ``path``."""
+def missing() -> str | None:
+    """None when the figures can be drawn, else what to do about it."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return f"the figures need matplotlib, which is not installed: {INSTALL_HINT}"
+    return None
+
+
+def write_plots(report: Mapping[str, Any], out: Path) -> list[Path]:
+    """Draw ``report`` (:func:`scaler.simulate.report.build_report`) into ``out``; the paths."""
     import matplotlib
 
     matplotlib.use("Agg")
+    paths = [out / "report.png", out / "zoom.png"]
+    _summary(report, paths[0])
+    _zoom(report, paths[1])
+    return paths
+
+
+def _num(values: Sequence[float | None]) -> np.ndarray:
+    return np.array([np.nan if v is None else v for v in values], dtype=float)
+
+
+def smooth(values: np.ndarray, window: int) -> np.ndarray:
+    """Centred moving average over ``window`` points (NaNs ignored; the edges use what exists)."""
+    if window <= 1 or values.size == 0:
+        return values
+    ok = ~np.isnan(values)
+    kernel = np.ones(window)
+    total = np.convolve(np.where(ok, values, 0.0), kernel, mode="same")
+    count = np.convolve(ok.astype(float), kernel, mode="same")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(count > 0, total / np.maximum(count, 1), np.nan)
+
+
+def zoom_window(contention: np.ndarray, ticks: int) -> tuple[int, int]:
+    """Tick range of one or two cycles around the first contention (the first 120 ticks without)."""
+    starts = np.flatnonzero(np.diff(np.concatenate([[0], contention.astype(int)])) == 1)
+    if starts.size == 0:
+        return 0, min(ticks, 120)
+    first = int(starts[0])
+    cycle = int(starts[1] - starts[0]) if starts.size > 1 else 60
+    cycle = max(20, min(cycle, 300))
+    lo = max(0, first - cycle // 4)
+    return lo, min(ticks, lo + 2 * cycle)
+
+
+def _services_colours(services: Sequence[str]) -> dict[str, Any]:
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10" if len(services) <= 10 else "tab20"]
+    return {s: cmap(i % cmap.N) for i, s in enumerate(services)}
+
+
+def _shade(ax: Any, time_s: np.ndarray, contention: np.ndarray) -> None:
+    if contention.any():
+        ax.fill_between(
+            time_s,
+            0,
+            1,
+            where=contention,
+            transform=ax.get_xaxis_transform(),
+            color="grey",
+            alpha=0.12,
+            step="post",
+            linewidth=0,
+        )
+
+
+def _summary(report: Mapping[str, Any], path: Path) -> None:
     from matplotlib import pyplot as plt
 
     series = report["series"]
-    time_s = np.asarray(series["time_s"])
-    services = list(report["scenario"]["services"])
+    scenario = report["scenario"]
+    services = list(scenario["services"])
     runs = list(report["runs"])
-    budget = report["scenario"]["budget_cores"]
+    budget = float(scenario["budget_cores"])
+    time_s = np.asarray(series["time_s"], dtype=float)
     contention = np.asarray(series["contention"], dtype=bool)
-    fig, axes = plt.subplots(
-        len(services) + 1, 5, figsize=(22, 3.0 * (len(services) + 1)), squeeze=False, sharex=True
-    )
-    tick_s = float(report["scenario"]["tick_s"])
-    for row, service in enumerate(services):
-        ax_load, ax_sys, ax_rep, ax_cpu, ax_lat = axes[row]
-        ax_load.plot(time_s, series["offered_rps"][service], color="grey", label="offered")
-        slo = report["scenario"]["services"][service]["slo_s"]
-        for i, run in enumerate(runs):
-            s = series[run][service]
-            style = _STYLE[min(i, 2)]
-            ax_load.plot(
-                time_s, _num(s["completions"]) / tick_s, label=f"{run}: completed", **style
+    levels = np.asarray(scenario.get("latency_cdf_levels", []), dtype=float)
+    window = max(1, time_s.size // 150)
+    colours = _services_colours(services)
+    cols = max(min(len(services), 5), len(runs))
+    cdf_rows = -(-len(services) // cols)
+    fig = plt.figure(figsize=(4.2 * cols, 3.2 * (cdf_rows + 1.4)))
+    grid = fig.add_gridspec(cdf_rows + 1, cols, height_ratios=[1.0] * cdf_rows + [1.4])
+    for i, service in enumerate(services):
+        ax = fig.add_subplot(grid[i // cols, i % cols])
+        slo = scenario["services"][service]["slo_s"]
+        for k, run in enumerate(runs):
+            cdf = report["runs"][run]["services"][service].get("latency_cdf_s")
+            if not cdf:
+                continue
+            colour, style = _RUN_STYLE[min(k, 2)]
+            p99 = report["runs"][run]["services"][service]["latency_p99_s"]
+            ax.plot(
+                np.maximum(cdf, 1e-4),
+                levels,
+                color=colour,
+                linestyle=style,
+                label=f"{run} (p99 {p99:.3g} s)",
+                drawstyle="steps-post",
             )
-            ax_sys.plot(time_s, _num(s["in_system"]), label=run, **style)
-            ax_rep.plot(time_s, _num(s["ready_replicas"]), label=run, **style)
-            ax_cpu.plot(time_s, _num(s["allocated_cores"]), label=f"{run}: allocated", **style)
-            ax_cpu.fill_between(
-                time_s,
-                _num(s["used_cores"]),
-                alpha=0.25,
-                color=style["color"],
-                label=f"{run}: used",
-            )
-            ax_lat.plot(time_s, _num(s["latency_p99_s"]), label=run, **style)
-        ax_lat.axhline(slo, color="red", linewidth=0.8, label="SLO")
-        ax_lat.set_yscale("log")
-        ax_load.set_ylabel(service)
-        for ax, title in zip(
-            (ax_load, ax_sys, ax_rep, ax_cpu, ax_lat),
-            (
-                "requests/s: offered, completed",
-                "requests in system (queued + in flight)",
-                "ready replicas",
-                "CPU (cores): allocated (line), used (area)",
-                "p99 latency of the tick's completions (s)",
-            ),
-            strict=True,
-        ):
-            ax.set_title(title, fontsize=9)
-            ax.legend(fontsize=7, loc="upper right")
-    ax_used, ax_alloc, ax_cont, *rest = axes[-1]
-    for ax in rest:
-        ax.axis("off")
-    for i, run in enumerate(runs):
-        style = _STYLE[min(i, 2)]
-        used = np.sum([_num(series[run][s]["used_cores"]) for s in services], axis=0)
-        alloc = np.sum([_num(series[run][s]["allocated_cores"]) for s in services], axis=0)
-        ax_used.plot(time_s, used, label=run, **style)
-        ax_alloc.plot(time_s, alloc, label=run, **style)
-    for ax, title in (
-        (ax_used, "CPU used, all services"),
-        (ax_alloc, "CPU allocated, all services"),
-    ):
-        ax.axhline(budget, color="red", linewidth=0.8, label="budget")
-        ax.set_title(title, fontsize=9)
+        ax.axvline(slo, color="red", linewidth=0.8, label=f"SLO {slo:g} s")
+        ax.set_xscale("log")
+        ax.set_ylim(0, 1.01)
+        ax.set_title(f"{service}: latency CDF", fontsize=9)
+        ax.set_xlabel("latency (s)", fontsize=8)
         ax.legend(fontsize=7, loc="lower right")
-    ax_cont.fill_between(time_s, contention.astype(float), step="post", alpha=0.4)
-    ax_cont.set_title("contention (offered > budget, 2+ services)", fontsize=9)
-    for ax in axes[-1]:
-        ax.set_xlabel("time (s)")
+    span = cols // len(runs)
+    for k, run in enumerate(runs):
+        ax = fig.add_subplot(grid[cdf_rows, k * span : (k + 1) * span])
+        used = [smooth(_num(series[run][s]["used_cores"]), window) for s in services]
+        ax.stackplot(time_s, used, labels=services, colors=[colours[s] for s in services])
+        ax.axhline(budget, color="black", linewidth=1.0, label=f"budget {budget:g}")
+        _shade(ax, time_s, contention)
+        util = report["runs"][run]["budget"].get("utilisation_during_contention")
+        note = f", {util:.0%} in contention (shaded)" if util is not None else ""
+        smooth_note = f", {window * float(scenario['tick_s']):g} s means" if window > 1 else ""
+        ax.set_title(f"{run}: CPU used by service{note}{smooth_note}", fontsize=9)
+        ax.set_ylim(0, budget * 1.15)
+        ax.set_xlabel("time (s)", fontsize=8)
+        ax.set_ylabel("cores", fontsize=8)
+        if k == 0:
+            ax.legend(fontsize=7, loc="upper left", ncol=min(len(services) + 1, 6))
     fig.suptitle(f"sluice simulate: {' vs '.join(runs)}, budget {budget:g} cores")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
 
 
-def _num(values: list[float | None]) -> np.ndarray:
-    return np.array([np.nan if v is None else v for v in values], dtype=float)
+def _zoom(report: Mapping[str, Any], path: Path) -> None:
+    from matplotlib import pyplot as plt
+
+    series = report["series"]
+    scenario = report["scenario"]
+    services = list(scenario["services"])
+    runs = list(report["runs"])
+    budget = float(scenario["budget_cores"])
+    time_all = np.asarray(series["time_s"], dtype=float)
+    contention_all = np.asarray(series["contention"], dtype=bool)
+    lo, hi = zoom_window(contention_all, time_all.size)
+    time_s, contention = time_all[lo:hi], contention_all[lo:hi]
+    colours = _services_colours(services)
+    fig, axes = plt.subplots(
+        3, len(runs), figsize=(7 * len(runs), 8), squeeze=False, sharex=True, sharey="row"
+    )
+    for k, run in enumerate(runs):
+        ax_cpu, ax_rep, ax_lat = axes[:, k]
+        used = [_num(series[run][s]["used_cores"])[lo:hi] for s in services]
+        ax_cpu.stackplot(time_s, used, labels=services, colors=[colours[s] for s in services])
+        ax_cpu.axhline(budget, color="black", linewidth=1.0, label="budget")
+        ax_cpu.set_title(f"{run}: CPU used by service (cores)", fontsize=9)
+        for s in services:
+            ax_rep.step(
+                time_s,
+                _num(series[run][s]["ready_replicas"])[lo:hi],
+                where="post",
+                color=colours[s],
+                label=s,
+            )
+            ax_lat.plot(time_s, _num(series[run][s]["latency_p99_s"])[lo:hi], color=colours[s])
+            ax_lat.axhline(
+                scenario["services"][s]["slo_s"], color=colours[s], linewidth=0.6, linestyle=":"
+            )
+        ax_rep.set_title(f"{run}: ready replicas", fontsize=9)
+        ax_lat.set_title(f"{run}: p99 latency per tick (s; dotted: SLOs)", fontsize=9)
+        ax_lat.set_yscale("log")
+        ax_lat.set_xlabel("time (s)", fontsize=8)
+        for ax in (ax_cpu, ax_rep, ax_lat):
+            _shade(ax, time_s, contention)
+        if k == 0:
+            ax_cpu.legend(fontsize=7, loc="upper left", ncol=min(len(services) + 1, 6))
+    fig.suptitle(
+        f"zoom: {time_s[0]:g}-{time_s[-1]:g} s (contention shaded), budget {budget:g} cores"
+        if time_s.size
+        else "zoom"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)

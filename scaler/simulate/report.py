@@ -42,6 +42,19 @@ def _quantile(values: np.ndarray, q: float) -> float | None:
     return float(np.quantile(values, q, method="inverted_cdf"))
 
 
+CDF_LEVELS = tuple(
+    sorted({round(q, 4) for q in [*np.linspace(0.0, 0.9, 19), 0.95, 0.98, 0.99, 0.995, 0.999, 1.0]})
+)
+"""Levels at which ``latency_cdf_s`` holds each run's latency quantiles (the tail resolved)."""
+
+
+def latency_cdf(values: np.ndarray) -> list[float] | None:
+    """The latency at each of :data:`CDF_LEVELS` (None without requests)."""
+    if values.size == 0:
+        return None
+    return [float(x) for x in np.quantile(values, CDF_LEVELS, method="inverted_cdf")]
+
+
 def direction_changes(values: np.ndarray) -> int:
     """How often a series changes direction: a rise after a fall or a fall after a rise."""
     steps = np.diff(np.asarray(values, dtype=np.float64))
@@ -68,6 +81,7 @@ def service_summary(
         "latency_p50_s": _quantile(lat, 0.5),
         "latency_p99_s": _quantile(lat, 0.99),
         "latency_max_s": float(lat.max()) if lat.size else None,
+        "latency_cdf_s": latency_cdf(lat),
         "slo_s": slo,
         "requests_over_slo": int((lat > slo).sum()),
         "time_over_slo_s": float(s["over_slo"].sum() * scenario.tick_s),
@@ -166,6 +180,7 @@ def build_report(
         "node_models": models,
         "lend_after_idle_s": lending,
         "scenario": {
+            "latency_cdf_levels": list(CDF_LEVELS),
             "duration_s": scenario.duration_s,
             "tick_s": scenario.tick_s,
             "seed": scenario.seed,

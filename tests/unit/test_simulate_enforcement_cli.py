@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -143,3 +144,25 @@ def test_the_baseline_can_run_on_another_node_model(
     # their hard caps.
     assert borrowed("sluice")
     assert not borrowed("independent")
+
+
+def test_the_figures_are_a_summary_and_a_zoom(tmp_path: Path) -> None:
+    report = simulate(tmp_path)
+    for name in ("report.png", "zoom.png"):
+        png = (tmp_path / name).read_bytes()
+        assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
+    runs = report["runs"]
+    assert isinstance(runs, dict)
+    cdf = runs["sluice"]["services"]["reports"]["latency_cdf_s"]
+    assert cdf == sorted(cdf) and len(cdf) == len(report["scenario"]["latency_cdf_levels"])  # type: ignore[index]
+
+
+def test_without_matplotlib_it_says_how_to_install_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    simulate(tmp_path)
+    err = capsys.readouterr().err
+    assert "pip install 'sluice[sim]'" in err
+    assert (tmp_path / "report.json").is_file()
+    assert not (tmp_path / "report.png").exists()
