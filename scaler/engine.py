@@ -29,7 +29,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from scaler.budget import (
+from scaler.arbiter import (
     BoolArray,
     FloatArray,
     IndependentClaim,
@@ -47,7 +47,72 @@ from scaler.policy import BudgetConfig, ScalingPolicy, check_floors
 from scaler.signals import BucketedWindow, ServiceSignals
 
 _EPS = 1e-9
-_NOT_FROZEN, _MISSING, _STALE, _NO_DATA = 0, 1, 2, 3
+_NOT_FROZEN, _MISSING, _STALE, _NO_DATA, _INVALID = 0, 1, 2, 3, 4
+
+
+class _Observed:
+    """One tick's signals as arrays, with the services whose figures cannot be used.
+
+    A figure the engine reads (``at``, ``in_flight``, ``queued``, ``arrivals_total``, ``rps``,
+    ``cpu_seconds_total``, ``cpu_throttled_seconds_total``) that is not a finite number >= 0
+    makes the whole snapshot *invalid*: that service is frozen, nothing of it enters a
+    window or a rate, and the other services decide normally.
+    """
+
+    __slots__ = ("arrivals", "at", "cpu", "in_flight", "invalid", "queued", "rps", "throttled")
+
+    def __init__(self, columns: dict[str, FloatArray], invalid: BoolArray) -> None:
+        self.at = columns["at"]
+        self.in_flight = columns["in_flight"]
+        self.queued = columns["queued"]
+        self.arrivals = columns["arrivals_total"]
+        self.rps = columns["rps"]
+        self.cpu = columns["cpu_seconds_total"]
+        self.throttled = columns["cpu_throttled_seconds_total"]
+        self.invalid = invalid
+
+    @classmethod
+    def of(cls, sigs: list[ServiceSignals | None]) -> _Observed:
+        n = len(sigs)
+        columns: dict[str, FloatArray] = {}
+        rows = [s if s is not None else _ABSENT for s in sigs]
+        bad = np.zeros(n, dtype=bool)
+        for name in _REQUIRED:
+            col = np.array([getattr(s, name) for s in rows], dtype=np.float64)
+            columns[name] = col
+            bad |= ~(col >= 0.0) | (col == math.inf)
+        for name in _OPTIONAL:
+            values = [getattr(s, name) for s in rows]
+            col = np.array(values, dtype=np.float64)  # None -> NaN (not measured)
+            columns[name] = col
+            if not np.isfinite(col).all():
+                given = np.array([v is not None for v in values], dtype=bool)
+                bad |= given & ~np.isfinite(col)
+            bad |= col < 0.0
+        at = np.array([s.at if s is not None else -math.inf for s in sigs], dtype=np.float64)
+        bad |= np.isnan(at) | (at == math.inf)
+        columns["at"] = at
+        for name, col in columns.items():
+            if name != "at" and bad.any():
+                columns[name] = np.where(bad, np.where(np.isnan(col), col, 0.0), col)
+        return cls(columns, bad & (at != -math.inf))
+
+
+_REQUIRED = ("in_flight", "queued", "arrivals_total", "rps")
+_OPTIONAL = ("cpu_seconds_total", "cpu_throttled_seconds_total")
+_ABSENT = ServiceSignals("", -math.inf)
+
+
+def invalid_fields(signals: ServiceSignals) -> list[str]:
+    """The figures of ``signals`` the engine refuses (not finite, or negative)."""
+    out: list[str] = []
+    for name in ("at", *_REQUIRED, *_OPTIONAL):
+        value = getattr(signals, name)
+        if value is None:
+            continue
+        if not math.isfinite(value) or (name != "at" and value < 0):
+            out.append(f"{name}={value!r}")
+    return out
 
 
 class _HpaTrack:
@@ -102,6 +167,7 @@ class Engine:
         self.floor = np.maximum(arr([p.floor_cores for p in pols]), self.minimum)
         self.cap = self.max_r * self.cpu_max
         self.target_utilization = arr([p.target_utilization for p in pols])
+        self.target = arr([p.target for p in pols])
         self.fair = fair_shares(budget.cpu, pols) if n else arr([])
         self.is_rps: BoolArray = np.array([p.metric == "rps" for p in pols], dtype=bool)
         self.horizontal: BoolArray = np.array([p.prefer == "horizontal" for p in pols], dtype=bool)
@@ -148,22 +214,24 @@ class Engine:
         sigs = [signals.get(name) for name in names]
         sts = [states.get(name) for name in names]
         cur_r = np.array([s.replicas if s is not None else 0 for s in sts], dtype=np.int64)
+        cur_r = np.maximum(cur_r, 0)
         ready = np.array([s.ready_replicas if s is not None else 0 for s in sts], dtype=np.float64)
+        ready = np.clip(np.nan_to_num(ready, nan=0.0), 0.0, cur_r)
         cur_cpu = np.array(
             [s.cpu_per_replica_cores if s is not None else math.nan for s in sts], dtype=np.float64
         )
-        cur_cpu = np.where(np.isnan(cur_cpu), self.cpu_ref, cur_cpu)
+        cur_cpu = np.where(np.isfinite(cur_cpu) & (cur_cpu > 0), cur_cpu, self.cpu_ref)
         blocked = np.array([s is not None and s.resize_blocked for s in sts], dtype=bool)
-        at = np.array([s.at if s is not None else -math.inf for s in sigs], dtype=np.float64)
-        present = at > -math.inf
-        active = present & (at >= now - self.staleness_s)
+        observed = _Observed.of(sigs)
+        at = observed.at
+        invalid = observed.invalid
+        present = (at > -math.inf) | invalid
+        active = present & ~invalid & (at >= now - self.staleness_s)
         fresh = active & (at != self._last_at)
         self._last_at = np.where(fresh, at, self._last_at)
         if fresh.any():
-            self._rates(sigs, at, fresh)
-        concurrency = np.array(
-            [s.in_flight + s.queued if s is not None else 0 for s in sigs], dtype=np.float64
-        )
+            self._rates(observed, fresh)
+        concurrency = np.where(invalid, 0.0, observed.in_flight + observed.queued)
         value = np.where(self.is_rps, self._rps, concurrency)
         capacity = ready * cur_cpu / self.cpu_ref
 
@@ -195,10 +263,23 @@ class Engine:
                 hpa_notes[i] = (rule, notes, inputs)
 
         frozen_code = np.where(
-            ~present, _MISSING, np.where(~active, _STALE, np.where(~valid, _NO_DATA, _NOT_FROZEN))
+            ~present,
+            _MISSING,
+            np.where(
+                invalid,
+                _INVALID,
+                np.where(~active, _STALE, np.where(~valid, _NO_DATA, _NOT_FROZEN)),
+            ),
         )
         frozen = frozen_code != _NOT_FROZEN
-        demand, frozen_hold = self._demand(wanted, load, cur_r, cur_cpu, frozen)
+        demand, frozen_hold = self._demand(wanted, load, value, capacity, (cur_r, cur_cpu, frozen))
+        # A replica still starting is never removed (the estimate that asked for it may dip
+        # before it serves): it needs cpu.min (hard) and its reference CPU (soft).
+        keep = np.where(frozen | (ready < cur_r), np.minimum(cur_r, self.max_r), 0)
+        starting = ~frozen & (keep > 0)
+        if starting.any():
+            demand = np.where(starting, np.maximum(demand, keep * self.cpu_min), demand)
+            hold = np.where(starting, np.maximum(hold, keep), hold)
         # Replicas move slowly (KPA windows, panic never scales down) but CPU moves in place:
         # the CPU of replicas kept beyond what the load needs now is a soft demand, served
         # only from CPU nobody else needs, and hard again the tick the load returns.
@@ -239,9 +320,7 @@ class Engine:
                 squeezed=frozen | (cores < soft - 1e-6),
                 # A blocked resize: scale replicas instead -- unless frozen (keep replicas).
                 fixed_cpu=np.where(blocked & (cur_r > 0) & ~frozen, cur_cpu, np.nan),
-                # Squeezed: a starting replica is not kept at the serving ones' expense
-                # (frozen: every replica is kept).
-                ready=np.where(frozen, cur_r, ready.astype(np.int64)),
+                keep=keep,
             )
             pending = {}
         allocated = replicas * cpu
@@ -249,8 +328,13 @@ class Engine:
         wake = self._wake_levels(allocated, concurrency, frozen)
         self._record_hpa_scales(now, cur_r, cur_cpu, allocated, frozen)
 
+        rejected = {
+            int(i): invalid_fields(sigs[i])  # type: ignore[arg-type]
+            for i in np.flatnonzero(invalid).tolist()
+        }
         view = TickView(
             engine=self,
+            rejected=rejected,
             now=now,
             kpa=kpa_tick,
             hpa=hpa_notes,
@@ -375,27 +459,18 @@ class Engine:
         wake[ki] = np.where(eligible, level, math.inf)
         return wake
 
-    def _rates(self, sigs: list[ServiceSignals | None], at: FloatArray, fresh: BoolArray) -> None:
+    def _rates(self, observed: _Observed, fresh: BoolArray) -> None:
         """Arrival rate and CPU use from successive counters (counters going back restart)."""
-        arrivals = np.array(
-            [s.arrivals_total if s is not None else 0 for s in sigs], dtype=np.float64
-        )
-        given = np.array([s.rps if s is not None else 0.0 for s in sigs], dtype=np.float64)
+        at = observed.at
+        arrivals = observed.arrivals
         dt = at - self._arrivals_at
         ok = fresh & (dt > 0) & (arrivals >= self._arrivals)
-        rate = np.where(ok, (arrivals - self._arrivals) / np.where(ok, dt, 1.0), given)
+        rate = np.where(ok, (arrivals - self._arrivals) / np.where(ok, dt, 1.0), observed.rps)
         self._rps = np.where(fresh, rate, self._rps)
         self._arrivals = np.where(fresh, arrivals, self._arrivals)
         self._arrivals_at = np.where(fresh, at, self._arrivals_at)
-        cpu_totals = np.array(
-            [s.cpu_seconds_total if s is not None else None for s in sigs], dtype=np.float64
-        )
-        thr_totals = np.array(
-            [s.cpu_throttled_seconds_total if s is not None else None for s in sigs],
-            dtype=np.float64,
-        )  # (None becomes NaN: not measured)
-        for prefix, total in (("_cpu", cpu_totals), ("_thr", thr_totals)):
-            has = fresh & ~np.isnan(total)
+        for prefix, total in (("_cpu", observed.cpu), ("_thr", observed.throttled)):
+            has = fresh & ~np.isnan(total)  # (NaN here: not measured; bad values froze it)
             if not has.any():
                 continue
             prev_at = getattr(self, prefix + "_at")
@@ -468,31 +543,32 @@ class Engine:
         self,
         wanted: IntArray,
         load: IntArray,
-        cur_r: IntArray,
-        cur_cpu: FloatArray,
-        frozen: BoolArray,
+        value: FloatArray,
+        capacity: FloatArray,
+        state: tuple[IntArray, FloatArray, BoolArray],
     ) -> tuple[FloatArray, FloatArray]:
-        """Cores each service needs now: the load's reference replicas at ``cpu.request``
-        (the load may be above the replicas the windows keep: CPU moves in place, replicas
-        follow the windows)
-        (at least ``cpu.min`` for one kept replica; ``min_replicas × cpu.min`` is the
-        arbiter's minimum anyway), or measured use with headroom and a throttling boost.
-        Frozen services: what they hold.  Replicas kept beyond the load are the caller's
-        soft demand."""
+        """Cores each service needs now, and what a frozen one holds.
+
+        The load's reference replicas at ``cpu.request`` (the load may be above the replicas
+        the windows keep: CPU moves in place, replicas follow the windows), at least
+        ``cpu.min`` for one kept replica.  When the platform measures CPU and some replica is
+        ready, the measured use with the target utilisation's headroom (``used /
+        target_utilization``) replaces it -- unless the metric is beyond 100 % of the target
+        on the ready capacity (the service is behind): then the larger of the two.  The
+        headroom is applied once either way (the metric's reference replicas already count
+        it), and the measure is per *ready* capacity, so replicas that are starting do not
+        make the demand dip.  Frozen services: what they hold.  Replicas kept beyond the load
+        are the caller's soft demand.
+        """
+        cur_r, cur_cpu, frozen = state
         least = np.minimum(wanted, 1) * self.cpu_min  # a kept replica needs at least cpu.min
         demand = np.maximum(load * self.cpu_ref, least)
         used = self._cpu_used
-        measured_ok = ~np.isnan(used) & (load > 0) & (cur_r > 0)
+        measured_ok = ~np.isnan(used) & (load > 0) & (capacity > 0)
         if measured_ok.any():
-            capacity_ref = cur_r * cur_cpu / self.cpu_ref
-            positive = capacity_ref > 0
-            growth = np.where(
-                positive, np.maximum(1.0, load / np.where(positive, capacity_ref, 1.0)), 1.0
-            )
-            thr = self._thr_rate
-            throttled = np.where(np.isnan(thr), 0.0, thr) / np.maximum(cur_r, 1)
-            boost = 1.0 + np.minimum(1.0, throttled)
-            measured = np.where(measured_ok, used, 0.0) / self.target_utilization * growth * boost
+            behind = value > capacity * self.target + _EPS
+            measured = np.where(measured_ok, used, 0.0) / self.target_utilization
+            measured = np.where(behind, np.maximum(measured, demand), measured)
             demand = np.where(measured_ok, np.maximum(measured, least), demand)
         held_r = np.minimum(np.maximum(cur_r, self.min_r), self.max_r)
         held_cpu = np.minimum(np.maximum(cur_cpu, self.cpu_min), self.cpu_max)

@@ -19,14 +19,20 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from scaler.budget import IntArray
+from scaler.arbiter import IntArray
 from scaler.decision import Explanation
 from scaler.kpa_batch import RULES, Floats, Ints, KpaTick
 
 if TYPE_CHECKING:
     from scaler.engine import Engine
 
-FROZEN_REASONS = ("", "frozen: missing signals", "frozen: stale signals", "frozen: no data")
+FROZEN_REASONS = (
+    "",
+    "frozen: missing signals",
+    "frozen: stale signals",
+    "frozen: no data",
+    "frozen: invalid signals",
+)
 _MOVE = 0.005  # cores: smaller differences are not worth a sentence
 
 _SPLIT_NOTES = {
@@ -34,6 +40,7 @@ _SPLIT_NOTES = {
     2: "only {r} replicas fit at cpu.min {cpu_min:g}",
     3: "resize blocked: CPU stays {cpu:.2f}, scaling replicas instead",
     4: "resize blocked, but {r} replicas need CPU cut to {cpu:.2f} to fit",
+    5: "keeps {r} replicas while some are starting: a replica is not removed before it is ready",
 }
 
 
@@ -73,6 +80,8 @@ class TickView:
     Never mutated."""
 
     engine: Engine
+    rejected: dict[int, list[str]]
+    """Per service with invalid signals, the figures refused (``name=value``)."""
     now: float
     kpa: KpaTick | None
     hpa: dict[int, tuple[str, Explanation, dict[str, float]]]
@@ -143,6 +152,8 @@ class TickView:
                 e.kpa.explain(self.kpa, j, lines)
             elif i in self.hpa:
                 lines.extend(self.hpa[i][1].render())
+        if i in self.rejected:
+            lines.append(f"signals refused (not finite or negative): {', '.join(self.rejected[i])}")
         if code:
             lines.append(
                 f"{FROZEN_REASONS[code]}: keeping {self.current[i]}×{self.current_cpu[i]:.2f} cores, "

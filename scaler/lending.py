@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
-from scaler.budget import water_fill
+from scaler.arbiter import water_fill
 
 _EPS = 1e-9
 
@@ -74,7 +74,7 @@ def lend(holdings: Mapping[str, Holding], idle: Collection[str]) -> dict[str, fl
         return quota
     rooms = [h.replicas * (h.ceiling - h.cores) for _, h in borrowers]
     lent = water_fill(pool, [0.0] * len(rooms), rooms, [h.weight for _, h in borrowers])
-    for (name, h), extra in zip(borrowers, lent, strict=True):
+    for (name, h), extra in zip(borrowers, lent.tolist(), strict=True):
         if extra > _EPS:
             quota[name] = min(h.cores + extra / h.replicas, h.ceiling)
     return quota

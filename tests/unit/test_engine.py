@@ -136,26 +136,116 @@ def test_rps_metric_comes_from_the_arrivals_counter() -> None:
     assert d["api"].inputs["horizontal_replicas"] == 5
 
 
-def test_measured_throttling_raises_the_cpu_demand() -> None:
-    def demand(throttled_s_per_s: float) -> float:
-        engine = Engine(
-            {"api": policy(cpu={"min": 0.1, "max": 2.0, "request": 0.5})}, BudgetConfig(cpu=8)
+def measured_demand(in_flight: int, throttled_s_per_s: float, ready: int = 2) -> float:
+    """Demand of a service measured at 0.7 cores, 2 replicas of 0.5 asked, ``ready`` ready."""
+    engine = Engine(
+        {"api": policy(cpu={"min": 0.1, "max": 2.0, "request": 0.5})}, BudgetConfig(cpu=8)
+    )
+    states = {"api": ServiceState("api", 2, ready, 0.5)}
+    for t in range(3):
+        sig = ServiceSignals(
+            "api",
+            float(t),
+            in_flight=in_flight,
+            cpu_seconds_total=0.7 * t,
+            cpu_throttled_seconds_total=throttled_s_per_s * t,
         )
-        states = {"api": ServiceState("api", 2, 2, 0.5)}
-        for t in range(3):
-            sig = ServiceSignals(
-                "api",
-                float(t),
-                in_flight=14,
-                cpu_seconds_total=0.7 * t,
-                cpu_throttled_seconds_total=throttled_s_per_s * t,
-            )
-            d = engine.tick(float(t), {"api": sig}, states)["api"]
-        return d.inputs["demand_cores"]
+        d = engine.tick(float(t), {"api": sig}, states)["api"]
+    return d.inputs["demand_cores"]
 
-    calm, throttled = demand(0.0), demand(1.0)
-    assert calm == pytest.approx(0.7 / 0.7), "measured 0.7 cores at 70 % target utilisation"
-    assert throttled > calm
+
+def test_measured_cpu_gets_the_target_utilisation_headroom_once() -> None:
+    # 14 in flight on 2 ready replicas of target 10: within the target, so the measure rules.
+    assert measured_demand(14, 0.0) == pytest.approx(0.7 / 0.7)
+    # Throttling does not multiply it again (the metric says when the service is behind).
+    assert measured_demand(14, 1.0) == pytest.approx(0.7 / 0.7)
+
+
+def test_a_service_behind_its_target_gets_what_the_metric_asks() -> None:
+    # 60 in flight on 2 ready replicas of target 10 (×0.7): 9 reference replicas of 0.5 cores.
+    assert measured_demand(60, 0.0) == pytest.approx(9 * 0.5)
+
+
+def test_measured_demand_is_per_ready_replica_so_starting_ones_do_not_make_it_dip() -> None:
+    # One of two replicas ready: the same load is further behind on the ready capacity.
+    assert measured_demand(14, 0.0, ready=1) == pytest.approx(2 * 0.5)
+
+
+def test_a_starting_replica_is_never_removed_because_the_estimate_dipped() -> None:
+    engine = Engine({"api": policy(max_replicas=8)}, BudgetConfig(cpu=4))
+    # 4 asked, 1 ready; the load that asked for them has gone quiet for a moment.
+    states = {"api": ServiceState("api", 4, 1, 0.25)}
+    for t in range(3):
+        d = engine.tick(float(t), {"api": ServiceSignals("api", float(t), in_flight=1)}, states)
+        assert d["api"].replicas == 4
+    assert any("starting" in r for r in d["api"].reasons)
+    # Once they are ready, the scale-down may proceed.
+    states = {"api": ServiceState("api", 4, 4, 0.25)}
+    d = engine.tick(3.0, {"api": ServiceSignals("api", 3.0, in_flight=1)}, states)
+    assert d["api"].replicas <= 4
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"rps": math.inf},
+        {"in_flight": -1},
+        {"cpu_seconds_total": math.nan},
+        {"cpu_throttled_seconds_total": -2.0},
+        {"arrivals_total": math.nan},
+        {"at": math.nan},
+    ],
+)
+def test_a_bad_figure_freezes_only_its_service(bad: dict[str, float]) -> None:
+    engine = Engine(
+        {"bad": policy(max_replicas=8), "good": policy(max_replicas=8)}, BudgetConfig(cpu=4)
+    )
+    states = {
+        "bad": ServiceState("bad", 3, 3, 0.25),
+        "good": ServiceState("good", 1, 1, 0.25),
+    }
+    for t in range(5):
+        fields: dict[str, object] = {"at": float(t), "in_flight": 20}
+        if t == 2:
+            fields.update(bad)
+        signals = {
+            "bad": ServiceSignals("bad", **fields),  # type: ignore[arg-type]
+            "good": ServiceSignals("good", float(t), in_flight=40),
+        }
+        d = engine.tick(float(t), signals, states)
+        if t == 2:
+            assert d["bad"].rule == "frozen: invalid signals"
+            assert d["bad"].frozen and d["bad"].replicas == states["bad"].replicas
+            assert any(next(iter(bad)) in r for r in d["bad"].reasons)
+            assert not d["good"].frozen
+        else:
+            assert not d["bad"].frozen
+        states = applied(d)
+    # The windows were not poisoned: the service decides normally again.
+    assert all(math.isfinite(v) for v in d["bad"].inputs.values())
+    assert d["bad"].rule in {"stable", "panic"}
+
+
+def test_missing_signals_keep_replicas_when_another_floor_returns() -> None:
+    engine = Engine(
+        {
+            "long": policy(max_replicas=8, min_replicas=1, guaranteed_cpu=1.0),
+            "quiet": policy(max_replicas=8, min_replicas=1),
+        },
+        BudgetConfig(cpu=2),
+    )
+    states = {
+        "long": ServiceState("long", 1, 1, 0.1),
+        "quiet": ServiceState("quiet", 3, 3, 0.5),
+    }
+    for t in range(5):
+        # quiet's signals stop; long's load comes back and claims its floor.
+        signals = {"long": ServiceSignals("long", float(t), in_flight=100)}
+        d = engine.tick(float(t), signals, states)
+        assert d["quiet"].frozen
+        assert d["quiet"].replicas == 3, d["quiet"].reasons
+        assert d["long"].allocated_cores >= 1.0 - 1e-9
+        states = applied(d)
 
 
 def test_blocked_resize_scales_replicas_instead() -> None:

@@ -22,10 +22,9 @@
 size (``cpu.request``), first come first served in config order: running replicas are kept,
 new ones start only while the budget has room, nothing is ever reclaimed.
 
-The engine runs the array versions (:func:`arbitrate_arrays`, :func:`water_fill_array`,
-:func:`split_arrays`); :func:`water_fill` and :func:`split_allocation` are the plain
-reference versions the tests hold them equal to.  :func:`split_allocation` turns cores into
-``(replicas, cpu per replica)`` within the bounds.
+:func:`water_fill` is the one water-fill (the engine, the lending rule and the simulator
+call it); :func:`arbitrate_arrays` is the shared arbitration on per-service arrays and
+:func:`split_arrays` turns each allocation into ``(replicas, cpu per replica)``.
 """
 
 from __future__ import annotations
@@ -45,55 +44,6 @@ IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
 _EPS = 1e-9
-
-
-def water_fill(
-    budget: float, lows: Sequence[float], highs: Sequence[float], weights: Sequence[float]
-) -> list[float]:
-    """Weighted max-min fair allocation: ``clamp(λ·w, low, high)`` summing to at most ``budget``.
-
-    ``lows`` must fit the budget and each ``low <= high``.  O(n log n).  The plain-Python
-    reference for :func:`water_fill_array` (the engine's version); tests hold them equal.
-    """
-    total_high = math.fsum(highs)
-    if total_high <= budget:
-        return list(highs)
-    total_low = math.fsum(lows)
-    if total_low >= budget:
-        return list(lows)
-    # total(λ) = Σ clamp(λ w, low, high) is piecewise linear and non-decreasing in λ.
-    events: list[tuple[float, float]] = []
-    for low, high, w in zip(lows, highs, weights, strict=True):
-        if high > low:
-            events.append((low / w, w))
-            events.append((high / w, -w))
-    events.sort()
-    total = total_low
-    slope = 0.0
-    lam = 0.0
-    target = budget
-    for at, dw in events:
-        if at > lam:
-            reach = total + slope * (at - lam)
-            if reach >= target:
-                lam = lam + (target - total) / slope if slope > 0 else lam
-                break
-            total = reach
-            lam = at
-        slope += dw
-    else:  # pragma: no cover - total_high > budget guarantees a break
-        lam = events[-1][0] if events else 0.0
-    out = [min(max(lam * w, low), high) for low, high, w in zip(lows, highs, weights, strict=True)]
-    # Floating point: never hand out more than the budget.
-    excess = math.fsum(out) - budget
-    if excess > 0:
-        for i in sorted(range(len(out)), key=lambda k: out[k] - lows[k], reverse=True):
-            give = min(excess, out[i] - lows[i])
-            out[i] -= give
-            excess -= give
-            if excess <= 0:
-                break
-    return out
 
 
 @dataclass(slots=True)
@@ -166,87 +116,21 @@ def arbitrate_independent(
     return out
 
 
-def _vertical_replicas(cores: float, cpu_min: float, cpu_max: float) -> int:
-    """Replicas for ``cores`` grown vertically: whole replicas of ``cpu.max``, plus one more
-    only if the remainder is worth at least ``cpu.min``.  Rounding a sliver up to a new
-    replica would spread the CPU over one more replica, cutting the serving replicas' CPU
-    while the new one starts (1.05 cores: 2 × 0.53, not 1 × 1.0); the sliver (< ``cpu.min``)
-    is left for others instead."""
-    whole = math.floor(cores / cpu_max + _EPS)
-    return whole + (1 if cores - whole * cpu_max >= cpu_min - _EPS else 0)
-
-
-def split_allocation(  # the plain reference for split_arrays
-    cores: float,
-    policy: ScalingPolicy,
-    *,
-    cpu_ref: float,
-    current_replicas: int,
-    squeezed: bool,
-    fixed_cpu: float | None = None,
-    ready_replicas: int | None = None,
-    explain: Explanation | None = None,
-) -> tuple[int, float]:
-    """Turn ``cores`` into ``(replicas, cpu per replica)`` within the policy's bounds.
-
-    ``replicas × cpu`` never exceeds ``cores`` (given ``cores >= min_replicas × cpu.min``).
-    ``squeezed`` (the budget gives less than the demand): keep the current replicas and
-    shrink their CPU first, removing replicas only below ``cpu.min``.  Otherwise
-    ``prefer: vertical`` grows CPU per replica up to ``cpu.max`` before adding replicas,
-    ``horizontal`` adds replicas of ``cpu_ref`` cores.  ``fixed_cpu`` (a resize is blocked)
-    keeps the CPU per replica and changes only the replica count.  ``ready_replicas``
-    (squeezed, not frozen): replicas still starting are not kept at the expense of the
-    serving ones -- every replica gets the same CPU, so keeping a starting replica would cut
-    the serving ones' CPU while serving nothing; it goes unless the cores keep it whole.
-    """
-    cpu_min = policy.cpu.min
-    cpu_max = policy.cpu.max
-    lo = policy.min_replicas
-    hi = policy.max_replicas
-    if fixed_cpu is not None:
-        cpu = min(max(fixed_cpu, cpu_min), cpu_max)
-        replicas = min(max(math.floor(cores / cpu + _EPS), lo), hi)
-        if replicas == 0:
-            return 0, policy.cpu.initial_cores
-        if replicas * cpu > cores + _EPS:
-            cpu = cores / replicas
-            if explain is not None:
-                explain.add(
-                    "resize blocked, but %d replicas need CPU cut to %.2f to fit", replicas, cpu
-                )
-        elif explain is not None:
-            explain.add("resize blocked: CPU stays %.2f, scaling replicas instead", cpu)
-        return replicas, cpu
-    if squeezed and current_replicas > 0:
-        kept = current_replicas if ready_replicas is None else min(current_replicas, ready_replicas)
-        replicas = min(max(kept, lo, _vertical_replicas(cores, cpu_min, cpu_max)), hi)
-        if replicas and explain is not None:
-            explain.add(
-                "squeezed: shrinking CPU per replica in place, keeping %d replicas", replicas
-            )
-    elif policy.prefer == "horizontal":
-        replicas = min(max(math.ceil(cores / cpu_ref - _EPS), lo), hi)
-    else:
-        replicas = min(max(_vertical_replicas(cores, cpu_min, cpu_max), lo), hi)
-    if replicas and cores / replicas < cpu_min - _EPS:
-        fewer = max(lo, math.floor(cores / cpu_min + _EPS))
-        if explain is not None:
-            explain.add("only %d replicas fit at cpu.min %g (of %d)", fewer, cpu_min, replicas)
-        replicas = fewer
-    if replicas == 0:
-        return 0, policy.cpu.initial_cores
-    cpu = cores / replicas
-    if cpu > cpu_max:
-        cpu = cpu_max
-    elif cpu < cpu_min:
-        cpu = cpu_min if replicas * cpu_min <= cores + _EPS else cpu
-    return replicas, cpu
-
-
-def water_fill_array(
-    budget: float, lows: FloatArray, highs: FloatArray, weights: FloatArray
+def water_fill(
+    budget: float,
+    lows: FloatArray | Sequence[float],
+    highs: FloatArray | Sequence[float],
+    weights: FloatArray | Sequence[float],
 ) -> FloatArray:
-    """:func:`water_fill` on arrays: one sort, one cumulative sum."""
+    """Weighted max-min fair allocation: ``clamp(λ·w, low, high)`` summing to at most ``budget``.
+
+    The one water-fill of Sluice: the engine's arbitration, the lending rule and the
+    simulator's CPU sharing call it.  ``lows`` must fit the budget and each ``low <= high``
+    (when they do not fit, everyone gets their low).  One sort, one cumulative sum.
+    """
+    lows = np.asarray(lows, dtype=np.float64)
+    highs = np.asarray(highs, dtype=np.float64)
+    weights = np.asarray(weights, dtype=np.float64)
     total_high = float(highs.sum())
     if total_high <= budget:
         return highs.copy()
@@ -283,7 +167,7 @@ def fair_shares(budget: float, policies: Sequence[ScalingPolicy]) -> FloatArray:
     """Each service's share under full contention (everyone demands all it could use)."""
     lows = np.array([max(p.min_replicas * p.cpu.min, p.floor_cores) for p in policies])
     highs = np.maximum(lows, np.array([p.max_replicas * p.cpu.max for p in policies]))
-    return water_fill_array(budget, lows, highs, np.array([p.weight for p in policies]))
+    return water_fill(budget, lows, highs, np.array([p.weight for p in policies]))
 
 
 def arbitrate_arrays(
@@ -321,12 +205,12 @@ def arbitrate_arrays(
         taken = np.clip(excess - before, 0.0, extra)
         low = low - taken
     high = np.minimum(np.maximum(demand, low), np.maximum(cap, low))
-    ideal = water_fill_array(budget, low, high, weight)
+    ideal = water_fill(budget, low, high, weight)
     if soft is not None:
         room = np.maximum(np.minimum(soft, cap) - ideal, 0.0)
         left = budget - float(ideal.sum())
         if left > _EPS and room.any():
-            ideal = ideal + water_fill_array(left, np.zeros_like(room), room, weight)
+            ideal = ideal + water_fill(left, np.zeros_like(room), room, weight)
             high = np.maximum(high, np.minimum(soft, np.maximum(cap, low)))
     band = np.maximum(hysteresis_cores, hysteresis_ratio * previous)
     keep = (
@@ -356,13 +240,21 @@ def split_arrays(
     current: IntArray,
     squeezed: BoolArray,
     fixed_cpu: FloatArray,
-    ready: IntArray | None = None,
+    keep: IntArray | None = None,
 ) -> tuple[IntArray, FloatArray, IntArray]:
-    """:func:`split_allocation` on arrays; ``fixed_cpu`` is NaN where a resize is possible,
-    ``ready`` is ``ready_replicas`` (pass ``current`` where starting replicas must be kept).
+    """Turn each service's ``cores`` into ``(replicas, cpu per replica)`` within its bounds.
+
+    ``replicas × cpu`` never exceeds ``cores`` (given ``cores >= min_replicas × cpu.min``).
+    ``squeezed`` (the budget gives less than the demand): keep the current replicas and
+    shrink their CPU first.  Otherwise ``prefer: vertical`` grows CPU per replica up to
+    ``cpu.max`` before adding replicas, ``horizontal`` adds replicas of ``cpu_ref`` cores.
+    ``keep``: replicas not to remove (those still starting, a frozen service's), as long as
+    each still gets ``cpu.min``.  ``fixed_cpu`` is NaN where a resize is possible, else the
+    CPU per replica to keep (a blocked resize: only the replica count changes).
 
     Returns ``(replicas, cpu per replica, note)`` with note codes 0 none, 1 squeezed,
-    2 fewer replicas fit at cpu.min, 3 resize blocked, 4 resize blocked and CPU cut.
+    2 fewer replicas fit at cpu.min, 3 resize blocked, 4 resize blocked and CPU cut,
+    5 replicas kept while starting.
     """
     eps = _EPS
     whole = np.floor(cores / cpu_max + eps)
@@ -370,10 +262,13 @@ def split_arrays(
     r_horizontal = np.ceil(cores / cpu_ref - eps).astype(np.int64)
     r = np.where(horizontal, r_horizontal, r_vertical)
     sq = squeezed & (current > 0)
-    kept = current if ready is None else np.minimum(current, ready)
-    r = np.where(sq, np.maximum(kept, r_vertical), r)
-    r = np.minimum(np.maximum(r, min_r), max_r)
+    r = np.where(sq, np.maximum(current, r_vertical), r)
     note = np.where(sq & (r > 0), 1, 0)
+    if keep is not None:
+        raised = keep > r
+        r = np.maximum(r, keep)
+        note = np.where(raised & ~sq, 5, note)
+    r = np.minimum(np.maximum(r, min_r), max_r)
     thin = (r > 0) & (cores / np.maximum(r, 1) < cpu_min - eps)
     fewer = np.maximum(min_r, np.floor(cores / cpu_min + eps).astype(np.int64))
     r = np.where(thin, fewer, r)

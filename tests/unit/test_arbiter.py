@@ -7,14 +7,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scaler.budget import (
+from scaler.arbiter import (
     IndependentClaim,
     arbitrate_arrays,
     arbitrate_independent,
-    split_allocation,
     split_arrays,
     water_fill,
-    water_fill_array,
 )
 from scaler.policy import ScalingPolicy
 
@@ -32,6 +30,8 @@ from scaler.policy import ScalingPolicy
         (2.0, [0, 0], [0.3, 5], [1, 1], [0.3, 1.7]),
         # floors first: a floor above the equal share is kept
         (2.0, [1.5, 0], [5, 5], [1, 1], [1.5, 0.5]),
+        # lows over the budget: everyone gets their low
+        (1.0, [0.75, 0.5], [5, 5], [1, 1], [0.75, 0.5]),
     ],
 )
 def test_water_fill_examples(
@@ -41,11 +41,7 @@ def test_water_fill_examples(
     weights: list[float],
     expected: list[float],
 ) -> None:
-    assert water_fill(budget, lows, highs, weights) == pytest.approx(expected)
-    got = water_fill_array(
-        budget, np.array(lows, float), np.array(highs, float), np.array(weights, float)
-    )
-    assert got.tolist() == pytest.approx(expected)
+    assert water_fill(budget, lows, highs, weights).tolist() == pytest.approx(expected)
 
 
 @settings(max_examples=300, deadline=None)
@@ -57,22 +53,64 @@ def test_water_fill_examples(
     ),
     st.floats(0, 1),
 )
-def test_array_water_fill_equals_the_reference(
+def test_water_fill_is_weighted_max_min_fair_within_the_budget(
     rows: list[tuple[float, float, float]], spare: float
 ) -> None:
     lows = [lo for lo, _, _ in rows]
     highs = [lo + extra for lo, extra, _ in rows]
     weights = [w for _, _, w in rows]
     budget = sum(lows) + spare * (sum(highs) - sum(lows) + 1)
-    reference = water_fill(budget, lows, highs, weights)
-    got = water_fill_array(budget, np.array(lows), np.array(highs), np.array(weights))
-    assert got.tolist() == pytest.approx(reference, abs=1e-9)
-    assert got.sum() <= budget + 1e-9
+    got = water_fill(budget, lows, highs, weights).tolist()
+    assert sum(got) <= budget + 1e-9
     assert all(lo - 1e-9 <= g <= hi + 1e-9 for lo, g, hi in zip(lows, got, highs, strict=True))
+    if sum(highs) <= budget:
+        assert got == pytest.approx(highs)
+        return
+    assert sum(got) == pytest.approx(budget, abs=1e-6)  # work-conserving
+    # One level λ: between its bounds a service gets λ·w; at its low, low >= λ·w; at its
+    # high, high <= λ·w.
+    levels = [
+        g / w
+        for lo, g, hi, w in zip(lows, got, highs, weights, strict=True)
+        if lo + 1e-6 < g < hi - 1e-6
+    ]
+    if levels:
+        lam = levels[0]
+        assert all(level == pytest.approx(lam, abs=1e-6) for level in levels)
+        for lo, g, hi, w in zip(lows, got, highs, weights, strict=True):
+            if hi > lo + 1e-6 and g <= lo + 1e-6:
+                assert lo >= lam * w - 1e-6
+            elif hi > lo + 1e-6 and g >= hi - 1e-6:
+                assert hi <= lam * w + 1e-6
 
 
 def policy(**kw: object) -> ScalingPolicy:
     return ScalingPolicy.model_validate(kw)
+
+
+def split(
+    cores: float,
+    p: ScalingPolicy,
+    *,
+    current: int,
+    squeezed: bool,
+    fixed: float | None = None,
+    keep: int = 0,
+) -> tuple[int, float]:
+    r, cpu, _ = split_arrays(
+        np.array([cores]),
+        cpu_min=np.array([p.cpu.min]),
+        cpu_max=np.array([p.cpu.max]),
+        cpu_ref=np.array([p.cpu.initial_cores]),
+        min_r=np.array([p.min_replicas]),
+        max_r=np.array([p.max_replicas]),
+        horizontal=np.array([p.prefer == "horizontal"]),
+        current=np.array([current]),
+        squeezed=np.array([squeezed]),
+        fixed_cpu=np.array([np.nan if fixed is None else fixed]),
+        keep=np.array([keep]),
+    )
+    return int(r[0]), float(cpu[0])
 
 
 @settings(max_examples=300, deadline=None)
@@ -86,8 +124,9 @@ def policy(**kw: object) -> ScalingPolicy:
     st.booleans(),
     st.booleans(),
     st.one_of(st.none(), st.floats(0.01, 3.0)),
+    st.integers(0, 8),
 )
-def test_array_split_equals_the_reference(
+def test_split_keeps_the_bounds_and_the_cores(
     cores: float,
     cpu_min: float,
     stretch: float,
@@ -97,6 +136,7 @@ def test_array_split_equals_the_reference(
     horizontal: bool,
     squeezed: bool,
     fixed: float | None,
+    keep: int,
 ) -> None:
     p = policy(
         min_replicas=min_r,
@@ -105,40 +145,26 @@ def test_array_split_equals_the_reference(
         prefer="horizontal" if horizontal else "vertical",
     )
     cores = max(cores, min_r * cpu_min)
-    ref_r, ref_cpu = split_allocation(
-        cores,
-        p,
-        cpu_ref=p.cpu.initial_cores,
-        current_replicas=current,
-        squeezed=squeezed,
-        fixed_cpu=fixed if current else None,
+    r, cpu = split(
+        cores, p, current=current, squeezed=squeezed, fixed=fixed if current else None, keep=keep
     )
-    r, cpu, _ = split_arrays(
-        np.array([cores]),
-        cpu_min=np.array([p.cpu.min]),
-        cpu_max=np.array([p.cpu.max]),
-        cpu_ref=np.array([p.cpu.initial_cores]),
-        min_r=np.array([p.min_replicas]),
-        max_r=np.array([p.max_replicas]),
-        horizontal=np.array([horizontal]),
-        current=np.array([current]),
-        squeezed=np.array([squeezed]),
-        fixed_cpu=np.array([fixed if (fixed is not None and current) else np.nan]),
-    )
-    assert (int(r[0]), float(cpu[0])) == (ref_r, pytest.approx(ref_cpu))
-    assert p.min_replicas <= ref_r <= p.max_replicas
-    assert ref_r * ref_cpu <= cores + 1e-9 or fixed is not None
+    assert p.min_replicas <= r <= p.max_replicas
+    assert r * cpu <= cores + 1e-9 or fixed is not None
+    if r:
+        assert cpu <= p.cpu.max + 1e-9
+    # Replicas to keep are kept while each still gets cpu.min.
+    if fixed is None or not current:
+        kept = min(keep, p.max_replicas)
+        if kept * cpu_min <= cores + 1e-9:
+            assert r >= kept
 
 
 def test_vertical_first_then_horizontal() -> None:
     p = policy(max_replicas=8, cpu={"min": 0.1, "max": 1.0, "request": 0.25})
-    assert split_allocation(0.8, p, cpu_ref=0.25, current_replicas=1, squeezed=False) == (1, 0.8)
-    assert split_allocation(2.5, p, cpu_ref=0.25, current_replicas=1, squeezed=False) == (
-        3,
-        pytest.approx(2.5 / 3),
-    )
+    assert split(0.8, p, current=1, squeezed=False) == (1, pytest.approx(0.8))
+    assert split(2.5, p, current=1, squeezed=False) == (3, pytest.approx(2.5 / 3))
     h = policy(max_replicas=8, prefer="horizontal", cpu={"min": 0.1, "max": 1.0, "request": 0.25})
-    assert split_allocation(1.0, h, cpu_ref=0.25, current_replicas=1, squeezed=False) == (4, 0.25)
+    assert split(1.0, h, current=1, squeezed=False) == (4, pytest.approx(0.25))
 
 
 @pytest.mark.parametrize(
@@ -160,73 +186,36 @@ def test_vertical_adds_a_replica_only_for_a_remainder_worth_cpu_min(
     cores: float, current: int, squeezed: bool, expected: tuple[int, float]
 ) -> None:
     p = policy(max_replicas=4, cpu={"min": 0.25, "max": 1.0, "request": 0.25})
-    r, cpu = split_allocation(cores, p, cpu_ref=0.25, current_replicas=current, squeezed=squeezed)
+    r, cpu = split(cores, p, current=current, squeezed=squeezed)
     assert (r, cpu) == (expected[0], pytest.approx(expected[1]))
-    ar, acpu, _ = split_arrays(
-        np.array([cores]),
-        cpu_min=np.array([0.25]),
-        cpu_max=np.array([1.0]),
-        cpu_ref=np.array([0.25]),
-        min_r=np.array([1]),
-        max_r=np.array([4]),
-        horizontal=np.array([False]),
-        current=np.array([current]),
-        squeezed=np.array([squeezed]),
-        fixed_cpu=np.array([np.nan]),
-    )
-    assert (int(ar[0]), float(acpu[0])) == (expected[0], pytest.approx(expected[1]))
 
 
 @pytest.mark.parametrize(
-    ("cores", "current", "ready", "expected"),
+    ("cores", "current", "keep", "expected"),
     [
-        # squeezed back to 1 core while the second replica is still starting: the serving
-        # replica keeps 1 core (not 2 × 0.5 with only 0.5 serving for the start-up time)
-        (1.0, 2, 1, (1, 1.0)),
-        # ready replicas are kept, CPU shrinks in place
+        # squeezed to 1 core while the second replica is starting: it is kept (0.5 each)
         (1.0, 2, 2, (2, 0.5)),
-        (1.5, 3, 2, (2, 0.75)),
-        # a starting replica the cores keep whole stays
-        (2.0, 2, 1, (2, 1.0)),
-        # nothing ready yet: what the cores fill at cpu.max
-        (1.0, 3, 0, (1, 1.0)),
+        # ready replicas are kept, CPU shrinks in place
+        (1.0, 2, 0, (2, 0.5)),
+        (1.5, 3, 0, (3, 0.5)),
+        # too little for cpu.min each: only then do replicas go
+        (0.5, 3, 3, (2, 0.25)),
     ],
 )
-def test_squeezed_does_not_keep_starting_replicas_at_the_serving_ones_expense(
-    cores: float, current: int, ready: int, expected: tuple[int, float]
+def test_squeezed_keeps_replicas_and_shrinks_cpu_in_place(
+    cores: float, current: int, keep: int, expected: tuple[int, float]
 ) -> None:
     p = policy(max_replicas=4, cpu={"min": 0.25, "max": 1.0, "request": 0.25})
-    r, cpu = split_allocation(
-        cores, p, cpu_ref=0.25, current_replicas=current, squeezed=True, ready_replicas=ready
+    assert split(cores, p, current=current, squeezed=True, keep=keep) == (
+        expected[0],
+        pytest.approx(expected[1]),
     )
-    assert (r, cpu) == (expected[0], pytest.approx(expected[1]))
-    ar, acpu, _ = split_arrays(
-        np.array([cores]),
-        cpu_min=np.array([0.25]),
-        cpu_max=np.array([1.0]),
-        cpu_ref=np.array([0.25]),
-        min_r=np.array([1]),
-        max_r=np.array([4]),
-        horizontal=np.array([False]),
-        current=np.array([current]),
-        squeezed=np.array([True]),
-        fixed_cpu=np.array([np.nan]),
-        ready=np.array([ready]),
-    )
-    assert (int(ar[0]), float(acpu[0])) == (expected[0], pytest.approx(expected[1]))
 
 
-def test_squeezed_keeps_replicas_and_shrinks_cpu_in_place() -> None:
-    p = policy(max_replicas=8, cpu={"min": 0.1, "max": 1.0})
-    assert split_allocation(1.2, p, cpu_ref=0.1, current_replicas=4, squeezed=True) == (
-        4,
-        pytest.approx(0.3),
-    )
-    # below cpu.min per replica, replicas go (only then)
-    assert split_allocation(0.25, p, cpu_ref=0.1, current_replicas=4, squeezed=True) == (
-        2,
-        pytest.approx(0.125),
-    )
+def test_starting_replicas_are_kept_when_the_cores_shrink() -> None:
+    p = policy(max_replicas=8, cpu={"min": 0.1, "max": 1.0, "request": 0.25})
+    assert split(0.8, p, current=4, squeezed=False) == (1, pytest.approx(0.8))
+    assert split(0.8, p, current=4, squeezed=False, keep=4) == (4, pytest.approx(0.2))
 
 
 def arrays(**kw: list[float]) -> dict[str, np.ndarray]:
