@@ -241,15 +241,18 @@ def split_arrays(
     squeezed: BoolArray,
     fixed_cpu: FloatArray,
     keep: IntArray | None = None,
+    ready: IntArray | None = None,
 ) -> tuple[IntArray, FloatArray, IntArray]:
     """Turn each service's ``cores`` into ``(replicas, cpu per replica)`` within its bounds.
 
     ``replicas × cpu`` never exceeds ``cores`` (given ``cores >= min_replicas × cpu.min``).
-    ``squeezed`` (the budget gives less than the demand): keep the current replicas and
-    shrink their CPU first.  Otherwise ``prefer: vertical`` grows CPU per replica up to
+    ``squeezed`` (the budget gives less than the demand): keep the ``ready`` replicas (default
+    all current ones) and shrink their CPU first -- a replica still starting is not kept at
+    the serving ones' expense (every replica gets the same CPU, and it serves nothing yet).  Otherwise ``prefer: vertical`` grows CPU per replica up to
     ``cpu.max`` before adding replicas, ``horizontal`` adds replicas of ``cpu_ref`` cores.
-    ``keep``: replicas not to remove (those still starting, a frozen service's), as long as
-    each still gets ``cpu.min``.  ``fixed_cpu`` is NaN where a resize is possible, else the
+    ``keep`` (not squeezed): replicas not to remove although the cores would make fewer
+    (those still starting: the estimate that asked for them may dip before they serve), as
+    long as each still gets ``cpu.min``.  ``fixed_cpu`` is NaN where a resize is possible, else the
     CPU per replica to keep (a blocked resize: only the replica count changes).
 
     Returns ``(replicas, cpu per replica, note)`` with note codes 0 none, 1 squeezed,
@@ -262,12 +265,14 @@ def split_arrays(
     r_horizontal = np.ceil(cores / cpu_ref - eps).astype(np.int64)
     r = np.where(horizontal, r_horizontal, r_vertical)
     sq = squeezed & (current > 0)
-    r = np.where(sq, np.maximum(current, r_vertical), r)
+    kept = current if ready is None else np.minimum(current, ready)
+    r = np.where(sq, np.maximum(kept, r_vertical), r)
     note = np.where(sq & (r > 0), 1, 0)
     if keep is not None:
+        keep = np.where(sq, 0, keep)
         raised = keep > r
         r = np.maximum(r, keep)
-        note = np.where(raised & ~sq, 5, note)
+        note = np.where(raised, 5, note)
     r = np.minimum(np.maximum(r, min_r), max_r)
     thin = (r > 0) & (cores / np.maximum(r, 1) < cpu_min - eps)
     fewer = np.maximum(min_r, np.floor(cores / cpu_min + eps).astype(np.int64))

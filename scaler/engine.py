@@ -47,6 +47,8 @@ from scaler.policy import BudgetConfig, ScalingPolicy, check_floors
 from scaler.signals import BucketedWindow, ServiceSignals
 
 _EPS = 1e-9
+_THROTTLED_S_PER_S = 0.01
+"""Throttled time per second per ready replica above which measured use is capped."""
 _NOT_FROZEN, _MISSING, _STALE, _NO_DATA, _INVALID = 0, 1, 2, 3, 4
 
 
@@ -272,7 +274,7 @@ class Engine:
             ),
         )
         frozen = frozen_code != _NOT_FROZEN
-        demand, frozen_hold = self._demand(wanted, load, value, capacity, (cur_r, cur_cpu, frozen))
+        demand, frozen_hold = self._demand(wanted, load, capacity, (cur_r, ready, cur_cpu, frozen))
         # A replica still starting is never removed (the estimate that asked for it may dip
         # before it serves): it needs cpu.min (hard) and its reference CPU (soft).
         keep = np.where(frozen | (ready < cur_r), np.minimum(cur_r, self.max_r), 0)
@@ -321,6 +323,7 @@ class Engine:
                 # A blocked resize: scale replicas instead -- unless frozen (keep replicas).
                 fixed_cpu=np.where(blocked & (cur_r > 0) & ~frozen, cur_cpu, np.nan),
                 keep=keep,
+                ready=np.where(frozen, cur_r, ready.astype(np.int64)),
             )
             pending = {}
         allocated = replicas * cpu
@@ -543,9 +546,8 @@ class Engine:
         self,
         wanted: IntArray,
         load: IntArray,
-        value: FloatArray,
         capacity: FloatArray,
-        state: tuple[IntArray, FloatArray, BoolArray],
+        state: tuple[IntArray, FloatArray, FloatArray, BoolArray],
     ) -> tuple[FloatArray, FloatArray]:
         """Cores each service needs now, and what a frozen one holds.
 
@@ -553,22 +555,29 @@ class Engine:
         the windows keep: CPU moves in place, replicas follow the windows), at least
         ``cpu.min`` for one kept replica.  When the platform measures CPU and some replica is
         ready, the measured use with the target utilisation's headroom (``used /
-        target_utilization``) replaces it -- unless the metric is beyond 100 % of the target
-        on the ready capacity (the service is behind): then the larger of the two.  The
+        target_utilization``) replaces it -- unless the load is beyond 100 % of the target on
+        the ready capacity (the service is behind): then the larger of the two.  The
         headroom is applied once either way (the metric's reference replicas already count
         it), and the measure is per *ready* capacity, so replicas that are starting do not
         make the demand dip.  Frozen services: what they hold.  Replicas kept beyond the load
         are the caller's soft demand.
         """
-        cur_r, cur_cpu, frozen = state
+        cur_r, ready, cur_cpu, frozen = state
         least = np.minimum(wanted, 1) * self.cpu_min  # a kept replica needs at least cpu.min
         demand = np.maximum(load * self.cpu_ref, least)
         used = self._cpu_used
         measured_ok = ~np.isnan(used) & (load > 0) & (capacity > 0)
         if measured_ok.any():
-            behind = value > capacity * self.target + _EPS
+            # Behind: the load (panic window or this tick) is beyond 100 % of the target
+            # on the ready capacity.
+            behind = load * self.target_utilization > capacity + _EPS
             measured = np.where(measured_ok, used, 0.0) / self.target_utilization
             measured = np.where(behind, np.maximum(measured, demand), measured)
+            # Throttled: the use is capped by the quota, so it understates what the service
+            # wants; it keeps at least the CPU of its ready replicas.
+            thr = np.where(np.isnan(self._thr_rate), 0.0, self._thr_rate)
+            throttled = thr > _THROTTLED_S_PER_S * np.maximum(ready, 1.0)
+            measured = np.where(throttled, np.maximum(measured, ready * cur_cpu), measured)
             demand = np.where(measured_ok, np.maximum(measured, least), demand)
         held_r = np.minimum(np.maximum(cur_r, self.min_r), self.max_r)
         held_cpu = np.minimum(np.maximum(cur_cpu, self.cpu_min), self.cpu_max)

@@ -96,6 +96,7 @@ def split(
     squeezed: bool,
     fixed: float | None = None,
     keep: int = 0,
+    ready: int | None = None,
 ) -> tuple[int, float]:
     r, cpu, _ = split_arrays(
         np.array([cores]),
@@ -109,6 +110,7 @@ def split(
         squeezed=np.array([squeezed]),
         fixed_cpu=np.array([np.nan if fixed is None else fixed]),
         keep=np.array([keep]),
+        ready=None if ready is None else np.array([ready]),
     )
     return int(r[0]), float(cpu[0])
 
@@ -125,6 +127,7 @@ def split(
     st.booleans(),
     st.one_of(st.none(), st.floats(0.01, 3.0)),
     st.integers(0, 8),
+    st.booleans(),
 )
 def test_split_keeps_the_bounds_and_the_cores(
     cores: float,
@@ -137,6 +140,7 @@ def test_split_keeps_the_bounds_and_the_cores(
     squeezed: bool,
     fixed: float | None,
     keep: int,
+    starting: bool,
 ) -> None:
     p = policy(
         min_replicas=min_r,
@@ -146,14 +150,20 @@ def test_split_keeps_the_bounds_and_the_cores(
     )
     cores = max(cores, min_r * cpu_min)
     r, cpu = split(
-        cores, p, current=current, squeezed=squeezed, fixed=fixed if current else None, keep=keep
+        cores,
+        p,
+        current=current,
+        squeezed=squeezed,
+        fixed=fixed if current else None,
+        keep=keep,
+        ready=max(0, current - 1) if starting else current,
     )
     assert p.min_replicas <= r <= p.max_replicas
     assert r * cpu <= cores + 1e-9 or fixed is not None
     if r:
         assert cpu <= p.cpu.max + 1e-9
     # Replicas to keep are kept while each still gets cpu.min.
-    if fixed is None or not current:
+    if (fixed is None or not current) and not (squeezed and current):
         kept = min(keep, p.max_replicas)
         if kept * cpu_min <= cores + 1e-9:
             assert r >= kept
@@ -191,25 +201,26 @@ def test_vertical_adds_a_replica_only_for_a_remainder_worth_cpu_min(
 
 
 @pytest.mark.parametrize(
-    ("cores", "current", "keep", "expected"),
+    ("cores", "current", "ready", "expected"),
     [
-        # squeezed to 1 core while the second replica is starting: it is kept (0.5 each)
-        (1.0, 2, 2, (2, 0.5)),
+        # squeezed back to 1 core while the second replica is still starting: the serving
+        # replica keeps 1 core (not 2 × 0.5 with only 0.5 serving for the start-up time)
+        (1.0, 2, 1, (1, 1.0)),
         # ready replicas are kept, CPU shrinks in place
-        (1.0, 2, 0, (2, 0.5)),
-        (1.5, 3, 0, (3, 0.5)),
-        # too little for cpu.min each: only then do replicas go
+        (1.0, 2, 2, (2, 0.5)),
+        (1.5, 3, 2, (2, 0.75)),
+        # a starting replica the cores keep whole stays
+        (2.0, 2, 1, (2, 1.0)),
+        # too little for cpu.min each: only then do ready replicas go
         (0.5, 3, 3, (2, 0.25)),
     ],
 )
-def test_squeezed_keeps_replicas_and_shrinks_cpu_in_place(
-    cores: float, current: int, keep: int, expected: tuple[int, float]
+def test_squeezed_keeps_the_serving_replicas_and_shrinks_cpu_in_place(
+    cores: float, current: int, ready: int, expected: tuple[int, float]
 ) -> None:
     p = policy(max_replicas=4, cpu={"min": 0.25, "max": 1.0, "request": 0.25})
-    assert split(cores, p, current=current, squeezed=True, keep=keep) == (
-        expected[0],
-        pytest.approx(expected[1]),
-    )
+    got = split(cores, p, current=current, squeezed=True, keep=current, ready=ready)
+    assert got == (expected[0], pytest.approx(expected[1]))
 
 
 def test_starting_replicas_are_kept_when_the_cores_shrink() -> None:

@@ -157,8 +157,10 @@ def measured_demand(in_flight: int, throttled_s_per_s: float, ready: int = 2) ->
 def test_measured_cpu_gets_the_target_utilisation_headroom_once() -> None:
     # 14 in flight on 2 ready replicas of target 10: within the target, so the measure rules.
     assert measured_demand(14, 0.0) == pytest.approx(0.7 / 0.7)
-    # Throttling does not multiply it again (the metric says when the service is behind).
-    assert measured_demand(14, 1.0) == pytest.approx(0.7 / 0.7)
+    # Throttling does not multiply it again: a throttled service keeps at least its ready
+    # replicas' CPU (here 2 × 0.5), its use being capped by the quota.
+    assert measured_demand(14, 1.0) == pytest.approx(2 * 0.5)
+    assert measured_demand(7, 0.0) == pytest.approx(0.7 / 0.7)
 
 
 def test_a_service_behind_its_target_gets_what_the_metric_asks() -> None:
