@@ -3,7 +3,7 @@
 Assumptions (docs/simulate.md repeats them):
 
 * **Processor sharing per replica.**  Under limit enforcement (``budget.enforcement:
-  limit``; :meth:`ServiceModel.run`) a replica with ``c`` cores serving ``n`` requests gives
+  limit``) a replica with ``c`` cores serving ``n`` requests gives
   each ``min(request_cores_max, c / n)`` cores (egalitarian sharing, as the kernel shares a
   CPU quota between busy threads), so a request needing ``s`` CPU-seconds alone on a
   replica finishes after ``s / min(request_cores_max, c)`` seconds and a saturated replica
@@ -13,10 +13,10 @@ Assumptions (docs/simulate.md repeats them):
 * **Dispatch** like the gateway's ``least_request``: an arrival goes to the ready replica
   with the fewest requests in flight (ties: the oldest replica).  With no ready replica it
   waits in the gateway's queue (FIFO) until one becomes ready.
-* **Share enforcement** (``budget.enforcement: share``, the default) keeps everything here
-  but the rates: a replica's cores are its guaranteed share of the node, which the busy
-  replicas of every service share by weight up to their ``cpu.max``
-  (:mod:`scaler.simulate.gps`, which drives these models in one event loop).
+* **The CPU rule** is a strategy of the one event loop that drives these models
+  (:mod:`scaler.simulate.loop`): limit as above, limit with lending, or share (a replica's
+  cores are its guaranteed share of the node, which the busy replicas of every service
+  share by weight up to their ``cpu.max``).
 * **The node** has ``capacity_cores`` (the budget).  A replica's CPU is reserved from the
   moment it is scheduled; a replica (or an in-place CPU increase) that does not fit waits,
   first come first served, as a Kubernetes pod stays Pending (or a resize Deferred).
@@ -29,7 +29,6 @@ Assumptions (docs/simulate.md repeats them):
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections import deque
 from collections.abc import Iterable
@@ -81,11 +80,11 @@ class Replica:
         self.cpu_s = 0.0
         self.throttled_s = 0.0
         self.ver = 0
-        # share enforcement (scaler.simulate.gps) only: the rates in force since ``t``
+        # the rates in force since ``t`` (set by scaler.simulate.loop)
         self.d = 0.0
         """Cores its requests could use now: min(n * request_cores_max, cpu.max)."""
         self.x = 0.0
-        """Cores it gets now (its share of the node)."""
+        """Cores it gets now."""
         self.per = 0.0
         """Cores each resident request gets now (``x / n``)."""
         self.capped = False
@@ -96,22 +95,9 @@ class Replica:
             f"Replica({self.rid}, {self.phase}, {self.cores:g} cores, {len(self.tags)} in flight)"
         )
 
-    def advance(self, t: float, cap: float) -> None:
-        """Move this replica's clock to ``t``: resident requests progress, CPU is counted."""
-        n = len(self.tags)
-        if n and t > self.t:
-            dt = t - self.t
-            if cap * n <= self.cores:
-                per = cap
-            else:
-                per = self.cores / n
-                self.throttled_s += dt
-            self.v += per * dt
-            self.cpu_s += per * n * dt
-        self.t = t
-
     def flow(self, t: float) -> None:
-        """Share enforcement: move this replica's clock to ``t`` at the rates in force."""
+        """Move this replica's clock to ``t`` at the rates in force: resident requests progress,
+        CPU (and throttled time) is counted."""
         if self.tags and t > self.t:
             dt = t - self.t
             self.v += self.per * dt
@@ -119,12 +105,6 @@ class Replica:
             if self.capped:
                 self.throttled_s += dt
         self.t = t
-
-    def next_done(self, cap: float) -> float:
-        """When the request with the smallest finish tag completes if nothing else changes."""
-        n = len(self.tags)
-        per = cap if cap * n <= self.cores else self.cores / n
-        return self.t + max(self.tags[0][0] - self.v, 0.0) / per
 
 
 def _quantile(ordered: list[float], q: float) -> float:
@@ -352,122 +332,6 @@ class ServiceModel:
 
     # ---- traffic --------------------------------------------------------------------------
 
-    def run(
-        self,
-        t0: float,
-        t1: float,
-        *,
-        wake_level: float = math.inf,
-        through: bool = False,
-        settle: bool = True,
-    ) -> float | None:
-        """Simulate ``[t0, t1)`` (``[t0, t1]`` with ``through``): arrivals, dispatch, processor
-        sharing, completions, under limit enforcement (share: :class:`scaler.simulate.gps.SharedCpu`).  The model is then at ``t1`` (:attr:`clock`).
-
-        Resumable: one regular tick's traffic may be simulated in consecutive pieces (early
-        ticks fall between them), each starting where the last ended; arrivals and latencies
-        add up in :attr:`tick_arrivals` / :attr:`tick_latencies` until :meth:`close_tick`.
-        With ``wake_level``, it stops right after the arrival that brings the concurrency (in
-        flight + queued) to that level and returns the arrival's time (the model is then at
-        that time); ``None`` when the level is not reached.
-
-        ``settle=False`` leaves each replica's clock at its last event instead of moving it
-        to the end: pieces that end with no tick after them then give bit for bit what one
-        whole run gives.  Settle (any run to the current :attr:`clock` does) before reading
-        CPU counters or changing a replica's CPU.
-        """
-        cap = self.cap
-        reps = self.replicas
-        # Events at exactly t1 belong to this piece only with ``through``.
-        lim = math.nextafter(t1, math.inf) if through else t1
-        for r in reps:
-            if r.phase == STARTING and r.ready_at <= t0:
-                r.phase = READY
-                r.t = t0
-        ready = [r for r in reps if r.phase == READY]
-        heap: list[tuple[float, int, int, Replica]] = []
-        lat: list[float] = []
-        queue = self.queue
-        if ready and queue:
-            self._flush(t0, ready, heap)
-        concurrency = len(queue)
-        for r in reps:
-            if r.tags:
-                concurrency += len(r.tags)
-                r.ver += 1
-                heap.append((r.next_done(cap), r.rid, r.ver, r))
-        heapq.heapify(heap)
-        # (ready_at, rid) orders them: rids are unique, so the replicas are never compared
-        starting = [
-            (r.ready_at, r.rid, r) for r in reps if r.phase == STARTING and r.ready_at < lim
-        ]
-        if len(starting) > 1:
-            starting.sort()
-        s_i = 0
-        times, works = self.times, self.works
-        i, n_arr = self.next_arrival, len(times)
-        first = i
-        inf = math.inf
-        stop: float | None = None
-        heappush, heappop = heapq.heappush, heapq.heappop
-        while True:
-            ta = times[i] if i < n_arr and times[i] < lim else inf
-            tr = starting[s_i][0] if s_i < len(starting) else inf
-            tc = heap[0][0] if heap else inf
-            if tc < lim and tc <= ta and tc <= tr:
-                _, rid, ver, r = heappop(heap)
-                if ver != r.ver:
-                    continue
-                r.advance(tc, cap)
-                tag, arrived = heappop(r.tags)
-                r.v = max(r.v, tag)
-                lat.append(tc - arrived)
-                concurrency -= 1
-                if r.tags:
-                    r.ver += 1
-                    heappush(heap, (r.next_done(cap), rid, r.ver, r))
-                elif r.phase == DRAINING:
-                    self.remove(r)
-            elif tr < lim and tr <= ta:
-                r = starting[s_i][2]
-                s_i += 1
-                if r.phase == STARTING:
-                    r.phase = READY
-                    r.t = tr
-                    ready.append(r)
-                    if queue:
-                        self._flush(tr, ready, heap)
-            elif ta < lim:
-                w = works[i]
-                i += 1
-                concurrency += 1
-                if not ready:
-                    queue.append((ta, w))
-                else:
-                    r = ready[0] if len(ready) == 1 else min(ready, key=_in_flight)
-                    r.advance(ta, cap)
-                    heappush(r.tags, (r.v + w, ta))
-                    r.ver += 1
-                    heappush(heap, (r.next_done(cap), r.rid, r.ver, r))
-                if concurrency >= wake_level:
-                    stop = t1 = ta
-                    break
-            else:
-                break
-        if settle:
-            for r in list(reps):
-                r.advance(t1, cap)
-                if r.phase == DRAINING and not r.tags:
-                    self.remove(r)
-        self.clock = t1
-        self.next_arrival = i
-        self.arrivals_total += i - first
-        self.completions_total += len(lat)
-        self.tick_arrivals += i - first
-        self.tick_latencies += lat
-        self.latencies += lat
-        return stop
-
     def close_tick(self) -> None:
         """End the current regular tick: its arrivals and latencies join the signal windows."""
         self._arrivals_window.append(self.tick_arrivals)
@@ -475,41 +339,6 @@ class ServiceModel:
         self._window_stats = None
         self.tick_arrivals = 0
         self.tick_latencies = []
-
-    def wake_bound(self, level: float) -> float:
-        """The earliest time the concurrency can reach ``level`` (``clock`` if it has).
-
-        Concurrency rises only at arrivals, one at a time, and the arrivals are known in
-        advance: it cannot reach ``level`` before the (level - concurrency now)-th next one.
-        """
-        need = math.ceil(level - self.concurrency)
-        if need <= 0:
-            return self.clock
-        k = self.next_arrival + need - 1
-        return self.times[k] if k < len(self.times) else math.inf
-
-    def _flush(
-        self, t: float, ready: list[Replica], heap: list[tuple[float, int, int, Replica]]
-    ) -> None:
-        """Hand every request waiting in the gateway to the least-loaded ready replicas at ``t``."""
-        cap = self.cap
-        touched: set[int] = set()
-        by_rid: dict[int, Replica] = {}
-        while self.queue:
-            arrived, w = self.queue.popleft()
-            r = ready[0] if len(ready) == 1 else min(ready, key=_in_flight)
-            r.advance(t, cap)
-            heapq.heappush(r.tags, (r.v + w, arrived))
-            touched.add(r.rid)
-            by_rid[r.rid] = r
-        for rid in touched:
-            r = by_rid[rid]
-            r.ver += 1
-            heapq.heappush(heap, (r.next_done(cap), rid, r.ver, r))
-
-
-def _in_flight(r: Replica) -> int:
-    return len(r.tags)
 
 
 class Node:

@@ -6,15 +6,15 @@ the node grants claims that fit; then the traffic of ``[t, t + tick_s)`` is simu
 in pieces when early ticks (``scaler.simulate.early``) fall inside it, each one the same
 sequence at its own time.  The per-tick series still have one entry per regular tick.
 
-``budget.enforcement`` picks the node model, the same for every controller (Sluice and the
-baselines), so a comparison isolates the controller: ``limit``, each replica's decided CPU is
-a hard cap and each service is simulated on its own (:meth:`ServiceModel.run`); ``share``,
-the decided CPU is a guaranteed share of the node, which all services' busy replicas share
-by weight up to their ``cpu.max`` (:class:`scaler.simulate.gps.SharedCpu`, one event loop).
-Under ``limit`` with ``budget.lending`` (the default), Sluice's run also lends the quota of
-idle services to busy ones between ticks (:mod:`scaler.lending`, in the same event loop), as
-the local platform does; the baselines cannot (an HPA per service and a static split leave
-a quota its owner does not use idle until something rescales).
+``budget.enforcement`` picks the node's CPU rule, the same for every controller (Sluice and
+the baselines), so a comparison isolates the controller; one event loop runs every service
+under it (:class:`scaler.simulate.loop.EventLoop`): ``limit``, each replica's decided CPU is
+a hard cap; ``share``, the decided CPU is a guaranteed share of the node, which all services'
+busy replicas share by weight up to their ``cpu.max``.  Under ``limit`` with
+``budget.lending`` (the default), Sluice's run also lends the quota of idle services to busy
+ones between ticks (:mod:`scaler.lending`), as the local platform does; the baselines cannot
+(an HPA per service and a static split leave a quota its owner does not use idle until
+something rescales).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ import numpy as np
 from scaler.policy import BudgetConfig, ScalingPolicy
 from scaler.simulate.arrivals import Arrivals, FloatArray, draw_arrivals, offered_per_tick
 from scaler.simulate.baselines import Controller, RunName, make_controller
-from scaler.simulate.early import next_early_tick, next_early_tick_shared
-from scaler.simulate.gps import Lending, SharedCpu
+from scaler.simulate.early import next_early_tick
+from scaler.simulate.loop import EventLoop, Lending
 from scaler.simulate.model import DRAINING, PENDING, READY, Node, ServiceModel
 from scaler.simulate.workload import LoadStep, ServiceLoad, Workload
 
@@ -190,16 +190,14 @@ def run(
         for s in scenario.services
     }
     node = Node(budget.cpu, models)
-    shared: SharedCpu | None = None
-    if budget.enforcement == "share":
-        shared = SharedCpu(budget.cpu, models)
-    elif lends(name, budget):
+    lending: Lending | None = None
+    if lends(name, budget):
         lending = Lending(
             budget.lend_after_idle_s,
             {s: policies[s].cpu.min for s in scenario.services},
             {s: policies[s].weight for s in scenario.services},
         )
-        shared = SharedCpu(budget.cpu, models, lending=lending)
+    loop = EventLoop(budget.cpu, models, rule=budget.enforcement, lending=lending)
     claims = node.claims()
     for s, target in ctl.initial().items():
         models[s].set_target(target.replicas, target.cpu_per_replica_cores, claims)
@@ -241,10 +239,7 @@ def run(
         held = {s: [(t0, m.reserved_cores())] for s, m in models.items()}
         last = t0
         while levels:
-            if shared is None:
-                at = next_early_tick(models, levels, t_end, last + gap)
-            else:
-                at = next_early_tick_shared(shared, levels, t_end, last + gap)
+            at = next_early_tick(loop, levels, t_end, last + gap)
             if at is None:
                 break
             tick_at(at)
@@ -252,11 +247,8 @@ def run(
             last = at
             for s, m in models.items():
                 held[s].append((at, m.reserved_cores()))
-        if shared is not None:
-            shared.run(t_end)
+        loop.run(t_end)
         for s, m in models.items():
-            if shared is None:
-                m.run(m.clock, t_end)
             _record(series[s], k, m, before[s], _mean_held(held[s], t_end, tick), tick, slo[s])
             m.close_tick()
         if progress is not None and (k % 50 == 49 or k == ticks - 1):

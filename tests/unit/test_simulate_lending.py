@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from scaler.simulate.arrivals import Arrivals
-from scaler.simulate.gps import Lending, SharedCpu
+from scaler.simulate.loop import EventLoop, Lending
 from scaler.simulate.model import PENDING, READY, Node, ServiceModel
 from tests.support.sim_scenarios import placed, requests, service
 
@@ -26,11 +26,11 @@ def on_node(
     *,
     after_idle_s: float,
     floor: float = 0.25,
-) -> tuple[SharedCpu, Node]:
+) -> tuple[EventLoop, Node]:
     node = placed(capacity, targets)
     models = node.services
     lending = Lending(after_idle_s, dict.fromkeys(models, floor), dict.fromkeys(models, 1.0))
-    return SharedCpu(capacity, models, lending=lending), node
+    return EventLoop(capacity, models, rule="limit", lending=lending), node
 
 
 def test_an_idle_service_lends_after_the_hold_and_takes_it_back_at_its_next_request() -> None:
@@ -104,10 +104,10 @@ def test_never_lending_is_limit_enforcement_service_by_service(seed: int) -> Non
         for r in m.replicas:
             if r.phase != PENDING:
                 r.phase = READY
+    plain = EventLoop(3.0, alone, rule="limit")
     for k in range(30):
         cpu.run(float(k + 1))
-        for m in alone.values():
-            m.run(float(k), float(k + 1))
+        plain.run(float(k + 1))
     for n in arrivals:
         assert lent[n].latencies == pytest.approx(alone[n].latencies, abs=1e-9)
         assert lent[n].cpu_seconds_total == pytest.approx(alone[n].cpu_seconds_total, abs=1e-9)

@@ -8,6 +8,7 @@ import pytest
 from scaler.policy import BudgetConfig, ScalingPolicy
 from scaler.simulate.arrivals import Arrivals, draw_arrivals
 from scaler.simulate.baselines import static_split
+from scaler.simulate.loop import EventLoop
 from scaler.simulate.model import DRAINING, PENDING, READY, STARTING, Node, ServiceModel
 from scaler.simulate.report import direction_changes
 from scaler.simulate.runner import build_scenario, lends, run
@@ -24,6 +25,11 @@ def one_service(arrivals: Arrivals, cores: float, replicas: int = 1) -> tuple[Se
     m.set_target(replicas, cores, node.claims())
     node.schedule(0.0)
     return m, node
+
+
+def limit_loop(node: Node) -> EventLoop:
+    """The simulator's event loop over the node's services, under limit enforcement."""
+    return EventLoop(node.capacity_cores, node.services, rule="limit")
 
 
 @pytest.mark.parametrize("enforcement", ["limit", "share"])
@@ -60,9 +66,10 @@ def test_cpu_used_never_exceeds_cpu_given_nor_the_budget(name: str) -> None:
 
 def test_a_replica_uses_at_most_its_limit_and_the_node_its_capacity() -> None:
     times = np.linspace(0, 5, 200, endpoint=False)
-    m, _ = one_service(Arrivals(times, np.full(200, 0.2)), cores=0.5)
+    m, node = one_service(Arrivals(times, np.full(200, 0.2)), cores=0.5)
+    loop = limit_loop(node)
     for k in range(10):
-        m.run(float(k), float(k + 1))
+        loop.run(float(k + 1))
         assert m.cpu_seconds_total <= 0.5 * (k + 1) + 1e-9
     assert m.cpu_seconds_total == pytest.approx(5.0)  # saturated from t=0 to t=10
 
@@ -77,16 +84,17 @@ def test_processor_sharing_matches_theory() -> None:
         }
     )
     arrivals = draw_arrivals("a", w.services["a"], 3000.0, seed=7)
-    m, _ = one_service(arrivals, cores=1.0)
+    m, node = one_service(arrivals, cores=1.0)
+    loop = limit_loop(node)
     for k in range(3000):
-        m.run(float(k), float(k + 1))
+        loop.run(float(k + 1))
     mean = float(np.mean(m.latencies))
     assert mean == pytest.approx(0.1 / (1 - 0.5), rel=0.1)
 
 
 def test_a_request_alone_runs_at_one_core_even_on_a_bigger_replica() -> None:
-    m, _ = one_service(Arrivals(np.array([0.5]), np.array([0.3])), cores=2.0)
-    m.run(0.0, 1.0)
+    m, node = one_service(Arrivals(np.array([0.5]), np.array([0.3])), cores=2.0)
+    limit_loop(node).run(1.0)
     assert m.latencies == [pytest.approx(0.3)]
 
 
@@ -95,14 +103,15 @@ def test_cpu_shrinks_in_place_and_removed_replicas_drain() -> None:
     m, node = one_service(Arrivals(times, np.full(4, 1.0)), cores=1.0, replicas=2)
     for r in m.replicas:
         r.phase = READY
-    m.run(0.0, 1.0)  # 2 requests per replica, each half done
+    loop = limit_loop(node)
+    loop.run(1.0)  # 2 requests per replica, each half done
     assert m.in_flight == 4
     m.set_target(1, 0.5, node.claims())
     assert [r.phase for r in m.replicas].count(DRAINING) == 1
     assert all(r.cores == 0.5 for r in m.replicas)  # in place, at once
     for k in range(1, 6):
         node.schedule(float(k))
-        m.run(float(k), float(k + 1))
+        loop.run(float(k + 1))
     assert m.completions_total == 4
     assert len(m.replicas) == 1  # the drained one left once empty
 
@@ -119,11 +128,10 @@ def test_new_replicas_wait_for_capacity_then_for_start_up() -> None:
     a.set_target(2, 0.5, claims)  # frees 0.5 (a starting replica is cancelled at once)
     node.schedule(1.0)
     assert [r.phase for r in b.replicas] == [STARTING, STARTING]
-    for m in (a, b):
-        m.run(1.0, 2.0)
+    loop = limit_loop(node)
+    loop.run(2.0)
     assert b.state().ready_replicas == 0
-    for m in (a, b):
-        m.run(3.0, 4.0)
+    loop.run(4.0)
     assert [r.phase for r in b.replicas] == [READY, STARTING]
     assert node.reserved_cores() == pytest.approx(2.0)
 
@@ -138,9 +146,10 @@ def test_requests_wait_in_the_gateway_while_no_replica_is_ready() -> None:
     node = Node(1.0, {"a": m})
     m.set_target(1, 1.0, node.claims())
     node.schedule(0.0)
-    m.run(0.0, 1.0)
+    loop = limit_loop(node)
+    loop.run(1.0)
     assert m.signals(1.0).queued == 2
-    m.run(1.0, 2.0)  # ready at 1.5: both requests then share the core
+    loop.run(2.0)  # ready at 1.5: both requests then share the core
     assert m.completions_total == 2
     assert sorted(m.latencies) == [pytest.approx(1.5), pytest.approx(1.6)]  # both done at 1.7
 
@@ -178,13 +187,14 @@ def test_flapping_counters_count_reversals_and_replicas_removed_while_starting()
     claims = node.claims()
     m.set_target(1, 0.5, claims)
     node.schedule(0.0)
-    m.run(0.0, 4.0)  # the first replica is ready
+    loop = limit_loop(node)
+    loop.run(4.0)  # the first replica is ready
     m.set_target(3, 0.5, claims)  # up
     node.schedule(4.0)
     m.set_target(3, 1.0, claims)  # CPU only: no direction
     m.set_target(2, 1.0, claims)  # down: one starting replica goes
     assert (m.replica_reversals, m.removed_while_starting) == (1, 1)
-    m.run(4.0, 8.0)  # the other starting one becomes ready
+    loop.run(8.0)  # the other starting one becomes ready
     m.set_target(1, 1.0, claims)  # down again: no reversal, and it was ready
     m.set_target(4, 1.0, claims)  # up: a reversal
     assert (m.replica_reversals, m.removed_while_starting) == (2, 1)

@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from scaler.policy import BudgetConfig, ScalingPolicy
 from scaler.simulate.arrivals import Arrivals
 from scaler.simulate.baselines import RunName
-from scaler.simulate.early import next_early_tick_shared
-from scaler.simulate.gps import SharedCpu, water_fill
+from scaler.simulate.early import next_early_tick
+from scaler.simulate.loop import EventLoop, water_fill
 from scaler.simulate.model import Node, ServiceModel
 from scaler.simulate.runner import build_scenario, run
 from scaler.simulate.workload import Workload, parse_workload
@@ -85,9 +85,9 @@ def test_water_fill_invariants(replicas: list[tuple[float, float]], headroom: fl
 
 def on_node(
     capacity: float, targets: Mapping[ServiceModel, tuple[int, float]]
-) -> tuple[SharedCpu, Node]:
+) -> tuple[EventLoop, Node]:
     node = placed(capacity, targets)
-    return SharedCpu(capacity, node.services), node
+    return EventLoop(capacity, node.services, rule="share"), node
 
 
 def test_a_lone_busy_replica_uses_the_idle_cpu_up_to_cpu_max() -> None:
@@ -259,7 +259,7 @@ def test_rates_keep_every_bound_at_every_instant(seed: int) -> None:
     }
     node = Node(capacity, models)
     claims = node.claims()
-    cpu = SharedCpu(capacity, models)
+    cpu = EventLoop(capacity, models, rule="share")
     checked = 0
     for k in range(60):
         for m in models.values():
@@ -379,16 +379,16 @@ def test_early_ticks_land_on_the_arrival_that_reaches_the_level_and_every_model_
         assert result.completed[s] + result.unfinished[s] == result.arrivals[s]
 
 
-def test_next_early_tick_shared_holds_back_for_the_gap_and_leaves_late_wakes_to_the_tick() -> None:
+def test_next_early_tick_holds_back_for_the_gap_and_leaves_late_wakes_to_the_tick() -> None:
     a = service("a", requests((0.2, 5.0), (0.3, 5.0), (0.9, 5.0)))
     cpu, _ = on_node(2.0, {a: (1, 0.5)})
     levels = {"a": 2.0}
-    assert next_early_tick_shared(cpu, levels, 1.0, not_before=0.5) == 0.5  # reached at 0.3
+    assert next_early_tick(cpu, levels, 1.0, not_before=0.5) == 0.5  # reached at 0.3
     assert levels == {} and a.clock == 0.5 and a.concurrency == 2
     levels = {"a": 3.0}  # reached at 0.9, but the gap ends at the next regular tick
-    assert next_early_tick_shared(cpu, levels, 1.0, not_before=1.0) is None
+    assert next_early_tick(cpu, levels, 1.0, not_before=1.0) is None
     assert levels == {} and a.clock == 0.9 and a.concurrency == 3
     cpu.run(1.0)
     levels = {"a": 9.0}  # never reached: the models run to the end of the tick
-    assert next_early_tick_shared(cpu, levels, 2.0, not_before=1.1) is None
+    assert next_early_tick(cpu, levels, 2.0, not_before=1.1) is None
     assert levels == {"a": 9.0} and a.clock == 2.0

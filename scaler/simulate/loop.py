@@ -1,33 +1,31 @@
-"""Share enforcement: generalised processor sharing of the node's CPU across every service.
+"""The simulator's one event loop: every service's replicas on one node, under a CPU rule.
 
-With ``budget.enforcement: share`` a replica's decided CPU (``Replica.cores``) is its
-*guaranteed share* (cgroup ``cpu.weight``; Kubernetes requests), not a hard cap: a replica
-is capped only at its service's ``cpu.max``, and the node (``budget.cpu``) caps the total.
-The kernel then shares the node's CPU work-conservingly, which this module models exactly:
+The rule (``budget.enforcement``, plus ``budget.lending`` for Sluice's run) is a strategy of
+this loop, not a loop of its own:
 
-* a replica ``r`` holding ``n_r > 0`` requests can use ``d_r = min(n_r * request_cores_max,
-  cpu.max)`` cores; its weight is ``w_r = r.cores``;
-* the node's ``B`` cores go to the busy replicas by weighted max-min water-filling:
-  ``x_r = min(d_r, lambda * w_r)`` with ``sum x = min(B, sum d)``.  The scheduled replicas'
-  guaranteed cores fit ``B`` (the node reserves them as in limit mode), so ``lambda >= 1``
-  and every busy replica gets at least ``min(d_r, w_r)``;
-* within a replica, processor sharing as in limit mode: each request gets ``x_r / n_r``.
+* **limit**: a replica's decided CPU (``Replica.cores``) is a hard cap (CFS quota): a replica
+  holding ``n`` requests runs at ``x = min(n * request_cores_max, cores)``;
+* **limit with lending** (:class:`Lending`, :mod:`scaler.lending`): as limit, but the quotas
+  move between ticks.  A service whose concurrency (in flight + queued) has been 0 for
+  ``lend_after_idle_s`` is marked idle and lends (:func:`scaler.lending.lend`): each busy
+  replica's quota is its decided CPU plus its service's lent share, up to ``cpu.max``.  An
+  arrival for an idle-marked service takes it back before it is dispatched, as the local
+  platform does (reclaim modelled as instant: the platform writes a few cgroup files);
+* **share**: the decided CPU is a *guaranteed share* (cgroup ``cpu.weight``; Kubernetes
+  requests), a replica is capped only at its service's ``cpu.max`` and the node
+  (``budget.cpu``) caps the total: a replica holding ``n > 0`` requests can use ``d =
+  min(n * request_cores_max, cpu.max)`` cores, and the node's ``B`` cores go to the busy
+  replicas by the budget's weighted max-min water-filling (:func:`scaler.budget.water_fill`,
+  weights ``w = cores``): ``x = min(d, lambda * w)`` with ``sum x = min(B, sum d)``.  The
+  scheduled replicas' guaranteed cores fit ``B``, so every busy replica gets at least
+  ``min(d, w)``.
 
-Rates change only at events (an arrival, a completion, a replica becoming ready, a tick),
-so one event loop across all services simulates it exactly, with the same virtual-time
-finish tags per replica as limit mode.  While ``sum d <= B`` every busy replica gets its
-``d_r`` and an event touches only its own replica; the water-filling is recomputed only
-when the node is (or becomes) oversubscribed and a replica's demand changes, and then only
-the replicas whose rate changed are rescheduled.
-
-**Limit enforcement with lending** (``budget.lending``, :mod:`scaler.lending`) runs in the
-same loop (``lending=``): every replica is capped at its quota as in limit mode (``x_r =
-min(n_r * request_cores_max, q_r)``), and the quotas move between ticks.  A service whose
-concurrency (in flight + queued) has been 0 for ``lend_after_idle_s`` is marked idle and
-lends (:func:`scaler.lending.lend`): each busy replica's quota is its decided CPU plus its
-service's lent share, up to ``cpu.max``.  An arrival for an idle-marked service takes it back
-before it is dispatched, as the local platform does.  Reclaim is modelled as instant (the
-platform writes a few cgroup files, microseconds).
+Within a replica, processor sharing: each request gets ``x / n``, with virtual-time finish
+tags.  Rates change only at events (an arrival, a completion, a replica becoming ready, a
+lending timer, a tick), so the loop is exact.  Under limit an event touches only its own
+replica; under share, while ``sum d <= B`` too, and the water-filling is recomputed only when
+the node is (or becomes) oversubscribed and a replica's demand changes, rescheduling only
+the replicas whose rate moved.
 """
 
 from __future__ import annotations
@@ -36,7 +34,9 @@ import heapq
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
+from scaler.budget import water_fill as budget_water_fill
 from scaler.lending import Holding, lend
 from scaler.simulate.model import DRAINING, PENDING, READY, STARTING, Replica, ServiceModel
 
@@ -46,31 +46,12 @@ _EPS = 1e-9
 def water_fill(
     capacity_cores: float, demands: Sequence[float], weights: Sequence[float]
 ) -> list[float]:
-    """Weighted max-min fair rates: ``x_i = min(d_i, lambda * w_i)``, ``sum x = min(capacity, sum d)``.
-
-    ``weights`` must be > 0.  Demands that fit at the fair level are met in full; what they
-    leave is shared again by weight among the others (water-filling)."""
+    """Share enforcement's rates: the budget's water-filling (:func:`scaler.budget.water_fill`)
+    with no floor, each replica up to its demand: ``x_i = min(d_i, lambda * w_i)``,
+    ``sum x = min(capacity, sum d)``.  ``weights`` must be > 0."""
     if math.fsum(demands) <= capacity_cores:
         return list(demands)
-    order = sorted(range(len(demands)), key=lambda i: demands[i] / weights[i])
-    rest_cores = capacity_cores
-    rest_weight = math.fsum(weights)
-    out = [0.0] * len(demands)
-    k = 0
-    while k < len(order):
-        i = order[k]
-        if demands[i] * rest_weight > rest_cores * weights[i]:
-            break  # d_i / w_i above the fair level: i and everything after it are capped
-        out[i] = demands[i]
-        rest_cores -= demands[i]
-        rest_weight -= weights[i]
-        k += 1
-    if k == len(order):
-        return out
-    level = max(rest_cores, 0.0) / rest_weight
-    for i in order[k:]:
-        out[i] = level * weights[i]
-    return out
+    return budget_water_fill(capacity_cores, [0.0] * len(demands), demands, weights)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,14 +64,16 @@ class Lending:
     weights: Mapping[str, float]
 
 
-class SharedCpu:
-    """All services' models on one node whose CPU is shared by weight (``enforcement: share``),
-    or capped by quotas that idle services lend (``lending``: limit enforcement with lending).
+Rule = Literal["limit", "share"]
+"""The node's CPU rule (``budget.enforcement``); lending is limit's option (:class:`Lending`)."""
 
-    :meth:`run` replaces :meth:`ServiceModel.run` for every model at once: the rates of one
-    service's replicas depend on the others'.  The models' replicas, queues, counters and
-    signal windows are the same objects limit mode uses; ticks, targets and the node's
-    reservations (:class:`scaler.simulate.model.Node`) work on them unchanged.
+
+class EventLoop:
+    """All services' models on one node, simulated together under one CPU ``rule``.
+
+    :meth:`run` advances every model at once (under share or lending the rates of one
+    service's replicas depend on the others').  Ticks, targets and the node's reservations
+    (:class:`scaler.simulate.model.Node`) work on the models' replicas between runs.
     """
 
     def __init__(
@@ -98,8 +81,12 @@ class SharedCpu:
         capacity_cores: float,
         models: Mapping[str, ServiceModel],
         *,
+        rule: Rule = "limit",
         lending: Lending | None = None,
     ) -> None:
+        if lending is not None and rule != "limit":
+            raise ValueError("lending is limit enforcement's option")
+        self.rule = rule
         self.capacity_cores = capacity_cores
         self.models = list(models.values())
         self.lending = lending
@@ -125,7 +112,7 @@ class SharedCpu:
 
     def __repr__(self) -> str:
         return (
-            f"SharedCpu({self.capacity_cores:g} cores, t={self.clock:g}, "
+            f"EventLoop({self.rule}, {self.capacity_cores:g} cores, t={self.clock:g}, "
             f"{len(self._busy)} busy replicas, demand {self._sum_d:g})"
         )
 
@@ -156,7 +143,7 @@ class SharedCpu:
         """``r`` (flowed to ``t``) gained or lost requests at ``t``: update the rates."""
         m = self.models[j]
         n = len(r.tags)
-        if self.lending is not None:
+        if self.rule == "limit":
             if n:
                 self._busy[r] = j
                 self._schedule_capped(r, j)
@@ -190,8 +177,14 @@ class SharedCpu:
     def _refill(self, t: float, changed: Replica | None, *, everyone: bool = False) -> None:
         """Water-fill the node over the busy replicas at ``t``; reschedule those whose rate
         moved (and ``changed``, whose requests did), or every one."""
-        if self.lending is not None:
-            self._relend(t, changed, everyone=everyone)
+        if self.rule == "limit":
+            if self.lending is not None:
+                self._relend(t, changed, everyone=everyone)
+                return
+            for r, j in self._busy.items():
+                if everyone or r is changed:
+                    r.flow(t)
+                    self._schedule_capped(r, j)
             return
         self.recomputes += 1
         items = list(self._busy.items())
@@ -204,16 +197,17 @@ class SharedCpu:
                 r.flow(t)
                 self._schedule(r, x, models[j])
 
-    # ---- lending (limit enforcement) ---------------------------------------------------------
+    # ---- limit enforcement, lending ---------------------------------------------------------
 
     def _schedule_capped(self, r: Replica, j: int) -> None:
-        """Lending: give busy ``r`` (flowed to now) what its quota allows its requests."""
+        """Limit: give busy ``r`` (flowed to now) what its quota (with lending: its decided CPU
+        plus what it borrows) allows its requests."""
         m = self.models[j]
         extra = self._extra[j]
         quota = min(r.cores + extra, m.cores_max) if extra > 0.0 else r.cores
         demand = len(r.tags) * m.cap
         self._schedule(r, min(demand, quota), m)
-        r.capped = demand > quota + _EPS  # held at its own quota: throttled, as in limit mode
+        r.capped = demand > quota + _EPS  # held at its own quota: throttled
 
     def _holdings(self) -> tuple[dict[str, Holding], list[float], list[float]]:
         """Lending: what each service holds now, its mean quota per replica and what it would
