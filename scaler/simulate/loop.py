@@ -15,7 +15,7 @@ this loop, not a loop of its own:
   requests), a replica is capped only at its service's ``cpu.max`` and the node
   (``budget.cpu``) caps the total: a replica holding ``n > 0`` requests can use ``d =
   min(n * request_cores_max, cpu.max)`` cores, and the node's ``B`` cores go to the busy
-  replicas by the budget's weighted max-min water-filling (:func:`scaler.budget.water_fill`,
+  replicas by the arbiter's weighted max-min water-filling (:func:`scaler.arbiter.water_fill`,
   weights ``w = cores``): ``x = min(d, lambda * w)`` with ``sum x = min(B, sum d)``.  The
   scheduled replicas' guaranteed cores fit ``B``, so every busy replica gets at least
   ``min(d, w)``.
@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from scaler.budget import water_fill as budget_water_fill
+from scaler.arbiter import water_fill as arbiter_water_fill
 from scaler.lending import Holding, lend
 from scaler.simulate.model import DRAINING, PENDING, READY, STARTING, Replica, ServiceModel
 
@@ -46,12 +46,15 @@ _EPS = 1e-9
 def water_fill(
     capacity_cores: float, demands: Sequence[float], weights: Sequence[float]
 ) -> list[float]:
-    """Share enforcement's rates: the budget's water-filling (:func:`scaler.budget.water_fill`)
+    """Share enforcement's rates: the arbiter's water-filling (:func:`scaler.arbiter.water_fill`)
     with no floor, each replica up to its demand: ``x_i = min(d_i, lambda * w_i)``,
     ``sum x = min(capacity, sum d)``.  ``weights`` must be > 0."""
     if math.fsum(demands) <= capacity_cores:
         return list(demands)
-    return budget_water_fill(capacity_cores, [0.0] * len(demands), demands, weights)
+    out: list[float] = arbiter_water_fill(
+        capacity_cores, [0.0] * len(demands), demands, weights
+    ).tolist()
+    return out
 
 
 @dataclass(frozen=True, slots=True)
