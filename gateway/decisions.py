@@ -1,7 +1,8 @@
 """Scaling decisions made visible: ``GET /api/decisions`` and the recommend-only scaler.
 
 * :func:`decision_json` — one :class:`~scaler.decision.Decision` as JSON (replicas, CPU per
-  replica, budget share, the rule that fired, the reasons and inputs);
+  replica, budget share, the rule that fired, the reasons, inputs and the explanation as
+  data: steps, clamps, flows), never with NaN or infinity;
 * :func:`decisions_route` — ``GET /api/decisions[?service=NAME][&limit=N]``: the scaler
   loop's recent decisions (a bounded ring of those that changed something), newest first,
   plus the latest decision of every service and the budget (with, on the local platform,
@@ -55,18 +56,37 @@ class LendingReport(Protocol):
 
 
 def decision_json(d: Decision) -> dict[str, Any]:
-    return {
-        "service": d.service,
-        "at": d.at,
-        "replicas": d.replicas,
-        "cpu_per_replica_cores": d.cpu_per_replica_cores,
-        "allocated_cores": d.allocated_cores,
-        "rule": d.rule,
-        "frozen": d.frozen,
-        "wake_concurrency": d.wake_concurrency if math.isfinite(d.wake_concurrency) else None,
-        "reasons": list(d.reasons),
-        "inputs": d.inputs,
-    }
+    """One decision as JSON: the figures, ``reasons`` (text, for people) and ``explanation``
+    (the same as data: rule, inputs, steps, clamps, flows).  No NaN or infinity: JSON has
+    none, so a non-finite number is ``null``."""
+    explanation = d.explanation.as_json()
+    out: dict[str, Any] = finite_json(
+        {
+            "service": d.service,
+            "at": d.at,
+            "replicas": d.replicas,
+            "cpu_per_replica_cores": d.cpu_per_replica_cores,
+            "allocated_cores": d.allocated_cores,
+            "rule": d.rule,
+            "frozen": d.frozen,
+            "wake_concurrency": d.wake_concurrency,
+            "reasons": list(d.reasons),
+            "inputs": explanation["inputs"],
+            "explanation": explanation,
+        }
+    )
+    return out
+
+
+def finite_json(value: Any) -> Any:
+    """``value`` with every float that is not finite replaced by ``None`` (recursively)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_json(v) for v in value]
+    return value
 
 
 def decisions_route(runtime: Runtime) -> Route:
@@ -99,22 +119,24 @@ def decisions_route(runtime: Runtime) -> Route:
             platform.lending_report() if isinstance(platform, LendingReport) else {"lending": False}
         )
         return JSONResponse(
-            {
-                "at": runtime.now(),
-                "platform": runtime.settings.platform,
-                "applied": runtime.settings.platform != "static",
-                "ticks": loop.ticks,
-                "early_ticks": loop.early_ticks,
-                "budget": {
-                    "cpu": budget.cpu,
-                    "arbitration": budget.arbitration,
-                    "enforcement": budget.enforcement,
-                    "allocated_cores": sum(d.allocated_cores for d in loop.last.values()),
-                    **lending,
-                },
-                "latest": latest,
-                "recent": [decision_json(d) for d in recent],
-            }
+            finite_json(
+                {
+                    "at": runtime.now(),
+                    "platform": runtime.settings.platform,
+                    "applied": runtime.settings.platform != "static",
+                    "ticks": loop.ticks,
+                    "early_ticks": loop.early_ticks,
+                    "budget": {
+                        "cpu": budget.cpu,
+                        "arbitration": budget.arbitration,
+                        "enforcement": budget.enforcement,
+                        "allocated_cores": sum(d.allocated_cores for d in loop.last.values()),
+                        **lending,
+                    },
+                    "latest": latest,
+                    "recent": [decision_json(d) for d in recent],
+                }
+            )
         )
 
     return Route("/api/decisions", decisions)

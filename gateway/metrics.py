@@ -29,6 +29,13 @@ From the scaler's latest decisions (``DecisionCollector``; absent when no scaler
   its allocated part
 * ``sluice_scaler_decision_applied`` — 1 when decisions are applied (local), 0 when only
   recommended (static)
+* ``sluice_scaler_rule{service,rule}`` — 1 for the rule that fired (``stable``, ``panic``,
+  ``hpa``, ``frozen: stale signals``, ...); ``sluice_scaler_frozen{service}`` — 1 when frozen
+* ``sluice_scaler_demand_cores{service}`` — the CPU the service demanded this tick
+* ``sluice_scaler_clamped{service,quantity,bound}`` — 1 for every bound that clamped the
+  decision (``max_replicas``, ``max_scale_up_rate``, ``budget``, ``hysteresis``, ...)
+* ``sluice_scaler_cpu_flow_cores{service,kind}`` — CPU lent / borrowed / reclaimed / given
+  back / taken for others' floors this tick
 * ``sluice_cpu_quota_in_force_cores{service}`` — local platform: the CPU quota per replica in
   force in the cgroups now (the decided CPU, or while lending between ticks, ``cpu.min`` for
   an idle service and more than decided for a borrower)
@@ -52,6 +59,7 @@ from gateway.endpoints import EndpointState
 from gateway.service import Service
 from gateway.stats import LATENCY_BUCKETS_S
 from scaler.decision import Decision
+from scaler.explanation import FLOW_KINDS
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -200,10 +208,43 @@ class DecisionCollector(Collector):
             "The service's share of the CPU budget: replicas x CPU per replica (cores).",
             labels=["service"],
         )
+        rule = GaugeMetricFamily(
+            "sluice_scaler_rule", "1 for the rule that fired.", labels=["service", "rule"]
+        )
+        frozen = GaugeMetricFamily(
+            "sluice_scaler_frozen",
+            "1 when the service's decision is frozen (signals missing, stale or refused).",
+            labels=["service"],
+        )
+        demand = GaugeMetricFamily(
+            "sluice_scaler_demand_cores",
+            "CPU the service demanded this tick (cores).",
+            labels=["service"],
+        )
+        clamped = GaugeMetricFamily(
+            "sluice_scaler_clamped",
+            "1 for every bound that clamped the service's decision.",
+            labels=["service", "quantity", "bound"],
+        )
+        flows = GaugeMetricFamily(
+            "sluice_scaler_cpu_flow_cores",
+            "CPU lent, borrowed, reclaimed, given back or taken for floors this tick (cores).",
+            labels=["service", "kind"],
+        )
         for name, d in sorted(decisions.items()):
             replicas.add_metric([name], d.replicas)
             cpu.add_metric([name], d.cpu_per_replica_cores)
             allocated.add_metric([name], d.allocated_cores)
+            explanation = d.explanation
+            rule.add_metric([name, d.rule], 1)
+            frozen.add_metric([name], 1 if d.frozen else 0)
+            wanted = explanation.inputs.get("demand_cores")
+            if wanted is not None:
+                demand.add_metric([name], wanted)
+            for clamp in {(c.quantity, c.name) for c in explanation.clamps}:
+                clamped.add_metric([name, *clamp], 1)
+            for kind in FLOW_KINDS:
+                flows.add_metric([name, kind], explanation.flow_cores(kind))
         budget = GaugeMetricFamily("sluice_budget_cpu_cores", "The shared CPU budget (cores).")
         budget.add_metric([], self._budget_cpu())
         total = GaugeMetricFamily(
@@ -216,7 +257,8 @@ class DecisionCollector(Collector):
             "1 when the scaler's decisions are applied, 0 when only recommended.",
         )
         applied.add_metric([], 1 if self._applied() else 0)
-        out = [replicas, cpu, allocated, budget, total, applied]
+        out = [replicas, cpu, allocated, budget, total, applied, rule, frozen, demand, clamped]
+        out.append(flows)
         quotas = self._quotas() if self._quotas is not None else {}
         if quotas:
             in_force = GaugeMetricFamily(

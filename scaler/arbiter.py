@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from scaler.decision import Explanation
+from scaler.explanation import Trace
 from scaler.policy import ScalingPolicy
 
 FloatArray = npt.NDArray[np.float64]
@@ -61,7 +61,7 @@ class IndependentClaim:
 def arbitrate_independent(
     budget: float,
     claims: Sequence[IndependentClaim],
-    explain: Sequence[Explanation] | None = None,
+    explain: Sequence[Trace] | None = None,
 ) -> list[tuple[int, float]]:
     """First come first served on the budget, in the given order; nothing is reclaimed.
 
@@ -102,12 +102,7 @@ def arbitrate_independent(
             got = grant(i, more)
             extra[i] += got
             if got < more and explain is not None:
-                explain[i].add(
-                    "pending: %d more replicas of %g cores do not fit the budget "
-                    "(first come first served, nothing reclaimed)",
-                    more - got,
-                    c.cpu_ref,
-                )
+                explain[i].step("independent.pending", replicas=more - got, cpu_ref=c.cpu_ref)
     out: list[tuple[int, float]] = []
     for i, c in enumerate(claims):
         replicas = c.policy.min_replicas + extra[i]

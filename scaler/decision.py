@@ -1,10 +1,8 @@
 """The scaler's output and what it is told of the world: ``Decision`` and ``ServiceState``.
 
-A decision's ``reasons`` (and ``inputs``) may be handed over unrendered — an
-:class:`Explanation` (format strings and their arguments) or any :class:`ReasonSource`: the
-text is rendered the first time someone reads ``decision.reasons`` and cached, so a tick over
-thousands of services does not pay for prose nobody reads.  Reading ``reasons`` always gives
-a ``tuple[str, ...]``, reading ``inputs`` a ``dict[str, float]``.
+A decision's ``explanation`` (``scaler.explanation``: rule, inputs, steps, clamps, flows) is
+built the first time someone reads it, from the tick that made it, so a tick over thousands
+of services does not pay for explanations nobody reads; ``reasons`` is its text.
 """
 
 from __future__ import annotations
@@ -12,6 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Any, Protocol, overload
+
+from scaler.explanation import Explanation, Step, render
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,54 +36,46 @@ class ServiceState:
     ``cpu.max`` (at most the budget) with ``share``.  None = not reported, or unlimited."""
 
 
-class Explanation:
-    """Reason lines kept as ``(printf-style format, args)``, rendered on demand."""
+class ExplanationSource(Protocol):
+    """Builds the explanation of decision number ``index`` when first asked (the engine's
+    view of one tick)."""
 
-    __slots__ = ("_parts",)
-
-    def __init__(self) -> None:
-        self._parts: list[tuple[str, tuple[object, ...]]] = []
-
-    def __repr__(self) -> str:
-        return f"Explanation({len(self._parts)} lines)"
-
-    def __len__(self) -> int:
-        return len(self._parts)
-
-    def add(self, fmt: str, *args: object) -> None:
-        """Add one line: ``fmt % args`` (or ``fmt`` as is without args)."""
-        self._parts.append((fmt, args))
-
-    def render(self) -> tuple[str, ...]:
-        return tuple(fmt % args if args else fmt for fmt, args in self._parts)
+    def explanation(self, index: int) -> Explanation: ...
 
 
-class ReasonSource(Protocol):
-    """Produces the reasons and inputs of decision number ``index`` when first asked
-    (the engine's view of one tick)."""
+class _LazyExplanation:
+    """Data descriptor behind ``Decision.explanation``: built from the decision's source the
+    first time it is read (or from the ``reasons``/``inputs`` a decision was made with)."""
 
-    def render(self, index: int) -> tuple[str, ...]: ...
+    @overload
+    def __get__(self, obj: None, objtype: type | None = None) -> None: ...
+    @overload
+    def __get__(self, obj: object, objtype: type | None = None) -> Explanation: ...
+    def __get__(self, obj: object | None, objtype: type | None = None) -> Explanation | None:
+        if obj is None:
+            return None  # the dataclass default: built from reasons and inputs
+        state = obj.__dict__
+        value = state.get("_explanation")
+        if value is None:
+            source = state.get("_source")
+            if source is not None:
+                value = source.explanation(state["_index"])
+            else:
+                value = Explanation(
+                    state["rule"],
+                    dict(state.get("_inputs") or {}),
+                    tuple(Step("text", {"text": line}) for line in state.get("_reasons", ())),
+                )
+            state["_explanation"] = value
+        return value
 
-    def inputs(self, index: int) -> dict[str, float]: ...
-
-
-def _from_source(obj: object, key: str) -> Any:
-    """Render ``key`` ('reasons' or 'inputs') from the decision's source, and cache it."""
-    state = obj.__dict__
-    source = state.get("_source")
-    if source is None:
-        value: Any = () if key == "_reasons" else {}
-    elif key == "_reasons":
-        value = source.render(state["_index"])
-    else:
-        value = source.inputs(state["_index"])
-    state[key] = value
-    return value
+    def __set__(self, obj: object, value: Explanation | None) -> None:
+        if value is not None:
+            obj.__dict__["_explanation"] = value
 
 
 class _LazyReasons:
-    """Data descriptor behind ``Decision.reasons``: stores a tuple or an Explanation (or
-    nothing, with a source to ask); always reads as a tuple of strings."""
+    """Data descriptor behind ``Decision.reasons``: the explanation rendered (once)."""
 
     @overload
     def __get__(self, obj: None, objtype: type | None = None) -> tuple[str, ...]: ...
@@ -92,20 +84,20 @@ class _LazyReasons:
     def __get__(self, obj: object | None, objtype: type | None = None) -> tuple[str, ...]:
         if obj is None:
             return ()
-        value = obj.__dict__.get("_reasons")
+        state = obj.__dict__
+        value = state.get("_reasons")
         if value is None:
-            value = _from_source(obj, "_reasons")
-        elif isinstance(value, Explanation):
-            value = value.render()
-            obj.__dict__["_reasons"] = value
+            value = render(obj.explanation)  # type: ignore[attr-defined]
+            state["_reasons"] = value
         return value
 
-    def __set__(self, obj: object, value: tuple[str, ...] | list[str] | Explanation) -> None:
-        obj.__dict__["_reasons"] = value if isinstance(value, Explanation) else tuple(value)
+    def __set__(self, obj: object, value: tuple[str, ...] | list[str]) -> None:
+        if value:
+            obj.__dict__["_reasons"] = tuple(value)
 
 
 class _LazyInputs:
-    """Data descriptor behind ``Decision.inputs``: a dict (or nothing, with a source)."""
+    """Data descriptor behind ``Decision.inputs``: the explanation's inputs."""
 
     @overload
     def __get__(self, obj: None, objtype: type | None = None) -> None: ...
@@ -114,13 +106,16 @@ class _LazyInputs:
     def __get__(self, obj: object | None, objtype: type | None = None) -> dict[str, float] | None:
         if obj is None:
             return None  # the dataclass default: no inputs
-        value = obj.__dict__.get("_inputs")
+        state = obj.__dict__
+        value = state.get("_inputs")
         if value is None:
-            value = _from_source(obj, "_inputs")
-        return value  # type: ignore[no-any-return]
+            value = dict(obj.explanation.inputs)  # type: ignore[attr-defined]
+            state["_inputs"] = value
+        return value
 
     def __set__(self, obj: object, value: dict[str, float] | None) -> None:
-        obj.__dict__["_inputs"] = {} if value is None else value
+        if value:
+            obj.__dict__["_inputs"] = dict(value)
 
 
 _new = object.__new__
@@ -141,15 +136,18 @@ class Decision:
     """The rule that fired: 'stable', 'panic', 'scale-to-zero', 'idle-grace', 'hpa',
     'frozen: stale signals', 'frozen: missing signals', ..."""
     reasons: _LazyReasons = _LazyReasons()
-    """Human-readable lines: inputs, clamps (which bound), lent/reclaimed CPU to/from whom.
-    Pass a tuple of strings or an :class:`Explanation`; reads as ``tuple[str, ...]``."""
+    """Human-readable lines, rendered from ``explanation`` (``scaler.explanation.render``);
+    a decision made by hand may pass its own lines."""
     inputs: _LazyInputs = _LazyInputs()
-    """The figures the decision was made from (a dict; pass a dict or a ReasonSource)."""
+    """The figures the decision was made from (``explanation.inputs``)."""
     frozen: bool = False
     """True when the service's signals were stale or missing: nothing changed."""
     wake_concurrency: float = math.inf
     """Wake the scaler before the next tick when the service's concurrency (in flight +
     queued) reaches this: the load this decision cannot absorb (inf: never)."""
+    explanation: _LazyExplanation = _LazyExplanation()
+    """Why, as data: rule, inputs, steps, clamps (value, bound, bound's name) and flows
+    (lent / borrowed / reclaimed / given back, with whom).  Built on first read."""
 
     @classmethod
     def explained(  # noqa: PLR0917 - positional on purpose: called once per service per tick
@@ -161,11 +159,11 @@ class Decision:
         allocated_cores: float,
         rule: str,
         frozen: bool,
-        source: ReasonSource,
+        source: ExplanationSource,
         index: int,
         wake_concurrency: float = math.inf,
     ) -> Decision:
-        """Build a decision whose reasons and inputs ``source`` renders on first use (the
+        """Build a decision whose explanation ``source`` builds on first use (the
         engine's fast path: one dict, no per-field frozen-dataclass ``__setattr__``)."""
         decision: Decision = _new(cls)
         _set(
@@ -187,10 +185,9 @@ class Decision:
         return decision
 
     def __getstate__(self) -> dict[str, Any]:
-        """Pickle/deepcopy the rendered reasons and inputs, not the tick they came from."""
+        """Pickle/deepcopy the explanation, not the tick it came from."""
         state = dict(self.__dict__)
-        state["_reasons"] = self.reasons
-        state["_inputs"] = self.inputs
+        state["_explanation"] = self.explanation
         state.pop("_source", None)
         state.pop("_index", None)
         return state

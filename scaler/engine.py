@@ -39,8 +39,9 @@ from scaler.arbiter import (
     fair_shares,
     split_arrays,
 )
-from scaler.decision import Decision, Explanation, ServiceState
+from scaler.decision import Decision, ServiceState
 from scaler.explain import FROZEN_REASONS, TickView, rule_names
+from scaler.explanation import Trace
 from scaler.hpa import HpaBehaviorState, NoMetricsError, PodSample, calculate_replicas
 from scaler.kpa_batch import RULES, Bools, Floats, Ints, KpaBatch, reference_max
 from scaler.policy import BudgetConfig, ScalingPolicy, check_floors
@@ -250,7 +251,7 @@ class Engine:
             load[ki] = kpa_tick.load
             hold[ki] = kpa_tick.hold
             valid[ki] = kpa_tick.active
-        hpa_notes: dict[int, tuple[str, Explanation, dict[str, float]]] = {}
+        hpa_notes: dict[int, tuple[str, Trace, dict[str, float]]] = {}
         for i, track in self.hpa.items():
             if active[i]:
                 r, rule, notes, inputs = self._recommend_hpa(
@@ -290,7 +291,7 @@ class Engine:
         )
         previous = np.where(np.isnan(self._allocation), cur_r * cur_cpu, self._allocation)
 
-        pending: dict[int, Explanation]
+        pending: dict[int, Trace]
         if self.budget.arbitration == "independent":
             replicas, cpu, pending = self._independent(wanted, cur_r, frozen)
             cores = ideal = taken = replicas * cpu
@@ -361,6 +362,7 @@ class Engine:
             wake=wake,
         )
         rules = rule_names(kpa_tick, self.kpa_index, hpa_notes, frozen_code, n)
+        view.rules = rules
         return self.decisions(
             now,
             view,
@@ -493,28 +495,28 @@ class Engine:
         now: float,
         observed: tuple[float, bool],
         current_state: tuple[int, float, float],
-    ) -> tuple[int, str, Explanation, dict[str, float]]:
+    ) -> tuple[int, str, Trace, dict[str, float]]:
         policy = self._pols[i]
         value, fresh = observed
         replicas, ready, cpu = current_state
         if fresh:
             track.window.record(now, value)
         average = track.window.average(now)
-        notes = Explanation()
+        notes = Trace()
         if average is None:
-            notes.add("no metric data")
+            notes.step("hpa.no_metric")
             return int(replicas), "no-data", notes, {}
         scale = cpu / float(self.cpu_ref[i])
         current = math.ceil(replicas * scale - 1e-6)
         ready_ref = min(current, round(ready * scale))
-        notes.add(
-            "hpa: %s %.2f over %gs, target %g per replica, %d replicas (%d ready)",
-            policy.metric,
-            average,
-            policy.panic_window_s,
-            policy.target,
-            current,
-            ready_ref,
+        notes.step(
+            "hpa.inputs",
+            metric=policy.metric,
+            average=average,
+            window_s=policy.panic_window_s,
+            target=policy.target,
+            replicas=current,
+            ready=ready_ref,
         )
         if current == 0:
             samples = [PodSample(True, average)]
@@ -527,11 +529,11 @@ class Engine:
         try:
             result = calculate_replicas(samples, current, policy.target, policy.tolerance)
             desired = result.replicas
-            notes.add("hpa: %s", result.reason)
-        except NoMetricsError as e:
+            notes.parts.append(result.step)
+        except NoMetricsError:
             desired = current
             rule = "hpa-no-ready-pods"
-            notes.add("hpa: %s, holding", e)
+            notes.step("hpa.no_ready_pods")
         desired = track.behavior.normalize(
             now,
             current=current,
@@ -588,7 +590,7 @@ class Engine:
 
     def _independent(
         self, wanted: IntArray, cur_r: IntArray, frozen: BoolArray
-    ) -> tuple[IntArray, FloatArray, dict[int, Explanation]]:
+    ) -> tuple[IntArray, FloatArray, dict[int, Trace]]:
         claims = [
             IndependentClaim(
                 name=name,
@@ -600,7 +602,7 @@ class Engine:
             )
             for i, name in enumerate(self.names)
         ]
-        explains = [Explanation() for _ in claims]
+        explains = [Trace() for _ in claims]
         granted = arbitrate_independent(self.budget.cpu, claims, explains)
         replicas = np.array([g[0] for g in granted], dtype=np.int64).reshape(self.n)
         cpu = np.array([g[1] for g in granted], dtype=np.float64).reshape(self.n)

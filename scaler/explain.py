@@ -1,26 +1,28 @@
-"""Reasons and inputs of a tick's decisions, rendered from the tick's arrays on demand (pure).
+"""The explanations of a tick's decisions, built from the tick's arrays on demand (pure).
 
-The engine keeps one :class:`TickView` per tick (its arrays, read-only) and hands each
-decision a small :class:`_Explained` pointing into it; a decision's ``reasons`` and
-``inputs`` are built the first time they are read.  The lines, in order:
+The engine keeps one :class:`TickView` per tick (its arrays, read-only) and each decision
+points into it; a decision's :class:`~scaler.explanation.Explanation` is built the first time
+it is read.  Its parts, in order:
 
-1. the horizontal recommender's inputs and rule (KPA windows or the HPA calculation),
-   including rate limits and the bound (min/max_replicas) that clamped it;
-2. ``frozen: ...`` when signals were missing or stale (the service keeps what it has);
-3. the arbiter: hysteresis, what it lends (to whom) or borrows (from whom), what it
-   reclaimed (from whom) or gave back (to whom), how the cores were split into replicas;
-4. ``budget: demand D cores (floor F, fair share S) -> R×C = A cores``.
+1. the horizontal recommender's steps (KPA windows or the HPA calculation), with the rate
+   limits and bounds (min/max_replicas) that clamped it;
+2. a ``frozen`` step when signals were missing, stale or refused (the service keeps what it
+   has);
+3. the arbiter: hysteresis and budget clamps, flows (lent to / borrowed from / reclaimed
+   from / given back to whom, taken for floors), how the cores were split into replicas;
+4. the ``budget`` step: demand, floor, fair share -> replicas × CPU.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from scaler.arbiter import IntArray
-from scaler.decision import Explanation
+from scaler.explanation import Explanation, Trace
 from scaler.kpa_batch import RULES, Floats, Ints, KpaTick
 
 if TYPE_CHECKING:
@@ -35,19 +37,11 @@ FROZEN_REASONS = (
 )
 _MOVE = 0.005  # cores: smaller differences are not worth a sentence
 
-_SPLIT_NOTES = {
-    1: "squeezed: shrinking CPU per replica in place, keeping {r} replicas",
-    2: "only {r} replicas fit at cpu.min {cpu_min:g}",
-    3: "resize blocked: CPU stays {cpu:.2f}, scaling replicas instead",
-    4: "resize blocked, but {r} replicas need CPU cut to {cpu:.2f} to fit",
-    5: "keeps {r} replicas while some are starting: a replica is not removed before it is ready",
-}
-
 
 def rule_names(
     kpa: KpaTick | None,
     kpa_index: IntArray,
-    hpa: dict[int, tuple[str, Explanation, dict[str, float]]],
+    hpa: dict[int, tuple[str, Trace, dict[str, float]]],
     frozen_code: IntArray,
     n: int,
 ) -> list[str]:
@@ -67,11 +61,10 @@ def rule_names(
     return rules
 
 
-def _names(items: list[tuple[float, str]]) -> str:
+def _names(items: list[tuple[float, str]]) -> tuple[str, ...]:
+    """Peers, the largest first."""
     items.sort(reverse=True)
-    shown = ", ".join(f"{name} {cores:.2f}" for cores, name in items[:3])
-    more = len(items) - 3
-    return f"{shown} and {more} more" if more > 0 else shown
+    return tuple(name for _, name in items)
 
 
 @dataclass(slots=True)
@@ -84,7 +77,7 @@ class TickView:
     """Per service with invalid signals, the figures refused (``name=value``)."""
     now: float
     kpa: KpaTick | None
-    hpa: dict[int, tuple[str, Explanation, dict[str, float]]]
+    hpa: dict[int, tuple[str, Trace, dict[str, float]]]
     value: Floats
     frozen_code: Ints
     current: Ints
@@ -99,15 +92,17 @@ class TickView:
     replicas: Ints
     cpu: Floats
     split_note: Ints
-    pending: dict[int, Explanation]
+    pending: dict[int, Trace]
     used: Floats
     throttled: Floats
     wake: Floats
-    _flows: dict[str, str] | None = None
+    rules: list[str] = field(default_factory=list)
+    """The rule that fired, per service (the decisions' ``rule``)."""
+    _flows: dict[str, tuple[str, ...]] | None = None
     _kpa_pos: dict[int, int] | None = None
 
-    def flows(self) -> dict[str, str]:
-        """Who lends to / borrows from / reclaims from / gives back to whom (computed once)."""
+    def flows(self) -> dict[str, tuple[str, ...]]:
+        """Who lends / borrows / gives back / gains this tick (computed once per tick)."""
         if self._flows is None:
             e = self.engine
             names = e.names
@@ -126,7 +121,7 @@ class TickView:
                     gainers.append((a - p, names[i]))
                 elif p - a > _MOVE and p > f + _MOVE:
                     givers.append((p - a, names[i]))
-            flows: dict[str, str] = {}
+            flows: dict[str, tuple[str, ...]] = {}
             if lenders and borrowers:
                 flows["lend_to"] = _names(borrowers)
                 flows["borrow_from"] = _names(lenders)
@@ -141,71 +136,88 @@ class TickView:
             self._kpa_pos = {int(s): j for j, s in enumerate(self.engine.kpa_index.tolist())}
         return self._kpa_pos.get(i)
 
-    def render(self, i: int) -> tuple[str, ...]:
+    def explanation(self, i: int) -> Explanation:
+        """Service ``i``'s explanation for this tick."""
         e = self.engine
-        policy = e._pols[i]
-        lines: list[str] = []
+        trace = Trace()
         code = int(self.frozen_code[i])
+        rule = self.rules[i]
         if code in (0, 3):
             j = self.kpa_position(i)
             if j is not None and self.kpa is not None:
-                e.kpa.explain(self.kpa, j, lines)
+                e.kpa.explain(self.kpa, j, trace)
             elif i in self.hpa:
-                lines.extend(self.hpa[i][1].render())
+                trace.parts.extend(self.hpa[i][1].parts)
         if i in self.rejected:
-            lines.append(f"signals refused (not finite or negative): {', '.join(self.rejected[i])}")
+            trace.step("signals_refused", fields=", ".join(self.rejected[i]))
         if code:
-            lines.append(
-                f"{FROZEN_REASONS[code]}: keeping {self.current[i]}×{self.current_cpu[i]:.2f} cores, "
-                "never scaling down on missing data"
+            trace.step(
+                "frozen",
+                reason=FROZEN_REASONS[code],
+                replicas=int(self.current[i]),
+                cpu=float(self.current_cpu[i]),
             )
         r, cpu = int(self.replicas[i]), float(self.cpu[i])
         if e.budget.arbitration == "independent":
             if i in self.pending:
-                lines.extend(self.pending[i].render())
-            lines.append(
-                f"independent: wants {self.wanted[i]} replicas of {e.cpu_ref[i]:g} cores -> "
-                f"{r}×{cpu:.2f} = {r * cpu:.2f} cores"
+                trace.parts.extend(self.pending[i].parts)
+            trace.step(
+                "independent",
+                wanted=int(self.wanted[i]),
+                cpu_ref=float(e.cpu_ref[i]),
+                replicas=r,
+                cpu=cpu,
+                cores=r * cpu,
             )
-            return tuple(lines)
+            return Explanation(rule, self.inputs(i), tuple(trace.parts))
+        self._arbiter_parts(i, trace)
+        return Explanation(rule, self.inputs(i), tuple(trace.parts))
+
+    def _arbiter_parts(self, i: int, trace: Trace) -> None:
+        e = self.engine
+        r, cpu = int(self.replicas[i]), float(self.cpu[i])
         a, ideal = float(self.cores[i]), float(self.ideal[i])
         fair, prev, demand = float(e.fair[i]), float(self.previous[i]), float(self.demand[i])
         if self.taken[i] > 0:
-            lines.append(f"frozen, but {self.taken[i]:.2f} cores taken back for others' floors")
+            trace.flow("taken_for_floors", float(self.taken[i]))
         if a != ideal:
-            lines.append(
-                f"hysteresis: keeping {a:.2f} cores (ideal {ideal:.2f} is within the band)"
-            )
+            trace.clamp("cores", ideal, a, "hysteresis")
         flows = self.flows()
         if "lend_to" in flows:
             if fair - a > _MOVE:
-                lines.append(f"lends {fair - a:.2f} cores of its fair share to: {flows['lend_to']}")
+                trace.flow("lent", fair - a, flows["lend_to"])
             elif a - fair > _MOVE:
-                lines.append(
-                    f"borrows {a - fair:.2f} cores beyond its fair share {fair:.2f} from: "
-                    f"{flows['borrow_from']}"
-                )
+                trace.flow("borrowed", a - fair, flows["borrow_from"])
         if "reclaim_from" in flows:
             if a - prev > _MOVE and prev < fair - _MOVE:
-                lines.append(f"reclaimed {a - prev:.2f} cores from: {flows['reclaim_from']}")
+                trace.flow("reclaimed", a - prev, flows["reclaim_from"])
             elif prev - a > _MOVE and prev > fair + _MOVE:
-                lines.append(f"gave back {prev - a:.2f} borrowed cores to: {flows['give_to']}")
+                trace.flow("gave_back", prev - a, flows["give_to"])
         if a < demand - _MOVE:
-            lines.append(f"wants {demand:.2f} cores, budget gives {a:.2f}")
+            trace.clamp("cores", demand, a, "budget")
         note = int(self.split_note[i])
-        if note:
-            lines.append(_SPLIT_NOTES[note].format(r=r, cpu=cpu, cpu_min=policy.cpu.min))
+        if note == 1:
+            trace.step("split.squeezed", replicas=r)
+        elif note == 2:
+            trace.clamp("replicas", int(self.wanted[i]), r, "cpu.min")
+        elif note == 3:
+            trace.step("split.resize_blocked", cpu=cpu)
+        elif note == 4:
+            trace.step("split.resize_blocked_cut", replicas=r, cpu=cpu)
+        elif note == 5:
+            trace.step("split.starting", replicas=r)
         held = float(self.soft[i])
         if held > demand + _MOVE:
-            lines.append(
-                f"keeps replicas worth {held:.2f} cores (stable window / panic); the "
-                f"{held - demand:.2f} the load does not need now is served only from spare CPU"
-            )
-        lines.append(
-            f"budget: demand {demand:.2f} cores (floor {e.floor[i]:.2f}, fair share {fair:.2f}) "
-            f"-> {r}×{cpu:.2f} = {r * cpu:.2f} cores"
+            trace.step("soft_hold", held=held, spare=held - demand)
+        trace.step(
+            "budget",
+            demand=demand,
+            floor=float(e.floor[i]),
+            fair=fair,
+            replicas=r,
+            cpu=cpu,
+            cores=r * cpu,
         )
-        return tuple(lines)
 
     def inputs(self, i: int) -> dict[str, float]:
         e = self.engine
@@ -232,4 +244,4 @@ class TickView:
             out["cpu_throttled_s_per_s"] = float(self.throttled[i])
         if np.isfinite(self.wake[i]):
             out["wake_concurrency"] = float(self.wake[i])
-        return out
+        return {k: v for k, v in out.items() if math.isfinite(v)}

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from scaler.decision import Explanation
+from scaler.explanation import Trace
 from scaler.kpa_batch import NO_DATA, RULES, KpaBatch
 from scaler.policy import ScalingPolicy
 
@@ -43,26 +43,13 @@ class HorizontalRecommendation:
     rule: str
     """kpa: 'stable' | 'panic' | 'scale-to-zero' | 'idle-grace' | 'no-data';
     hpa: 'hpa' | 'hpa-no-ready-pods' | 'no-data'."""
-    reasons: Explanation = field(default_factory=Explanation)
+    reasons: Trace = field(default_factory=Trace)
     inputs: dict[str, float] = field(default_factory=dict)
     valid: bool = True
     """False when there was no data to decide on: the engine freezes the service."""
     load_replicas: int | None = None
     """Replicas the load itself needs (before min_replicas and the idle hold); the rest are
     kept for policy reasons and need only ``cpu.min`` each.  ``None``: same as ``replicas``."""
-
-
-def clamp_replicas(
-    replicas: int, policy: ScalingPolicy, reasons: Explanation, what: str = "replicas"
-) -> int:
-    """Keep ``replicas`` within the policy's bounds, saying which bound clamped it."""
-    if replicas > policy.max_replicas:
-        reasons.add("clamped %s %d -> %d by max_replicas", what, replicas, policy.max_replicas)
-        return policy.max_replicas
-    if replicas < policy.min_replicas:
-        reasons.add("clamped %s %d -> %d by min_replicas", what, replicas, policy.min_replicas)
-        return policy.min_replicas
-    return replicas
 
 
 def ceil_div(value: float, per: float) -> int:
@@ -104,11 +91,8 @@ class KpaRecommender:
             np.array([current], dtype=np.int64),
             np.array([True]),
         )
-        lines: list[str] = []
-        self._batch.explain(tick, 0, lines)
-        reasons = Explanation()
-        for line in lines:
-            reasons.add(line)
+        reasons = Trace()
+        self._batch.explain(tick, 0, reasons)
         rule = int(tick.rule[0])
         return HorizontalRecommendation(
             int(tick.replicas[0]),

@@ -30,7 +30,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from scaler.decision import Explanation
+from scaler.explanation import Step, Trace
 from scaler.policy import HpaBehavior, HpaScalingRules
 
 
@@ -49,7 +49,8 @@ class HpaResult:
     replicas: int
     usage_ratio: float
     """average of the ready pods' values / target, before missing/unready pods were filled in."""
-    reason: str
+    step: Step
+    """How it was computed (a step of the decision's explanation)."""
 
 
 class NoMetricsError(ValueError):
@@ -77,7 +78,11 @@ def calculate_replicas(
     if current_replicas == 0:
         total = sum(s.value for s in samples if s.value is not None)
         ratio = total / target
-        return HpaResult(math.ceil(ratio - 1e-9), ratio, f"from zero: ceil({total:g}/{target:g})")
+        return HpaResult(
+            math.ceil(ratio - 1e-9),
+            ratio,
+            Step("hpa.from_zero", {"total": total, "target": target}),
+        )
     values: list[float] = []
     missing = 0
     unready = 0
@@ -95,12 +100,14 @@ def calculate_replicas(
     if not rebalance_unready and missing == 0:
         if abs(1.0 - ratio) <= tolerance:
             return HpaResult(
-                current_replicas, ratio, f"ratio {ratio:.3f} within tolerance {tolerance:g}"
+                current_replicas,
+                ratio,
+                Step("hpa.tolerance", {"ratio": ratio, "tolerance": tolerance}),
             )
         return HpaResult(
             math.ceil(ratio * len(values) - 1e-9),
             ratio,
-            f"ceil({ratio:.3f} × {len(values)} pods)",
+            Step("hpa.ratio", {"ratio": ratio, "pods": len(values)}),
         )
     filled = list(values)
     if missing and ratio < 1.0:
@@ -114,20 +121,23 @@ def calculate_replicas(
         return HpaResult(
             current_replicas,
             ratio,
-            f"ratio {ratio:.3f} -> {new_ratio:.3f} with {missing} missing / {unready} unready pods "
-            "filled in: within tolerance or direction flips, keeping current",
+            Step(
+                "hpa.filled_keep",
+                {"ratio": ratio, "new_ratio": new_ratio, "missing": missing, "unready": unready},
+            ),
         )
     replicas = math.ceil(new_ratio * len(filled) - 1e-9)
     if (new_ratio < 1.0 and replicas > current_replicas) or (
         new_ratio > 1.0 and replicas < current_replicas
     ):
-        return HpaResult(
-            current_replicas, ratio, "pod count change would flip the direction, keeping current"
-        )
+        return HpaResult(current_replicas, ratio, Step("hpa.flip_keep"))
     return HpaResult(
         replicas,
         ratio,
-        f"ceil({new_ratio:.3f} × {len(filled)} pods) with {missing} missing / {unready} unready filled in",
+        Step(
+            "hpa.filled",
+            {"new_ratio": new_ratio, "pods": len(filled), "missing": missing, "unready": unready},
+        ),
     )
 
 
@@ -237,7 +247,7 @@ class HpaBehaviorState:
         desired: int,
         min_replicas: int,
         max_replicas: int,
-        reasons: Explanation,
+        reasons: Trace,
     ) -> int:
         """Stabilise, rate-limit and clamp ``desired`` (the calculator's answer) as the HPA does."""
         self._trim(now)
@@ -261,32 +271,26 @@ class HpaBehaviorState:
         stabilized = max(stabilized, up_rec)
         stabilized = min(stabilized, down_rec)
         if stabilized != desired:
-            reasons.add(
-                "stabilized %d -> %d (scale-up window %gs, scale-down window %gs)",
-                desired,
-                stabilized,
-                behavior.scale_up.stabilization_window_s,
-                behavior.scale_down.stabilization_window_s,
-            )
+            reasons.clamp("replicas", desired, stabilized, "stabilization")
         result = stabilized
         if result > current:
             limit = scale_up_limit(
                 current, now, behavior.scale_up, self._up_events, self._down_events
             )
             if limit < max_replicas and result > limit:
-                reasons.add("rate-limited %d -> %d by behavior.scale_up policies", result, limit)
+                reasons.clamp("replicas", result, limit, "behavior.scale_up")
                 result = limit
         elif result < current:
             limit = scale_down_limit(
                 current, now, behavior.scale_down, self._up_events, self._down_events
             )
             if limit > min_replicas and result < limit:
-                reasons.add("rate-limited %d -> %d by behavior.scale_down policies", result, limit)
+                reasons.clamp("replicas", result, limit, "behavior.scale_down")
                 result = limit
         if result > max_replicas:
-            reasons.add("clamped replicas %d -> %d by max_replicas", result, max_replicas)
+            reasons.clamp("replicas", result, max_replicas, "max_replicas")
             result = max_replicas
         elif result < min_replicas:
-            reasons.add("clamped replicas %d -> %d by min_replicas", result, min_replicas)
+            reasons.clamp("replicas", result, min_replicas, "min_replicas")
             result = min_replicas
         return result

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from scaler.explanation import Trace
 from scaler.policy import ScalingPolicy
 
 FloatArray = npt.NDArray[np.float64]
@@ -320,64 +321,77 @@ class KpaBatch:
             active=valid,
         )
 
-    def explain(self, tick: KpaTick, i: int, lines: list[str]) -> None:
-        """Append service ``i``'s KPA reasons for ``tick`` to ``lines``."""
+    def explain(self, tick: KpaTick, i: int, trace: Trace) -> None:
+        """Add service ``i``'s KPA steps and clamps for ``tick`` to ``trace``."""
         p = self.policies[i]
         if tick.rule[i] == NO_DATA:
-            lines.append("no metric data in the windows: holding")
+            trace.step("no_data")
             return
         tv = float(self.target_value[i])
         ready = float(tick.ready[i])
-        lines.append(
-            f"{p.metric} stable {tick.stable[i]:.2f} over {p.stable_window_s:g}s, panic "
-            f"{tick.panic[i]:.2f} over {p.panic_window_s:g}s; target {p.target:g}×"
-            f"{p.target_utilization:g}={tv:g} per replica; capacity {ready:.2f} replicas"
+        trace.step(
+            "kpa.windows",
+            metric=p.metric,
+            stable=float(tick.stable[i]),
+            stable_window_s=p.stable_window_s,
+            panic=float(tick.panic[i]),
+            panic_window_s=p.panic_window_s,
+            target=p.target,
+            target_utilization=p.target_utilization,
+            target_value=tv,
+            capacity=ready,
         )
         if tick.entered_panic[i]:
-            lines.append(
-                f"panic: {tick.want_panic[i]} wanted over the panic window >= "
-                f"{p.panic_threshold:g}× capacity {max(ready, 1.0):g}"
+            trace.step(
+                "kpa.panic_entered",
+                want_panic=int(tick.want_panic[i]),
+                threshold=p.panic_threshold,
+                capacity=max(ready, 1.0),
             )
         if tick.left_panic[i]:
-            lines.append(
-                f"panic over: {p.stable_window_s:g}s since the last tick over the threshold"
-            )
+            trace.step("kpa.panic_over", stable_window_s=p.stable_window_s)
         rule = int(tick.rule[i])
         if rule == PANIC:
             if tick.held_in_panic[i]:
-                lines.append(f"panic: not scaling down from {tick.max_panic[i]}")
-            lines.append(f"panic: ceil({tick.panic[i]:.2f}/{tv:g}) = {tick.want_panic[i]}")
+                trace.step("kpa.panic_hold", replicas=int(tick.max_panic[i]))
+            trace.step(
+                "kpa.panic",
+                panic=float(tick.panic[i]),
+                target_value=tv,
+                want=int(tick.want_panic[i]),
+            )
         else:
-            lines.append(f"stable: ceil({tick.stable[i]:.2f}/{tv:g}) = {tick.want_stable[i]}")
+            trace.step(
+                "kpa.stable",
+                stable=float(tick.stable[i]),
+                target_value=tv,
+                want=int(tick.want_stable[i]),
+            )
             if tick.rate_limited[i]:
                 wanted = int(tick.want_stable[i])
                 got = int(tick.desired_stable[i])
                 bound = "max_scale_up_rate" if got < wanted else "max_scale_down_rate"
-                lines.append(f"rate-limited {wanted} -> {got} by {bound}")
+                trace.clamp("replicas", wanted, got, bound)
         if rule == TO_ZERO:
-            lines.append(
-                f"scale to zero: idle {tick.idle_for[i]:.0f}s >= stable window "
-                f"{p.stable_window_s:g}s + grace {p.scale_to_zero_grace_s:g}s"
+            trace.step(
+                "kpa.to_zero",
+                idle_s=float(tick.idle_for[i]),
+                stable_window_s=p.stable_window_s,
+                grace_s=p.scale_to_zero_grace_s,
             )
         elif rule == IDLE_GRACE:
-            lines.append(
-                f"idle, holding 1 replica until idle for {self.zero_after_s[i]:g}s "
-                "(stable window + scale_to_zero_grace_s)"
-            )
-        if tick.want_instant[i] > max(tick.want_panic[i], tick.want_stable[i]):
-            lines.append(
-                f"CPU follows this tick's {p.metric}: {tick.want_instant[i]} replicas' worth "
-                f"(more than the windows' {max(tick.want_panic[i], tick.want_stable[i])})"
+            trace.step("kpa.idle_grace", zero_after_s=float(self.zero_after_s[i]))
+        windows = max(int(tick.want_panic[i]), int(tick.want_stable[i]))
+        if tick.want_instant[i] > windows:
+            trace.step(
+                "kpa.instant", metric=p.metric, want=int(tick.want_instant[i]), windows=windows
             )
         unclamped = int(tick.unclamped[i])
         top = int(self.max_r[i])
         if unclamped > top:
-            if top == p.max_replicas:
-                lines.append(f"clamped replicas {unclamped} -> {top} by max_replicas")
-            else:
-                lines.append(
-                    f"clamped replicas {unclamped} -> {top} by max_replicas × cpu.max / cpu.request "
-                    f"({p.max_replicas} × {p.cpu.max:g} / {p.cpu.initial_cores:g})"
-                )
+            name = (
+                "max_replicas" if top == p.max_replicas else "max_replicas × cpu.max / cpu.request"
+            )
+            trace.clamp("replicas", unclamped, top, name)
         elif unclamped < p.min_replicas:
-            lines.append(f"clamped replicas {unclamped} -> {p.min_replicas} by min_replicas")
+            trace.clamp("replicas", unclamped, p.min_replicas, "min_replicas")

@@ -9,10 +9,14 @@ service on the first tick).  The child carries what a person needs to trust the 
   ``.previous_cpu_per_replica_cores``, ``sluice.decision.allocated_cores``;
 * ``sluice.decision.input.<name>``: every numeric input the engine reported (concurrency,
   demand_cores, fair_share_cores, ...);
-* ``sluice.decision.clamps``: the reasons that name a bound (min/max replicas, rate limits,
-  the budget, hysteresis); ``sluice.decision.reasons``: all reason lines;
-* ``sluice.cpu.lent_cores``, ``.borrowed_cores``, ``.reclaimed_cores``, ``.gave_back_cores``
-  (0 when none), read from the arbiter's notes.
+* ``sluice.decision.clamps``: each clamp as ``quantity value -> bound by name`` (min/max
+  replicas, rate limits, the budget, hysteresis, ...), and ``sluice.decision.clamp_bounds``
+  their bounds' names; ``sluice.decision.reasons``: all reason lines;
+* ``sluice.cpu.lent_cores``, ``.borrowed_cores``, ``.reclaimed_cores``, ``.gave_back_cores``,
+  ``.taken_for_floors_cores`` (0 when none), from the explanation's flows.
+
+Everything is read from the decision's explanation fields (``scaler.explanation``), never
+parsed back from its text.
 
 The scaler never imports ``gateway``; the composition root hands the scaler loop a
 ``TracedEngine(engine, tracer)`` wherever it would hand it the engine.
@@ -20,7 +24,6 @@ The scaler never imports ``gateway``; the composition root hands the scaler loop
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -29,18 +32,10 @@ from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Tracer
 
 from scaler.decision import Decision, ServiceState
+from scaler.explanation import FLOW_KINDS
 from scaler.signals import ServiceSignals
 
 _EMPTY = Context()
-_CPU_NOTES = {
-    "lent_cores": re.compile(r"^lends (\d+(?:\.\d+)?) cores"),
-    "borrowed_cores": re.compile(r"^borrows (\d+(?:\.\d+)?) cores"),
-    "reclaimed_cores": re.compile(r"^reclaimed (\d+(?:\.\d+)?) cores"),
-    "gave_back_cores": re.compile(r"^gave back (\d+(?:\.\d+)?) borrowed cores"),
-}
-_CLAMP = re.compile(
-    r"clamped|rate-limited|hysteresis|budget gives|nothing reclaimed|by max_|by min_"
-)
 
 
 class TickFunction(Protocol):
@@ -56,6 +51,7 @@ def decision_attributes(
     decision: Decision, previous: Decision | None
 ) -> dict[str, str | bool | int | float | list[str]]:
     """The attributes of one ``sluice.scaler.decision`` span."""
+    explanation = decision.explanation
     attrs: dict[str, str | bool | int | float | list[str]] = {
         "sluice.service": decision.service,
         "sluice.decision.rule": decision.rule,
@@ -64,21 +60,19 @@ def decision_attributes(
         "sluice.decision.cpu_per_replica_cores": decision.cpu_per_replica_cores,
         "sluice.decision.allocated_cores": decision.allocated_cores,
         "sluice.decision.reasons": list(decision.reasons),
-        "sluice.decision.clamps": [r for r in decision.reasons if _CLAMP.search(r)],
+        "sluice.decision.clamps": [
+            f"{c.quantity} {c.value:g} -> {c.bound:g} by {c.name}" for c in explanation.clamps
+        ],
+        "sluice.decision.clamp_bounds": [c.name for c in explanation.clamps],
     }
     if previous is not None:
         attrs["sluice.decision.previous_replicas"] = previous.replicas
         attrs["sluice.decision.previous_cpu_per_replica_cores"] = previous.cpu_per_replica_cores
         attrs["sluice.decision.previous_rule"] = previous.rule
-    for name, value in decision.inputs.items():
+    for name, value in explanation.inputs.items():
         attrs[f"sluice.decision.input.{name}"] = float(value)
-    for key, pattern in _CPU_NOTES.items():
-        total = 0.0
-        for reason in decision.reasons:
-            m = pattern.match(reason)
-            if m is not None:
-                total += float(m.group(1))
-        attrs[f"sluice.cpu.{key}"] = total
+    for kind in FLOW_KINDS:
+        attrs[f"sluice.cpu.{kind}_cores"] = explanation.flow_cores(kind)
     return attrs
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from scaler.decision import Decision, ServiceState
 from scaler.engine import Engine
+from scaler.explanation import Clamp, Explanation, Flow
 from scaler.policy import BudgetConfig, ScalingPolicy
 from scaler.signals import ServiceSignals
 
@@ -45,6 +46,9 @@ def test_one_busy_service_borrows_the_whole_spare_budget() -> None:
     assert last["idle"].allocated_cores == pytest.approx(0.1)
     assert any("borrows" in r for r in last["api"].reasons)
     assert any("lends" in r for r in last["idle"].reasons)
+    # As data: who lent how much to whom.
+    assert last["idle"].explanation.flows == (Flow("lent", pytest.approx(0.9), ("api",)),)
+    assert last["api"].explanation.flow_cores("borrowed") == pytest.approx(0.9)
 
 
 def test_a_demanding_service_reclaims_its_fair_share_in_one_tick() -> None:
@@ -308,11 +312,14 @@ def test_reasons_name_clamps_and_the_budget_line() -> None:
     # with room to grow vertically the bound is max_replicas replicas at cpu.max
     engine = Engine({"api": policy(max_replicas=2)}, BudgetConfig(cpu=4))
     d = engine.tick(0.0, {"api": ServiceSignals("api", 0.0, in_flight=100)}, {})["api"]
-    assert (
-        "clamped replicas 15 -> 8 by max_replicas × cpu.max / cpu.request (2 × 1 / 0.25)"
-        in d.reasons
-    )
+    assert "clamped replicas 15 -> 8 by max_replicas × cpu.max / cpu.request" in d.reasons
     assert (d.replicas, d.cpu_per_replica_cores) == (2, 1.0)
+    # The same, as data: the value, the bound and the bound's name.
+    assert Clamp("replicas", 15, 8, "max_replicas × cpu.max / cpu.request") in (
+        d.explanation.clamps
+    )
+    assert d.explanation.rule == d.rule == "panic"
+    assert d.explanation.steps[-1].kind == "budget"
 
 
 def test_decisions_are_dataclasses_with_lazy_but_stable_reasons() -> None:
@@ -342,11 +349,8 @@ def test_decisions_pickle_with_their_reasons_not_their_tick() -> None:
 
 
 class _NoSource:
-    def render(self, index: int) -> tuple[str, ...]:
-        return ()
-
-    def inputs(self, index: int) -> dict[str, float]:
-        return {}
+    def explanation(self, index: int) -> Explanation:
+        return Explanation("stable")
 
 
 def test_floors_over_the_budget_and_bad_staleness_are_refused() -> None:

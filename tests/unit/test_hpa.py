@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scaler.decision import Explanation
+from scaler.explanation import Trace
 from scaler.hpa import (
     HpaBehaviorState,
     NoMetricsError,
@@ -73,7 +73,7 @@ def normalize(
         desired=desired,
         min_replicas=lo,
         max_replicas=hi,
-        reasons=Explanation(),
+        reasons=Trace(),
     )
 
 
@@ -157,7 +157,7 @@ def test_scale_up_stabilization_uses_the_lowest_recent_recommendation() -> None:
 
 def test_bounds_clamp_and_say_so() -> None:
     state = HpaBehaviorState(HpaBehavior())
-    reasons = Explanation()
+    reasons = Trace()
     assert (
         state.normalize(0.0, current=3, desired=3, min_replicas=4, max_replicas=10, reasons=reasons)
         == 4

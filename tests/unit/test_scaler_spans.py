@@ -11,6 +11,7 @@ from gateway.telemetry.provider import Telemetry
 from gateway.telemetry.scaler import TracedEngine, changed, decision_attributes
 from scaler.decision import Decision, ServiceState
 from scaler.engine import Engine
+from scaler.explanation import Clamp, Explanation, Flow
 from scaler.policy import BudgetConfig, ScalingPolicy
 from scaler.signals import ServiceSignals
 
@@ -96,8 +97,11 @@ def test_changed_and_attributes_of_a_decision() -> None:
         0.5,
         1.0,
         "stable",
-        ("lends 0.25 cores of its fair share to: web 0.25",),
-        {"concurrency": 3.0},
+        explanation=Explanation(
+            "stable",
+            {"concurrency": 3.0},
+            (Flow("lent", 0.25, ("web",)), Clamp("cores", 1.1, 1.0, "hysteresis")),
+        ),
     )
     assert changed(a, None)
     assert not changed(a, a)
@@ -107,4 +111,9 @@ def test_changed_and_attributes_of_a_decision() -> None:
     assert attrs["sluice.decision.input.concurrency"] == 3.0
     assert attrs["sluice.cpu.lent_cores"] == 0.25
     assert attrs["sluice.cpu.reclaimed_cores"] == 0.0
+    assert attrs["sluice.decision.clamp_bounds"] == ["hysteresis"]
+    assert attrs["sluice.decision.reasons"] == [
+        "lends 0.25 cores of its fair share to: web",
+        "hysteresis: keeping 1.00 cores (ideal 1.10 is within the band)",
+    ]
     assert attrs["sluice.decision.previous_replicas"] == 3
