@@ -9,9 +9,8 @@ service on the first tick).  The child carries what a person needs to trust the 
   ``.previous_cpu_per_replica_cores``, ``sluice.decision.allocated_cores``;
 * ``sluice.decision.input.<name>``: every numeric input the engine reported (concurrency,
   demand_cores, fair_share_cores, ...);
-* ``sluice.decision.clamps``: each clamp as ``quantity value -> bound by name`` (min/max
-  replicas, rate limits, the budget, hysteresis, ...), and ``sluice.decision.clamp_bounds``
-  their bounds' names; ``sluice.decision.reasons``: all reason lines;
+* ``sluice.decision.clamps``: the reason line of each clamp (min/max replicas, rate limits,
+  the budget, hysteresis, ...), and ``sluice.decision.clamp_bounds`` their bounds' names; ``sluice.decision.reasons``: all reason lines;
 * ``sluice.cpu.lent_cores``, ``.borrowed_cores``, ``.reclaimed_cores``, ``.gave_back_cores``,
   ``.taken_for_floors_cores`` (0 when none), from the explanation's flows.
 
@@ -32,7 +31,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Tracer
 
 from scaler.decision import Decision, ServiceState
-from scaler.explanation import FLOW_KINDS
+from scaler.explanation import FLOW_KINDS, render_part
 from scaler.signals import ServiceSignals
 
 _EMPTY = Context()
@@ -60,9 +59,7 @@ def decision_attributes(
         "sluice.decision.cpu_per_replica_cores": decision.cpu_per_replica_cores,
         "sluice.decision.allocated_cores": decision.allocated_cores,
         "sluice.decision.reasons": list(decision.reasons),
-        "sluice.decision.clamps": [
-            f"{c.quantity} {c.value:g} -> {c.bound:g} by {c.name}" for c in explanation.clamps
-        ],
+        "sluice.decision.clamps": [render_part(c) for c in explanation.clamps],
         "sluice.decision.clamp_bounds": [c.name for c in explanation.clamps],
     }
     if previous is not None:
