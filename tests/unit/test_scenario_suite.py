@@ -1,0 +1,157 @@
+"""The scenario suite (benchmarks/scenarios): what it holds, and the pieces of its verdict."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from gateway.settings import load_settings
+from scaler.policy import ScalingPolicy
+from scaler.simulate.workload import load_workload, parse_workload
+
+ROOT = Path(__file__).resolve().parents[2]
+SUITE = ROOT / "benchmarks" / "scenarios"
+
+
+def suite_module() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("scenario_suite_run", SUITE / "run.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+run = suite_module()
+
+
+def scenarios() -> list[Path]:
+    return sorted(p for p in SUITE.iterdir() if (p / "config.yaml").is_file())
+
+
+def test_the_suite_spans_what_the_issue_asks() -> None:
+    dirs = scenarios()
+    assert len(dirs) >= 20
+    budgets: set[float] = set()
+    sizes: set[int] = set()
+    for d in dirs:
+        settings = load_settings(d / "config.yaml")  # a valid Sluice config
+        workload = load_workload(d / "workload.yaml")  # a valid workload
+        assert set(workload.services) == set(settings.services), d.name
+        budgets.add(settings.budget.cpu)
+        sizes.add(len(settings.services))
+        for name, service in settings.services.items():  # written as a user would: no knobs
+            scaling = service.scaling
+            defaults = ScalingPolicy()
+            for knob in ("stable_window_s", "panic_window_s", "panic_threshold", "tolerance"):
+                assert getattr(scaling, knob) == getattr(defaults, knob), (d.name, name, knob)
+            assert scaling.weight == 1.0, (d.name, name)
+    assert budgets == {2.0, 8.0, 32.0, 64.0}
+    assert min(sizes) == 2 and max(sizes) == 10
+    names = " ".join(d.name for d in dirs)
+    for kind in ("seed-", "diurnal", "flash-crowd", "in-phase", "out-of-phase", "scale-to-zero"):
+        assert kind in names
+
+
+def test_fill_gives_floors_then_weights_within_caps_and_the_budget() -> None:
+    shares = run.fill(
+        10.0, {"a": 1.0, "b": 1.0, "c": 2.0}, {"a": 1, "b": 1, "c": 1}, {"a": 2, "b": 9, "c": 9}
+    )
+    assert shares["a"] == pytest.approx(2.0)  # capped
+    assert sum(shares.values()) == pytest.approx(10.0)
+    assert shares["c"] == pytest.approx(2 * shares["b"] - 1.0)  # floors, then 1:2 of the rest
+    small = run.fill(10.0, {"a": 1.0}, {"a": 0.5}, {"a": 3.0})
+    assert small == {"a": pytest.approx(3.0)}  # nobody above its cap, budget left over
+
+
+def test_roles_follow_the_workload() -> None:
+    w = parse_workload(
+        {
+            "services": {
+                "long": {"slo_s": 1, "load": [{"at_s": 0, "rps": 5, "cpu_s": 0.1}]},
+                "short": {
+                    "slo_s": 1,
+                    "load": [{"at_s": 0, "rps": 0, "cpu_s": 0.1}],
+                    "bursts": [{"every_s": 60, "for_s": 5, "rps": 9, "cpu_s": 0.1}],
+                },
+                "ramp": {
+                    "slo_s": 1,
+                    "load": [
+                        {"at_s": 0, "rps": 1, "cpu_s": 0.1},
+                        {"at_s": 5, "rps": 2, "cpu_s": 0.1},
+                    ],
+                },
+            }
+        }
+    )
+    assert {s: run.role(w.services[s]) for s in w.services} == {
+        "long": "long",
+        "short": "short",
+        "ramp": "other",
+    }
+
+
+def figures(
+    p99: float, completed: int, unfinished: int, flips: float, removed: int
+) -> dict[str, Any]:
+    return {
+        "latency_p99_s": p99,
+        "completed": completed,
+        "unfinished": unfinished,
+        "replica_direction_changes_per_hour": flips,
+        "offered_direction_changes_per_hour": 10.0,
+        "replicas_removed_while_starting": removed,
+    }
+
+
+def scenario(
+    sluice: dict[str, Any], independent: dict[str, Any], util: tuple[float, float]
+) -> dict[str, Any]:
+    def one(services: dict[str, Any], u: float) -> dict[str, Any]:
+        return {"services": services, "budget": {"utilisation_during_contention": u}}
+
+    return {
+        "name": "seed-8c-example",
+        "budget_cores": 8.0,
+        "services": {
+            "api": {"role": "long", "p99_floor_s": 0.1},
+            "jobs": {"role": "short", "p99_floor_s": 0.5},
+        },
+        "fluid_bound_utilisation_in_contention": 0.85,
+        "runs": {
+            "sluice": one(sluice, util[0]),
+            "independent": one(independent, util[1]),
+            "best_split": one(independent, util[1]),
+        },
+    }
+
+
+def test_the_verdict_names_each_missed_goal_and_shows_impossible_ones() -> None:
+    sc = scenario(
+        {"api": figures(2.0, 900, 5, 20.0, 1), "jobs": figures(1.0, 100, 0, 5.0, 0)},
+        {"api": figures(1.0, 1000, 2, 0.0, 0), "jobs": figures(3.0, 100, 0, 0.0, 0)},
+        (0.80, 0.90),
+    )
+    verdict = {g["goal"]: g for g in run.verdict(sc)}
+    missed = {goal for goal, g in verdict.items() if not g["met"]}
+    assert missed == {
+        "api: p99 <= 1.10 x independent",
+        "completed >= independent",
+        "unfinished at end <= independent",
+        "CPU in contention >= independent - 2 points",
+        "no replica removed while starting",
+        "replica direction changes <= the offered load's",
+        "seed: long-lived api throughput >= 95 % of independent",
+        "seed: short-lived jobs p99 >= 10x lower than independent",
+        "seed: CPU in contention >= 90 %",
+    }
+    # jobs: independent's p99 is only 6x its floor, and the fluid bound is 85 %: impossible
+    assert verdict["seed: short-lived jobs p99 >= 10x lower than independent"]["why"]
+    assert verdict["seed: CPU in contention >= 90 %"]["why"]
+    assert verdict["api: p99 <= 1.10 x independent"]["why"] is None
+    assert verdict["jobs: p99 <= 1.10 x independent"]["met"]
