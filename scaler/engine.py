@@ -42,7 +42,15 @@ from scaler.arbiter import (
 from scaler.decision import Decision, ServiceState
 from scaler.explain import FROZEN_REASONS, TickView, rule_names
 from scaler.explanation import Trace
-from scaler.hpa import HpaBehaviorState, NoMetricsError, PodSample, calculate_replicas
+from scaler.hpa import (
+    CpuSample,
+    HpaBehaviorState,
+    NoMetricsError,
+    PodSample,
+    Tolerances,
+    calculate_replicas,
+    calculate_utilization_replicas,
+)
 from scaler.kpa_batch import RULES, Bools, Floats, Ints, KpaBatch, reference_max
 from scaler.policy import BudgetConfig, ScalingPolicy, check_floors
 from scaler.signals import BucketedWindow, ServiceSignals
@@ -121,11 +129,15 @@ def invalid_fields(signals: ServiceSignals) -> list[str]:
 class _HpaTrack:
     """One HPA-mode service's memory (the HPA calculation is per service, not batched)."""
 
-    __slots__ = ("behavior", "window")
+    __slots__ = ("behavior", "tolerances", "window")
 
     def __init__(self, policy: ScalingPolicy) -> None:
         self.behavior = HpaBehaviorState(policy.behavior)
         self.window = BucketedWindow(policy.panic_window_s)
+        down, up = policy.behavior.scale_down.tolerance, policy.behavior.scale_up.tolerance
+        self.tolerances = Tolerances(
+            policy.tolerance if down is None else down, policy.tolerance if up is None else up
+        )
 
 
 class Engine:
@@ -173,6 +185,7 @@ class Engine:
         self.target = arr([p.target for p in pols])
         self.fair = fair_shares(budget.cpu, pols) if n else arr([])
         self.is_rps: BoolArray = np.array([p.metric == "rps" for p in pols], dtype=bool)
+        self.is_cpu: BoolArray = np.array([p.metric == "cpu" for p in pols], dtype=bool)
         self.horizontal: BoolArray = np.array([p.prefer == "horizontal" for p in pols], dtype=bool)
         self.kpa_index = np.array(
             [i for i, p in enumerate(pols) if p.mode == "kpa"], dtype=np.int64
@@ -236,6 +249,8 @@ class Engine:
             self._rates(observed, fresh)
         concurrency = np.where(invalid, 0.0, observed.in_flight + observed.queued)
         value = np.where(self.is_rps, self._rps, concurrency)
+        if self.is_cpu.any():
+            value = np.where(self.is_cpu, self._cpu_used, value)  # NaN: not measured
         capacity = ready * cur_cpu / self.cpu_ref
 
         wanted = cur_r.copy()
@@ -499,14 +514,15 @@ class Engine:
         policy = self._pols[i]
         value, fresh = observed
         replicas, ready, cpu = current_state
-        if fresh:
+        if fresh and math.isfinite(value):
             track.window.record(now, value)
         average = track.window.average(now)
         notes = Trace()
         if average is None:
             notes.step("hpa.no_metric")
             return int(replicas), "no-data", notes, {}
-        scale = cpu / float(self.cpu_ref[i])
+        ref = float(self.cpu_ref[i])
+        scale = cpu / ref
         current = math.ceil(replicas * scale - 1e-6)
         ready_ref = min(current, round(ready * scale))
         notes.step(
@@ -518,16 +534,27 @@ class Engine:
             replicas=current,
             ready=ready_ref,
         )
-        if current == 0:
-            samples = [PodSample(True, average)]
-        else:
-            per_pod = average / ready_ref if ready_ref else 0.0
-            samples = [PodSample(True, per_pod)] * ready_ref + [PodSample(False, None)] * (
-                current - ready_ref
-            )
         rule = "hpa"
         try:
-            result = calculate_replicas(samples, current, policy.target, policy.tolerance)
+            if policy.metric == "cpu":
+                # Reference pods of cpu.request cores: the ready ones share the measured use.
+                per_pod = average / ready_ref if ready_ref else 0.0
+                result = calculate_utilization_replicas(
+                    [CpuSample(True, per_pod, ref)] * ready_ref
+                    + [CpuSample(False, None, ref)] * (current - ready_ref),
+                    current,
+                    policy.target,
+                    track.tolerances,
+                )
+            else:
+                if current == 0:
+                    samples = [PodSample(True, average)]
+                else:
+                    per_pod = average / ready_ref if ready_ref else 0.0
+                    samples = [PodSample(True, per_pod)] * ready_ref + [PodSample(False, None)] * (
+                        current - ready_ref
+                    )
+                result = calculate_replicas(samples, current, policy.target, track.tolerances)
             desired = result.replicas
             notes.parts.append(result.step)
         except NoMetricsError:

@@ -176,7 +176,13 @@ TEMPLATES: dict[str, str] = {
     ),
     "hpa.no_metric": "no metric data",
     "hpa.from_zero": "hpa: from zero: ceil({total:g}/{target:g})",
-    "hpa.tolerance": "hpa: ratio {ratio:.3f} within tolerance {tolerance:g}",
+    "hpa.tolerance": (
+        "hpa: ratio {ratio:.3f} within tolerance (-{tolerance_down:g}, +{tolerance_up:g})"
+    ),
+    "hpa.utilization": (
+        "hpa: cpu utilisation {utilization}% of request, target {target:g}%: ceil({ratio:.3f} × "
+        "{pods} pods)"
+    ),
     "hpa.ratio": "hpa: ceil({ratio:.3f} × {pods} pods)",
     "hpa.filled_keep": (
         "hpa: ratio {ratio:.3f} -> {new_ratio:.3f} with {missing} missing / {unready} unready "

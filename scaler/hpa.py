@@ -43,6 +43,28 @@ class PodSample:
 
 
 @dataclass(frozen=True, slots=True)
+class Tolerances:
+    """Ratios in ``[1 - scale_down, 1 + scale_up]`` change nothing (Kubernetes >= 1.33
+    ``behavior.scaleDown.tolerance`` / ``behavior.scaleUp.tolerance``; 0.1 each by default)."""
+
+    scale_down: float = 0.1
+    scale_up: float = 0.1
+
+    def within(self, ratio: float) -> bool:
+        return 1.0 - self.scale_down <= ratio <= 1.0 + self.scale_up
+
+
+@dataclass(frozen=True, slots=True)
+class CpuSample:
+    """One pod for the CPU-utilisation path: ready or not, its use (cores; ``None`` =
+    missing) and its CPU request (cores)."""
+
+    ready: bool
+    used_cores: float | None
+    request_cores: float
+
+
+@dataclass(frozen=True, slots=True)
 class HpaResult:
     """The replica calculator's answer."""
 
@@ -61,7 +83,7 @@ def calculate_replicas(
     samples: Sequence[PodSample],
     current_replicas: int,
     target: float,
-    tolerance: float = 0.1,
+    tolerance: float | Tolerances = 0.1,
 ) -> HpaResult:
     """Desired replicas for a per-pod average-value metric, as the HPA's replica calculator.
 
@@ -75,6 +97,7 @@ def calculate_replicas(
     """
     if target <= 0:
         raise ValueError(f"target must be > 0, got {target!r}")
+    tol = tolerance if isinstance(tolerance, Tolerances) else Tolerances(tolerance, tolerance)
     if current_replicas == 0:
         total = sum(s.value for s in samples if s.value is not None)
         ratio = total / target
@@ -98,11 +121,11 @@ def calculate_replicas(
     ratio = sum(values) / len(values) / target
     rebalance_unready = unready > 0 and ratio > 1.0
     if not rebalance_unready and missing == 0:
-        if abs(1.0 - ratio) <= tolerance:
+        if tol.within(ratio):
             return HpaResult(
                 current_replicas,
                 ratio,
-                Step("hpa.tolerance", {"ratio": ratio, "tolerance": tolerance}),
+                Step("hpa.tolerance", _tolerance_values(ratio, tol)),
             )
         return HpaResult(
             math.ceil(ratio * len(values) - 1e-9),
@@ -117,7 +140,98 @@ def calculate_replicas(
     if rebalance_unready:
         filled.extend([0.0] * unready)
     new_ratio = sum(filled) / len(filled) / target
-    if abs(1.0 - new_ratio) <= tolerance or (ratio < 1.0 < new_ratio) or (ratio > 1.0 > new_ratio):
+    return _filled_result(current_replicas, ratio, new_ratio, len(filled), missing, unready, tol)
+
+
+def _tolerance_values(ratio: float, tol: Tolerances) -> dict[str, float]:
+    return {"ratio": ratio, "tolerance_down": tol.scale_down, "tolerance_up": tol.scale_up}
+
+
+def calculate_utilization_replicas(
+    samples: Sequence[CpuSample],
+    current_replicas: int,
+    target_percent: float,
+    tolerance: float | Tolerances = 0.1,
+) -> HpaResult:
+    """Desired replicas for CPU utilisation (``target.averageUtilization``), as the HPA's
+    replica calculator's resource path (``GetResourceReplicas``).
+
+    Utilisation is the ready pods' total use over their total request, in *whole* percent
+    (truncated, on millicores, as Kubernetes computes it); ``ratio = utilisation / target``.
+    Pods not ready are left out (and count 0 on a scale-up); ready pods *missing* a value
+    count as ``max(100 %, target)`` of their **request** on a scale-down (the plain-metric
+    path uses the target instead) and 0 on a scale-up; if filling them in flips the
+    direction or lands within the tolerances, the current count is kept.
+    """
+    if target_percent <= 0:
+        raise ValueError(f"target_percent must be > 0, got {target_percent!r}")
+    tol = tolerance if isinstance(tolerance, Tolerances) else Tolerances(tolerance, tolerance)
+    used: list[tuple[int, int]] = []  # (millicores used, millicores requested)
+    missing: list[int] = []
+    unready: list[int] = []
+    for sample in samples:
+        request_m = round(sample.request_cores * 1000)
+        if not sample.ready:
+            unready.append(request_m)
+        elif sample.used_cores is None:
+            missing.append(request_m)
+        else:
+            used.append((round(sample.used_cores * 1000), request_m))
+    if not used:
+        raise NoMetricsError("did not receive metrics for any ready pods")
+
+    def ratio_of(pods: list[tuple[int, int]]) -> tuple[float, int]:
+        requested = sum(r for _, r in pods)
+        if requested <= 0:
+            raise NoMetricsError("the pods request no CPU")
+        utilization = sum(u for u, _ in pods) * 100 // requested
+        return utilization / target_percent, utilization
+
+    ratio, utilization = ratio_of(used)
+    rebalance_unready = bool(unready) and ratio > 1.0
+    if not rebalance_unready and not missing:
+        if tol.within(ratio):
+            return HpaResult(
+                current_replicas, ratio, Step("hpa.tolerance", _tolerance_values(ratio, tol))
+            )
+        return HpaResult(
+            math.ceil(ratio * len(used) - 1e-9),
+            ratio,
+            Step(
+                "hpa.utilization",
+                {
+                    "utilization": utilization,
+                    "target": target_percent,
+                    "ratio": ratio,
+                    "pods": len(used),
+                },
+            ),
+        )
+    filled = list(used)
+    if missing and ratio < 1.0:
+        fallback = int(max(100.0, target_percent))
+        filled.extend((r * fallback // 100, r) for r in missing)
+    elif missing and ratio > 1.0:
+        filled.extend((0, r) for r in missing)
+    if rebalance_unready:
+        filled.extend((0, r) for r in unready)
+    new_ratio, _ = ratio_of(filled)
+    return _filled_result(
+        current_replicas, ratio, new_ratio, len(filled), len(missing), len(unready), tol
+    )
+
+
+def _filled_result(  # noqa: PLR0917 - the calculator's figures, in its order
+    current_replicas: int,
+    ratio: float,
+    new_ratio: float,
+    pods: int,
+    missing: int,
+    unready: int,
+    tol: Tolerances,
+) -> HpaResult:
+    """The end of both paths: the ratio re-run with missing / unready pods filled in."""
+    if tol.within(new_ratio) or (ratio < 1.0 < new_ratio) or (ratio > 1.0 > new_ratio):
         return HpaResult(
             current_replicas,
             ratio,
@@ -126,7 +240,7 @@ def calculate_replicas(
                 {"ratio": ratio, "new_ratio": new_ratio, "missing": missing, "unready": unready},
             ),
         )
-    replicas = math.ceil(new_ratio * len(filled) - 1e-9)
+    replicas = math.ceil(new_ratio * pods - 1e-9)
     if (new_ratio < 1.0 and replicas > current_replicas) or (
         new_ratio > 1.0 and replicas < current_replicas
     ):
@@ -136,7 +250,7 @@ def calculate_replicas(
         ratio,
         Step(
             "hpa.filled",
-            {"new_ratio": new_ratio, "pods": len(filled), "missing": missing, "unready": unready},
+            {"new_ratio": new_ratio, "pods": pods, "missing": missing, "unready": unready},
         ),
     )
 

@@ -54,6 +54,15 @@ class HpaScalingRules(_Model):
         default="Max",
         description="Max: the policy allowing the largest change wins; Min: the smallest; Disabled: no change in this direction.",
     )
+    tolerance: float | None = Field(
+        default=None,
+        ge=0,
+        lt=1,
+        description=(
+            "Ratios within this much of 1 in this direction change nothing (Kubernetes >= 1.33 "
+            "behavior.*.tolerance); default: the policy's tolerance."
+        ),
+    )
 
 
 def _default_scale_up() -> HpaScalingRules:
@@ -120,11 +129,18 @@ class ScalingPolicy(_Model):
         default="kpa",
         description="kpa: Knative-style stable/panic windows; hpa: the Kubernetes HPA calculation.",
     )
-    metric: Literal["concurrency", "rps"] = Field(
+    metric: Literal["concurrency", "rps", "cpu"] = Field(
         default="concurrency",
-        description="concurrency: requests in flight plus queued; rps: arrivals per second.",
+        description=(
+            "concurrency: requests in flight plus queued; rps: arrivals per second; cpu (mode: "
+            "hpa, needs measured CPU): CPU utilisation in percent of cpu.request."
+        ),
     )
-    target: float = Field(default=10.0, gt=0, description="Target value of the metric per replica.")
+    target: float = Field(
+        default=10.0,
+        gt=0,
+        description="Target value of the metric per replica (metric: cpu: percent of cpu.request).",
+    )
     target_utilization: float = Field(
         default=0.7,
         gt=0,
@@ -183,6 +199,12 @@ class ScalingPolicy(_Model):
             raise KeyedValueError(
                 "max_replicas",
                 f"must be >= min_replicas ({self.min_replicas}), got {self.max_replicas}",
+            )
+        if self.metric == "cpu" and self.mode != "hpa":
+            raise KeyedValueError("metric", "cpu utilisation is an HPA metric: needs mode: hpa")
+        if self.metric == "cpu" and self.min_replicas < 1:
+            raise KeyedValueError(
+                "min_replicas", "must be >= 1 with metric: cpu (no CPU is measured at zero)"
             )
         if self.panic_window_s > self.stable_window_s:
             raise KeyedValueError(

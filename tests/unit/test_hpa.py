@@ -8,10 +8,13 @@ from hypothesis import strategies as st
 
 from scaler.explanation import Trace
 from scaler.hpa import (
+    CpuSample,
     HpaBehaviorState,
     NoMetricsError,
     PodSample,
+    Tolerances,
     calculate_replicas,
+    calculate_utilization_replicas,
 )
 from scaler.policy import HpaBehavior, HpaScalingRules
 
@@ -197,3 +200,91 @@ def test_stabilization_equals_the_hpa_loop_over_all_recommendations(
         got = normalize(state, now, current, desired, lo=0, hi=1_000_000)
         assert got == expected
         current = got
+
+
+# -- Kubernetes >= 1.33 tolerances and the CPU-utilisation path (replica_calculator.go) -------
+
+
+def test_separate_scale_up_and_scale_down_tolerances() -> None:
+    down = [PodSample(True, 7.0)] * 4  # ratio 0.7 against target 10
+    assert calculate_replicas(down, 4, 10.0, Tolerances(scale_down=0.1, scale_up=0.5)).replicas == 3
+    # A wide scale-down tolerance holds it; the scale-up tolerance plays no part.
+    assert (
+        calculate_replicas(down, 4, 10.0, Tolerances(scale_down=0.35, scale_up=0.0)).replicas == 4
+    )
+    up = [PodSample(True, 13.0)] * 4  # ratio 1.3
+    assert calculate_replicas(up, 4, 10.0, Tolerances(scale_down=0.0, scale_up=0.35)).replicas == 4
+    assert calculate_replicas(up, 4, 10.0, Tolerances(scale_down=0.5, scale_up=0.1)).replicas == 6
+    # The bounds themselves are within (Kubernetes: 1 - down <= ratio <= 1 + up).
+    assert Tolerances(0.25, 0.5).within(0.75) and Tolerances(0.25, 0.5).within(1.5)
+
+
+def test_utilisation_is_truncated_to_a_whole_percent() -> None:
+    # 1 core used of 3 requested is 33 %, not 33.3 %: ratio 0.66 against a 50 % target.
+    pods = [CpuSample(True, 1.0 / 3, 1.0)] * 3
+    result = calculate_utilization_replicas(pods, 3, 50.0, 0.0)
+    assert result.usage_ratio == pytest.approx(0.66)
+    assert result.replicas == 2  # ceil(0.66 × 3)
+
+
+def test_missing_pods_count_as_their_full_request_on_a_scale_down() -> None:
+    # Two pods at 20 % of a 1-core request, one ready pod missing its metric, target 50 %:
+    # the missing one counts as 100 % of its request (the plain-metric path would use the
+    # target, 50 %): (20 + 20 + 100) / 3 = 46 % -> ratio 0.92, within the tolerance: keep 3.
+    pods = [CpuSample(True, 0.2, 1.0)] * 2 + [CpuSample(True, None, 1.0)]
+    assert calculate_utilization_replicas(pods, 3, 50.0).replicas == 3
+    # With the target's value instead (the plain path), it would have scaled down to 2.
+    plain = [PodSample(True, 20.0)] * 2 + [PodSample(True, None)]
+    assert calculate_replicas(plain, 3, 50.0).replicas == 2
+
+
+def test_missing_pods_count_as_the_target_when_it_is_above_100_percent() -> None:
+    # Target 150 %: a missing pod counts as 150 % of its request on a scale-down.
+    pods = [CpuSample(True, 0.3, 1.0)] * 3 + [CpuSample(True, None, 1.0)]
+    result = calculate_utilization_replicas(pods, 4, 150.0)
+    # (30 × 3 + 150) / 4 = 60 % -> ratio 0.4 -> ceil(0.4 × 4) = 2
+    assert result.replicas == 2
+
+
+def test_missing_and_unready_pods_count_zero_on_a_scale_up() -> None:
+    pods = (
+        [CpuSample(True, 0.9, 0.5)] * 2  # 180 % each
+        + [CpuSample(True, None, 0.5)]
+        + [CpuSample(False, None, 0.5)]
+    )
+    result = calculate_utilization_replicas(pods, 4, 60.0)
+    # ratio 3.0 on the two measured; filled: (180 + 180 + 0 + 0) / 4 = 90 % -> 1.5 × 4 = 6
+    assert result.usage_ratio == pytest.approx(3.0)
+    assert result.replicas == 6
+
+
+def test_cpu_metric_drives_the_engine_in_hpa_mode() -> None:
+    from scaler.decision import ServiceState
+    from scaler.engine import Engine
+    from scaler.policy import BudgetConfig, ScalingPolicy
+    from scaler.signals import ServiceSignals
+
+    policy = ScalingPolicy(
+        mode="hpa",
+        metric="cpu",
+        target=50,
+        min_replicas=1,
+        max_replicas=10,
+        cpu={"min": 0.5, "max": 0.5},
+        behavior={
+            "scale_up": {
+                "stabilization_window_s": 0,
+                "policies": [{"type": "Percent", "value": 100, "period_s": 15}],
+                "tolerance": 0.2,
+            }
+        },
+    )
+    engine = Engine({"api": policy}, BudgetConfig(cpu=8))
+    states = {"api": ServiceState("api", 2, 2, 0.5)}
+    for t in range(2):  # the first tick has no rate yet
+        # 2 replicas of 0.5 core using 0.8 core: 80 % of request against 50 %.
+        sig = ServiceSignals("api", float(t), cpu_seconds_total=0.8 * t)
+        d = engine.tick(float(t), {"api": sig}, states)["api"]
+    assert d.rule == "hpa"
+    assert d.replicas == 4  # ceil(1.6 × 2)
+    assert any(s.kind == "hpa.utilization" for s in d.explanation.steps)

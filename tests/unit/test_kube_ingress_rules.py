@@ -144,7 +144,7 @@ def test_annotation_problems_name_the_annotation() -> None:
         "sluice.io/cpu-max": ("-1", "annotation sluice.io/cpu-max: must be > 0"),
         "sluice.io/metric": (
             "latency",
-            "annotation sluice.io/metric: must be one of concurrency, rps, got 'latency'",
+            "annotation sluice.io/metric: must be one of concurrency, rps, cpu, got 'latency'",
         ),
         "sluice.io/scaling": (
             "[1, 2]",
