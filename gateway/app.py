@@ -27,15 +27,15 @@ from typing import TYPE_CHECKING
 
 from gateway.admin import AdminServer
 from gateway.dataplane import DataPlane
+from gateway.dataplane.endpoints import Endpoint
 from gateway.dataplane.limits import HeadLimits
+from gateway.dataplane.outlier import HealthChecker
+from gateway.dataplane.routing import RouteTable
+from gateway.dataplane.service import Service
 from gateway.decisions import RecommendRunner, decisions_route
 from gateway.discovery import EndpointUpdate, RoutesUpdate
 from gateway.discovery.static import endpoints_from_settings, routes_from_settings
-from gateway.endpoints import Endpoint
-from gateway.outlier import HealthChecker
 from gateway.reload import Reloader
-from gateway.routing import RouteTable
-from gateway.service import Service
 from gateway.settings import ServiceConfig, Settings, load_runtime_settings
 from gateway.telemetry.api import traces_route
 from gateway.telemetry.provider import Telemetry, TelemetryError

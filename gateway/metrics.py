@@ -1,6 +1,6 @@
 """Prometheus metrics, read from the live stats at scrape time (nothing per request).
 
-A custom collector walks every service's :class:`~gateway.stats.ServiceStats` and
+A custom collector walks every service's :class:`~gateway.dataplane.stats.ServiceStats` and
 endpoint set when ``/metrics`` is scraped, so the hot path pays only for the plain
 counters it already keeps.
 
@@ -54,10 +54,10 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from gateway.admission import QUEUE_WAIT_BUCKETS_S
-from gateway.endpoints import EndpointState
-from gateway.service import Service
-from gateway.stats import LATENCY_BUCKETS_S
+from gateway.dataplane.admission import QUEUE_WAIT_BUCKETS_S
+from gateway.dataplane.endpoints import EndpointState
+from gateway.dataplane.service import Service
+from gateway.dataplane.stats import LATENCY_BUCKETS_S
 from scaler.decision import Decision
 from scaler.explanation import FLOW_KINDS
 

@@ -1,6 +1,6 @@
 """What the scaler is told each tick: a plain-data snapshot of one service's live load.
 
-The gateway builds these (``gateway.stats``); the platform may add CPU figures.  Nothing
+The gateway builds these (``gateway.dataplane.stats``); the platform may add CPU figures.  Nothing
 here knows where they came from, so the scaler can be fed by a simulator just the same.
 """
 

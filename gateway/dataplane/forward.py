@@ -28,7 +28,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gateway.admission import AdmissionError, QueueFull, RateLimited
+from gateway.dataplane.admission import AdmissionError, QueueFull, RateLimited
+from gateway.dataplane.endpoints import Endpoint
 from gateway.dataplane.errors import Cause, error_response
 from gateway.dataplane.headers import (
     HOP_BY_HOP,
@@ -36,16 +37,15 @@ from gateway.dataplane.headers import (
     connection_tokens,
     response_fields,
 )
+from gateway.dataplane.retry import Failure, retry_reason, untried
 from gateway.dataplane.upstream import EndpointConnections, UpstreamConnection
-from gateway.endpoints import Endpoint
-from gateway.retry import Failure, retry_reason, untried
 
 if TYPE_CHECKING:
     import asyncio
 
-    from gateway.admission import Waiter
+    from gateway.dataplane.admission import Waiter
     from gateway.dataplane.server import ClientConnection
-    from gateway.service import Service
+    from gateway.dataplane.service import Service
     from gateway.telemetry.requests import AttemptSpan, RequestSpan
 
 CRLF = b"\r\n"
@@ -703,7 +703,7 @@ class Exchange:
             error,
         )
 
-    # -- issue 4: retries (see gateway.retry for the rules) -----------------------------------
+    # -- issue 4: retries (see gateway.dataplane.retry for the rules) -----------------------------------
 
     def _keep_replay(self, pieces: list[bytes] | tuple[bytes, ...] | None) -> None:
         service = self.service

@@ -37,9 +37,9 @@ from gateway.dataplane.limits import (
     origin_form,
 )
 from gateway.dataplane.outbox import Outbox
+from gateway.dataplane.routing import RouteTable
+from gateway.dataplane.service import Service
 from gateway.dataplane.upstream import WRITE_BUFFER_HIGH, WRITE_BUFFER_LOW, EndpointConnections
-from gateway.routing import RouteTable
-from gateway.service import Service
 
 if TYPE_CHECKING:
     from gateway.telemetry.requests import RequestTracing

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway.admission import (
+from gateway.dataplane.admission import (
     Admission,
     AdmissionError,
     QueueFull,

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from gateway.admission import Admission, AdmissionError, QueueFull, RateLimited, Waiter
+from gateway.dataplane.admission import Admission, AdmissionError, QueueFull, RateLimited, Waiter
 from gateway.settings import QueueConfig, RateLimitConfig, ServiceLimits
 from tests.support.stepped_loop import SteppedLoop
 

@@ -7,11 +7,11 @@ from collections import Counter
 
 import pytest
 
-from gateway.balancers import make_balancer
-from gateway.balancers.least_request import LeastRequest, two_distinct
-from gateway.balancers.peak_ewma import PeakEwma
-from gateway.balancers.round_robin import RoundRobin
-from gateway.endpoints import Endpoint
+from gateway.dataplane.balancers import make_balancer
+from gateway.dataplane.balancers.least_request import LeastRequest, two_distinct
+from gateway.dataplane.balancers.peak_ewma import PeakEwma
+from gateway.dataplane.balancers.round_robin import RoundRobin
+from gateway.dataplane.endpoints import Endpoint
 
 
 class Scripted:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from gateway.dataplane.endpoints import Endpoint, EndpointSet, EndpointState, split_address
 from gateway.discovery import EndpointInfo, EndpointUpdate
-from gateway.endpoints import Endpoint, EndpointSet, EndpointState, split_address
 
 
 def update(*infos: EndpointInfo | str, service: str = "svc") -> EndpointUpdate:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from gateway.outlier import OutlierDetector
+from gateway.dataplane.outlier import OutlierDetector
 from gateway.settings import HealthCheckConfig, OutlierDetectionConfig
 from tests.support.stepped_loop import SteppedLoop
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.retry import Failure, RetryBudget, body_replayable, retry_reason, untried
+from gateway.dataplane.retry import Failure, RetryBudget, body_replayable, retry_reason, untried
 from gateway.settings import RetryPolicy
 
 POLICY = RetryPolicy()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from gateway.dataplane.routing import RouteError, RouteTable, normalize_host
 from gateway.discovery import RouteRule, RoutesUpdate
-from gateway.routing import RouteError, RouteTable, normalize_host
 
 
 def rule(

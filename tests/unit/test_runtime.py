@@ -7,8 +7,8 @@ import asyncio
 import pytest
 
 from gateway.app import Runtime
+from gateway.dataplane.routing import RouteError
 from gateway.discovery import EndpointInfo, EndpointUpdate, RouteRule, RoutesUpdate
-from gateway.routing import RouteError
 from gateway.settings import parse_settings
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.stats import LATENCY_BUCKETS_S, ServiceStats, quantile
+from gateway.dataplane.stats import LATENCY_BUCKETS_S, ServiceStats, quantile
 
 
 def test_counts_in_flight_arrivals_and_completions_by_code() -> None:

@@ -102,7 +102,7 @@ class QueueTimeout(AdmissionError):
 
 
 class QueueGauge(Protocol):
-    """Where the queue depth is published (``gateway.stats.ServiceStats`` has ``queued``)."""
+    """Where the queue depth is published (``gateway.dataplane.stats.ServiceStats`` has ``queued``)."""
 
     queued: int
 

@@ -39,7 +39,7 @@ class EndpointView(Protocol):
 
 
 class EndpointTable(Protocol):
-    """What the detector needs from a service's endpoint set (``gateway.endpoints.EndpointSet``)."""
+    """What the detector needs from a service's endpoint set (``gateway.dataplane.endpoints.EndpointSet``)."""
 
     @property
     def endpoints(self) -> Sequence[EndpointView]: ...

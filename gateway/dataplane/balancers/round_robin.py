@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gateway.balancers import RandomSource
-from gateway.endpoints import Endpoint
+from gateway.dataplane.balancers import RandomSource
+from gateway.dataplane.endpoints import Endpoint
 
 
 class RoundRobin:

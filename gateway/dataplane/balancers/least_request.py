@@ -7,8 +7,8 @@ effect of always choosing the global minimum.
 
 from __future__ import annotations
 
-from gateway.balancers import RandomSource
-from gateway.endpoints import Endpoint
+from gateway.dataplane.balancers import RandomSource
+from gateway.dataplane.endpoints import Endpoint
 
 
 def two_distinct(rng: RandomSource, n: int) -> tuple[int, int]:

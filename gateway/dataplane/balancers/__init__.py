@@ -12,7 +12,7 @@ import random
 from collections.abc import Callable
 from typing import Protocol
 
-from gateway.endpoints import Endpoint
+from gateway.dataplane.endpoints import Endpoint
 
 
 class RandomSource(Protocol):
@@ -36,9 +36,9 @@ class Balancer(Protocol):
 
 def make_balancer(name: str, rng: RandomSource | None = None) -> Balancer:
     """The balancer called ``name`` in config (round_robin | least_request | peak_ewma)."""
-    from gateway.balancers.least_request import LeastRequest
-    from gateway.balancers.peak_ewma import PeakEwma
-    from gateway.balancers.round_robin import RoundRobin
+    from gateway.dataplane.balancers.least_request import LeastRequest
+    from gateway.dataplane.balancers.peak_ewma import PeakEwma
+    from gateway.dataplane.balancers.round_robin import RoundRobin
 
     source: RandomSource = rng if rng is not None else random.Random()
     factories: dict[str, Callable[[], Balancer]] = {

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import math
 
-from gateway.balancers import RandomSource
-from gateway.balancers.least_request import two_distinct
-from gateway.endpoints import Endpoint
+from gateway.dataplane.balancers import RandomSource
+from gateway.dataplane.balancers.least_request import two_distinct
+from gateway.dataplane.endpoints import Endpoint
 
 DEFAULT_DECAY_S = 10.0
 DEFAULT_LATENCY_S = 0.001

@@ -9,13 +9,13 @@ the outlier detector live here too, so a hot reload reconfigures them in place
 
 from __future__ import annotations
 
-from gateway.admission import Admission
-from gateway.balancers import Balancer, RandomSource, make_balancer
-from gateway.endpoints import EndpointSet
-from gateway.outlier import OutlierDetector
-from gateway.retry import RetryBudget
+from gateway.dataplane.admission import Admission
+from gateway.dataplane.balancers import Balancer, RandomSource, make_balancer
+from gateway.dataplane.endpoints import EndpointSet
+from gateway.dataplane.outlier import OutlierDetector
+from gateway.dataplane.retry import RetryBudget
+from gateway.dataplane.stats import ServiceStats
 from gateway.settings import ServiceConfig, TimeoutsConfig
-from gateway.stats import ServiceStats
 
 
 class Service:
