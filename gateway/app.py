@@ -9,7 +9,7 @@ updates) and, later, the scaler loop (reads signals).  Platforms call:
 * :meth:`Runtime.apply_routes` with a ``RoutesUpdate`` (a new ``RouteTable`` swapped whole);
 * :meth:`Runtime.wait_drained` before stopping a replica that was removed.
 
-Hot reload (issue 4, ``gateway.reload``) calls :meth:`Runtime.apply_settings`: one
+Hot reload (issue 4, ``gateway.admin.reload``) calls :meth:`Runtime.apply_settings`: one
 synchronous step on the event loop, so every request sees either the old or the new
 config, never a mix.  SIGTERM: ``/readyz`` turns 503, the listener closes, in-flight (and
 queued) requests get up to ``shutdown.drain_s`` to finish, then the process exits 0.
@@ -25,17 +25,17 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gateway.admin import AdminServer
+from gateway.admin.decisions import RecommendRunner, decisions_route
+from gateway.admin.reload import Reloader
+from gateway.admin.server import AdminServer
 from gateway.dataplane import DataPlane
 from gateway.dataplane.endpoints import Endpoint
 from gateway.dataplane.limits import HeadLimits
 from gateway.dataplane.outlier import HealthChecker
 from gateway.dataplane.routing import RouteTable
 from gateway.dataplane.service import Service
-from gateway.decisions import RecommendRunner, decisions_route
 from gateway.discovery import EndpointUpdate, RoutesUpdate
 from gateway.discovery.static import endpoints_from_settings, routes_from_settings
-from gateway.reload import Reloader
 from gateway.settings import ServiceConfig, Settings, load_runtime_settings
 from gateway.telemetry.api import traces_route
 from gateway.telemetry.provider import Telemetry, TelemetryError

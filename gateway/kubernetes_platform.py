@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 
-from gateway.decisions import early_wakes
+from gateway.admin.decisions import early_wakes
 from gateway.discovery.kubernetes import KubernetesDiscovery, default_identity
 from gateway.settings import Settings
 from gateway.telemetry.scaler import TracedEngine

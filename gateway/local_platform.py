@@ -31,7 +31,7 @@ import functools
 import logging
 from typing import TYPE_CHECKING, Any
 
-from gateway.decisions import early_wakes
+from gateway.admin.decisions import early_wakes
 from gateway.discovery.local import LocalPlatform, local_platform
 from gateway.settings import Settings
 from gateway.telemetry.scaler import TracedEngine

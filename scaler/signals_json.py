@@ -1,6 +1,6 @@
 """The JSON shape of ``GET /api/signals`` (one gateway replica's live signals), both ways.
 
-The data plane serves it (``gateway.admin``), the leader's signal merger reads it from every
+The data plane serves it (``gateway.admin.server``), the leader's signal merger reads it from every
 peer::
 
     {"at": 12.5,

@@ -8,7 +8,7 @@ from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from gateway.admin_auth import AdminTokenMiddleware
+from gateway.admin.auth import AdminTokenMiddleware
 
 TOKEN = "t" * 40
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.metrics import DecisionCollector, build_registry, render
+from gateway.admin.metrics import DecisionCollector, build_registry, render
 from scaler.decision import Decision
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from gateway.reload import Reloader
+from gateway.admin.reload import Reloader
 from gateway.settings import Settings, load_settings
 
 GOOD = """

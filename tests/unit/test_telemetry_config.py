@@ -151,7 +151,7 @@ def test_bad_environment_values_are_refused_clearly(env: dict[str, str], expecte
 
 
 def test_telemetry_changes_need_a_restart(tmp_path: Path) -> None:
-    from gateway.reload import Reloader
+    from gateway.admin.reload import Reloader
 
     path = tmp_path / "sluice.yaml"
     path.write_text("telemetry: {traces: {enabled: false}}\n")

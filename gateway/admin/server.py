@@ -3,19 +3,19 @@
 * ``GET /healthz`` — 200 while the process runs
 * ``GET /readyz`` — 200 once the data plane listens and endpoints are loaded; 503 before
   that and while shutting down
-* ``GET /metrics`` — Prometheus text (see ``gateway.metrics``)
+* ``GET /metrics`` — Prometheus text (see ``gateway.admin.metrics``)
 * ``GET /api/services`` — per service: balancer, timeouts, endpoints with their state and
   in-flight count, completions by status class and the live signals
 * ``GET /api/signals`` — every service's ``ServiceSignals`` (what the scaler reads; the
   Kubernetes platform merges these across gateway replicas)
 * routes passed in ``extra_routes`` (``GET /api/traces`` from ``gateway.telemetry.api``,
-  ``GET /api/decisions`` from ``gateway.decisions``)
+  ``GET /api/decisions`` from ``gateway.admin.decisions``)
 * ``POST /api/reload`` — reload the config file now: 200 ``{"ok": true, "generation": N}``,
   or 422 ``{"ok": false, "errors": ["file: key.path: problem", ...]}`` (the running config
   keeps serving)
 
 With ``admin.token`` set every path but ``/healthz`` and ``/readyz`` needs
-``Authorization: Bearer <token>`` (``gateway.admin_auth``).
+``Authorization: Bearer <token>`` (``gateway.admin.auth``).
 
 Starlette on uvicorn, started on the gateway's event loop: not on the hot path.
 """
@@ -35,9 +35,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from gateway.admin_auth import AdminTokenMiddleware
-from gateway.decisions import LendingReport
-from gateway.metrics import CONTENT_TYPE, DecisionCollector, build_registry, render
+from gateway.admin.auth import AdminTokenMiddleware
+from gateway.admin.decisions import LendingReport
+from gateway.admin.metrics import CONTENT_TYPE, DecisionCollector, build_registry, render
 
 if TYPE_CHECKING:
     from gateway.app import Runtime
