@@ -19,7 +19,7 @@ off`` to compare); the independent run never does.  The figures:
   what a replica killed or restarted while CPU is reclaimed would produce);
 * how many decisions reclaimed CPU.
 
-Load (open loop for ``reports``, closed loop for ``api``, both from ``gateway.loadgen``):
+Load (open loop for ``reports``, closed loop for ``api``, both from ``gateway.tools.loadgen``):
 ``api`` is a throughput job, ``--api-clients`` clients back to back, 40 ms of CPU each,
 which alone would take the whole budget; ``reports`` gets bursts of ``--burst-rps`` for
 ``--burst-s`` every ``--period-s`` (40 ms of CPU each).
@@ -57,7 +57,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gateway.loadgen import LoadReport, Stream, percentile, run_load  # noqa: E402
+from gateway.tools.loadgen import LoadReport, Stream, percentile, run_load  # noqa: E402
 from scaler.localpool.cgroup_parent import CgroupParent, parent_name_for  # noqa: E402
 from scaler.localpool.cgroups import CgroupUnavailable, detect_layout  # noqa: E402
 
@@ -67,7 +67,7 @@ LINE = re.compile(r"sluice listening data=http://(\S+):(\d+) admin=(\S+)")
 def scenario_config(
     args: argparse.Namespace, arbitration: str, enforcement: str = "limit"
 ) -> dict[str, Any]:
-    demo = ["{python}", "-m", "gateway.demo", "--port", "{port}"]
+    demo = ["{python}", "-m", "gateway.tools.demo", "--port", "{port}"]
     env = {"PYTHONPATH": str(ROOT), "DEMO_CPU_MS": "40"}
     return {
         "listen": {"host": "127.0.0.1", "port": 0},

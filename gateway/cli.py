@@ -135,8 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     from gateway.telemetry.view import add_traces_command
 
     add_traces_command(sub, _add_config)
-    from gateway.loadgen import add_load_command
-    from gateway.top import add_top_command
+    from gateway.tools.loadgen import add_load_command
+    from gateway.tools.top import add_top_command
 
     add_load_command(sub, _add_config)
     add_top_command(sub, _add_config)

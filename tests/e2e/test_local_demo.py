@@ -31,7 +31,7 @@ def service(prefix: str, marker: str, scaling: dict[str, Any], cpu_ms: int = 5) 
     return {
         "routes": [{"path": prefix, "path_type": "Prefix"}],
         "replicas": {
-            "command": ["{python}", "-m", "gateway.demo", "--port", "{port}"],
+            "command": ["{python}", "-m", "gateway.tools.demo", "--port", "{port}"],
             "port_range": [start, start + 20],
             "env": {MARKER_VAR: marker, "PYTHONPATH": str(ROOT), "DEMO_CPU_MS": str(cpu_ms)},
             "grace_s": 5,

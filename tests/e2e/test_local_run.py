@@ -32,7 +32,7 @@ def local_config(marker: str, enforcement: str = "limit") -> dict[str, Any]:
             "api": {
                 "routes": [{"path": "/", "path_type": "Prefix"}],
                 "replicas": {
-                    "command": ["{python}", "-m", "gateway.demo", "--port", "{port}"],
+                    "command": ["{python}", "-m", "gateway.tools.demo", "--port", "{port}"],
                     "port_range": [start, start + 20],
                     "env": {MARKER_VAR: marker, "PYTHONPATH": str(ROOT)},
                     "grace_s": 5,

@@ -31,7 +31,7 @@ def zero_config(marker: str) -> dict[str, Any]:
             "reports": {
                 "routes": [{"path": "/reports", "path_type": "Prefix"}],
                 "replicas": {
-                    "command": ["{python}", "-m", "gateway.demo", "--port", "{port}"],
+                    "command": ["{python}", "-m", "gateway.tools.demo", "--port", "{port}"],
                     "port_range": [start, start + 20],
                     "env": {MARKER_VAR: marker, "PYTHONPATH": str(ROOT)},
                     "grace_s": 5,

@@ -1,4 +1,4 @@
-"""The bundled demo app (`python -m gateway.demo`) as a replica runs it: a real process on loopback."""
+"""The bundled demo app (`python -m gateway.tools.demo`) as a replica runs it: a real process on loopback."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 class Demo:
     def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway.demo", "--port", "0", *args],
+            [sys.executable, "-m", "gateway.tools.demo", "--port", "0", *args],
             cwd=ROOT,
             stderr=subprocess.PIPE,
             text=True,
@@ -111,7 +111,7 @@ def test_env_default_cpu_ms() -> None:
 
 def test_bad_env_default_is_refused() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "gateway.demo", "--port", "0"],
+        [sys.executable, "-m", "gateway.tools.demo", "--port", "0"],
         cwd=ROOT,
         env={**os.environ, "DEMO_CPU_MS": "much"},
         capture_output=True,

@@ -205,7 +205,7 @@ async def test_sigkill_after_the_grace_period(harness: Harness) -> None:
 async def test_stop_leaves_no_process_and_no_cgroup_even_with_grandchildren(
     harness: Harness,
 ) -> None:
-    command = ["sh", "-c", "sleep 300 & exec {python} -m gateway.demo --port {port}"]
+    command = ["sh", "-c", "sleep 300 & exec {python} -m gateway.tools.demo --port {port}"]
     pool = harness.pool({"api": harness.spec(command)})
     async with pool:
         pool.scale("api", 2, 0.5)

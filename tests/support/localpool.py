@@ -19,7 +19,7 @@ from scaler.localpool.pool import LocalPool
 from tests.support.procs import MARKER_VAR, pids_with_marker
 
 ROOT = Path(__file__).resolve().parents[2]
-DEMO = ["{python}", "-m", "gateway.demo", "--port", "{port}"]
+DEMO = ["{python}", "-m", "gateway.tools.demo", "--port", "{port}"]
 
 
 def _cgroups_unusable() -> str | None:

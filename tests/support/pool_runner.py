@@ -17,7 +17,7 @@ from scaler.localpool.pool import LocalPool  # noqa: E402
 
 
 async def main(start: int, end: int, marker: str, replicas: int, grandchild: bool) -> None:
-    demo = "{python} -m gateway.demo --port {port}"
+    demo = "{python} -m gateway.tools.demo --port {port}"
     command = ["sh", "-c", f"sleep 300 & exec {demo}"] if grandchild else demo.split()
     spec = ReplicasConfig(
         command=command,

@@ -31,7 +31,7 @@ def test_the_default_config_is_the_local_demo() -> None:
     assert reports.scaling.min_replicas == 0  # periodic: scales to zero between bursts
     for service in (api, reports):
         assert service.replicas is not None
-        assert service.replicas.command[:3] == ["{python}", "-m", "gateway.demo"]
+        assert service.replicas.command[:3] == ["{python}", "-m", "gateway.tools.demo"]
         assert "{port}" in service.replicas.command
         assert service.limits.queue.max > 0  # requests wait while scaling from zero
 

@@ -5,9 +5,16 @@ from __future__ import annotations
 import pytest
 from rich.console import Console
 
-from gateway.loadgen import Client, LoadReport, Result, Stream, percentile, streams_from_settings
 from gateway.settings import Settings
-from gateway.top import last_reason, render
+from gateway.tools.loadgen import (
+    Client,
+    LoadReport,
+    Result,
+    Stream,
+    percentile,
+    streams_from_settings,
+)
+from gateway.tools.top import last_reason, render
 
 
 def test_steady_stream_sends_evenly_for_the_duration() -> None:

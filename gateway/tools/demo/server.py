@@ -274,7 +274,7 @@ async def _serve(host: str, port: int, threads: int, drain_s: float) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m gateway.demo", description="Sluice demo app: requests that burn CPU."
+        prog="python -m gateway.tools.demo", description="Sluice demo app: requests that burn CPU."
     )
     parser.add_argument(
         "--port", type=int, default=int(os.environ.get("PORT", "0")), help="port (default $PORT)"

@@ -1,3 +1,0 @@
-from gateway.demo.server import main
-
-raise SystemExit(main())

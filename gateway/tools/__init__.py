@@ -1,0 +1,1 @@
+"""Operator tools beside the gateway: the load generator, the live terminal view, the demo app."""

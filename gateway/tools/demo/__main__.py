@@ -1,0 +1,3 @@
+from gateway.tools.demo.server import main
+
+raise SystemExit(main())
