@@ -57,9 +57,9 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from gateway.platforms.local.cgroup_parent import CgroupParent, parent_name_for  # noqa: E402
+from gateway.platforms.local.cgroups import CgroupUnavailable, detect_layout  # noqa: E402
 from gateway.tools.loadgen import LoadReport, Stream, percentile, run_load  # noqa: E402
-from scaler.localpool.cgroup_parent import CgroupParent, parent_name_for  # noqa: E402
-from scaler.localpool.cgroups import CgroupUnavailable, detect_layout  # noqa: E402
 
 LINE = re.compile(r"sluice listening data=http://(\S+):(\d+) admin=(\S+)")
 

@@ -44,7 +44,7 @@ from scaler.signals import ServiceSignals
 
 if TYPE_CHECKING:
     from gateway.kubernetes_platform import KubernetesRunner
-    from gateway.local_platform import LocalRunner
+    from gateway.platforms.local.runner import LocalRunner
 
 log = logging.getLogger(__name__)
 
@@ -226,7 +226,7 @@ async def serve(
         return 2
     runner: LocalRunner | KubernetesRunner | RecommendRunner | None = None
     if settings.platform == "local":
-        from gateway.local_platform import LocalRunner
+        from gateway.platforms.local.runner import LocalRunner
 
         runner = LocalRunner(runtime, settings, tracer=telemetry.tracer)
         await runner.start()

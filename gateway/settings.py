@@ -28,7 +28,7 @@ from pydantic import (
     model_validator,
 )
 
-from scaler.localpool.config import ReplicasConfig
+from gateway.platforms.local.config import ReplicasConfig
 from scaler.policy import BudgetConfig, KeyedValueError, ScalingPolicy, check_floors
 from scaler.validation import validation_problems
 

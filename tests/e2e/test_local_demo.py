@@ -19,8 +19,8 @@ from typing import Any
 
 import httpx
 
-from scaler.localpool.cgroup_parent import parent_name_for
-from scaler.localpool.cgroups import ReplicaCgroup, detect_layout
+from gateway.platforms.local.cgroup_parent import parent_name_for
+from gateway.platforms.local.cgroups import ReplicaCgroup, detect_layout
 from tests.support.localpool import ROOT, needs_cgroups
 from tests.support.processes import Gateway
 from tests.support.procs import MARKER_VAR, pids_with_marker, wait_until

@@ -16,8 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
-from scaler.localpool.cgroup_parent import parent_name_for, sweep_stale
-from scaler.localpool.cgroups import CpuLimit, ReplicaCgroup, cores_for_weight, detect_layout
+from gateway.platforms.local.cgroup_parent import parent_name_for, sweep_stale
+from gateway.platforms.local.cgroups import CpuLimit, ReplicaCgroup, cores_for_weight, detect_layout
 from tests.support.localpool import ROOT, needs_cgroups
 from tests.support.processes import Gateway
 from tests.support.procs import MARKER_VAR, pids_with_marker, wait_until

@@ -12,11 +12,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from scaler.actuators.local import LocalActuator
+from gateway.platforms.local.actuator import LocalActuator
+from gateway.platforms.local.cgroups import weight_for
+from gateway.platforms.local.pool import Enforcement, LocalPool
 from scaler.decision import Decision, ServiceState
 from scaler.engine import Engine
-from scaler.localpool.cgroups import weight_for
-from scaler.localpool.pool import Enforcement, LocalPool
 from scaler.policy import BudgetConfig, ScalingPolicy
 from scaler.signals import ServiceSignals
 from tests.support.localpool import Harness, get, needs_cgroups, run_harness, until

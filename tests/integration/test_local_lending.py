@@ -18,13 +18,13 @@ import pytest
 
 from gateway.app import Runtime
 from gateway.dataplane import DataPlane
-from gateway.discovery.local import LocalEndpointSource
 from gateway.discovery.static import routes_from_settings
-from gateway.local_platform import lending_report, start_lending, stop_lending
+from gateway.platforms.local.actuator import LocalActuator
+from gateway.platforms.local.discovery import LocalEndpointSource
+from gateway.platforms.local.pool import LocalPool
+from gateway.platforms.local.runner import lending_report, start_lending, stop_lending
 from gateway.settings import parse_settings
-from scaler.actuators.local import LocalActuator
 from scaler.decision import Decision
-from scaler.localpool.pool import LocalPool
 from tests.support.localpool import Harness, needs_cgroups, run_harness, until
 
 BUDGET = 2.0

@@ -13,10 +13,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from scaler.actuators.local import LocalActuator
+from gateway.platforms.local.actuator import LocalActuator
+from gateway.platforms.local.cgroups import ReplicaCgroup, weight_for
+from gateway.platforms.local.pool import Enforcement, LocalPool
 from scaler.decision import Decision
-from scaler.localpool.cgroups import ReplicaCgroup, weight_for
-from scaler.localpool.pool import Enforcement, LocalPool
 from scaler.policy import ScalingPolicy
 from tests.support.localpool import Harness, get, needs_cgroups, run_harness, until
 

@@ -23,12 +23,12 @@ import httpx
 import pytest
 
 from gateway.discovery import EndpointUpdate
-from gateway.discovery.local import LocalEndpointSource
-from scaler.actuators.local import LocalActuator
+from gateway.platforms.local.actuator import LocalActuator
+from gateway.platforms.local.cgroup_parent import sweep_stale
+from gateway.platforms.local.cgroups import detect_layout, weight_for
+from gateway.platforms.local.discovery import LocalEndpointSource
+from gateway.platforms.local.pool import Enforcement, LocalPool, PoolUpdate, ReplicaPhase
 from scaler.decision import Decision
-from scaler.localpool.cgroup_parent import sweep_stale
-from scaler.localpool.cgroups import detect_layout, weight_for
-from scaler.localpool.pool import Enforcement, LocalPool, PoolUpdate, ReplicaPhase
 from scaler.policy import CpuPolicy, ScalingPolicy
 from scaler.signals import ServiceSignals
 from tests.support.localpool import ROOT, Harness, get, needs_cgroups, run_harness, until

@@ -12,10 +12,10 @@ from typing import Any
 import httpx
 import pytest
 
-from scaler.localpool.cgroup_parent import open_parent
-from scaler.localpool.cgroups import CgroupUnavailable
-from scaler.localpool.config import ReplicasConfig
-from scaler.localpool.pool import LocalPool
+from gateway.platforms.local.cgroup_parent import open_parent
+from gateway.platforms.local.cgroups import CgroupUnavailable
+from gateway.platforms.local.config import ReplicasConfig
+from gateway.platforms.local.pool import LocalPool
 from tests.support.procs import MARKER_VAR, pids_with_marker
 
 ROOT = Path(__file__).resolve().parents[2]

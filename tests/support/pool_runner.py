@@ -12,8 +12,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from scaler.localpool.config import ReplicasConfig  # noqa: E402
-from scaler.localpool.pool import LocalPool  # noqa: E402
+from gateway.platforms.local.config import ReplicasConfig  # noqa: E402
+from gateway.platforms.local.pool import LocalPool  # noqa: E402
 
 
 async def main(start: int, end: int, marker: str, replicas: int, grandchild: bool) -> None:

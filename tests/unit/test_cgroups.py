@@ -8,8 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from scaler.localpool.cgroup_parent import CgroupParent, open_parent, parent_name_for, sweep_stale
-from scaler.localpool.cgroups import (
+from gateway.platforms.local.cgroup_parent import (
+    CgroupParent,
+    open_parent,
+    parent_name_for,
+    sweep_stale,
+)
+from gateway.platforms.local.cgroups import (
     CgroupLayout,
     CgroupUnavailable,
     ReplicaCgroup,

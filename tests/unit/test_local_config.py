@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from gateway.platforms.local.replicas import render_command
 from gateway.settings import ConfigError, parse_settings
-from scaler.localpool.replicas import render_command
 
 
 def local(services: dict[str, Any]) -> dict[str, Any]:
@@ -132,7 +132,7 @@ def test_command_substitutes_port_and_python() -> None:
 def test_the_local_example_builds_a_platform_at_min_replicas_and_initial_cpu() -> None:
     from pathlib import Path
 
-    from gateway.discovery.local import local_platform
+    from gateway.platforms.local.discovery import local_platform
     from gateway.settings import load_settings
 
     root = Path(__file__).resolve().parents[2]
@@ -157,7 +157,7 @@ def test_share_enforcement_reaches_the_pool() -> None:
 
     import yaml
 
-    from gateway.discovery.local import local_platform
+    from gateway.platforms.local.discovery import local_platform
 
     root = Path(__file__).resolve().parents[2]
     data = yaml.safe_load((root / "config" / "examples" / "local.yaml").read_text())
@@ -173,7 +173,7 @@ def test_share_enforcement_reaches_the_pool() -> None:
 
 
 def test_local_platform_refuses_a_service_without_replicas() -> None:
-    from gateway.discovery.local import local_platform
+    from gateway.platforms.local.discovery import local_platform
 
     settings = parse_settings({"services": {"api": {}}})
     with pytest.raises(ValueError, match=r"services\.api\.replicas is required"):

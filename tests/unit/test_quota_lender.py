@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator, Mapping
 
 import pytest
 
-from scaler.localpool.lender import QuotaLender
+from gateway.platforms.local.lender import QuotaLender
 from scaler.policy import ScalingPolicy
 from tests.support.stepped_loop import SteppedLoop
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from scaler.localpool.pool import restart_delay_s
+from gateway.platforms.local.pool import restart_delay_s
 
 
 def test_backoff_doubles_and_is_capped() -> None:

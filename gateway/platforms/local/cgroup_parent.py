@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from scaler.localpool.cgroups import (
+from gateway.platforms.local.cgroups import (
     CgroupLayout,
     CgroupUnavailable,
     ReplicaCgroup,

@@ -10,9 +10,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from gateway.discovery import EndpointInfo, EndpointUpdate
+from gateway.platforms.local.actuator import LocalActuator
+from gateway.platforms.local.pool import Drain, LocalPool
 from gateway.settings import Settings
-from scaler.actuators.local import LocalActuator
-from scaler.localpool.pool import Drain, LocalPool
 
 
 class LocalEndpointSource:

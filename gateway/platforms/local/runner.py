@@ -2,7 +2,7 @@
 
 :class:`LocalRunner` wires the pieces to one gateway :class:`~gateway.app.Runtime`:
 
-* the :class:`~scaler.localpool.pool.LocalPool` starts every service's replicas (each in
+* the :class:`~gateway.platforms.local.pool.LocalPool` starts every service's replicas (each in
   its own CPU cgroup; the parent cgroup capped at ``budget.cpu``; a replica's decided CPU is
   its cgroup weight under a quota of ``cpu.max`` with ``budget.enforcement: share``, its
   quota with ``limit``);
@@ -13,9 +13,9 @@
 * a :class:`~scaler.loop.ScalerLoop` (its engine wrapped in ``TracedEngine`` when tracing
   is on) ticks every ``interval_s``: the runtime's signals, with
   the replicas' measured cgroup CPU added, go to the engine; its decisions go to the
-  :class:`~scaler.actuators.local.LocalActuator` (replicas and CPU per replica, in place);
+  :class:`~gateway.platforms.local.actuator.LocalActuator` (replicas and CPU per replica, in place);
 * with ``budget.enforcement: limit`` and ``budget.lending`` a
-  :class:`~scaler.localpool.lender.QuotaLender` lends the quota of services idle for
+  :class:`~gateway.platforms.local.lender.QuotaLender` lends the quota of services idle for
   ``budget.lend_after_idle_s`` to the busy ones between ticks: every service's admission
   tells it when the service becomes busy or idle (``Admission.watch_busy``), and the first
   request of an idle service takes its quota back before it is forwarded.
@@ -32,12 +32,12 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from gateway.admin.decisions import early_wakes
-from gateway.discovery.local import LocalPlatform, local_platform
+from gateway.platforms.local.discovery import LocalPlatform, local_platform
+from gateway.platforms.local.lender import QuotaLender
+from gateway.platforms.local.pool import LocalPool
 from gateway.settings import Settings
 from gateway.telemetry.scaler import TracedEngine
 from scaler.engine import Engine
-from scaler.localpool.lender import QuotaLender
-from scaler.localpool.pool import LocalPool
 from scaler.loop import ScalerLoop, TickEngine
 from scaler.signals import ServiceSignals
 

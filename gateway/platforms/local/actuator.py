@@ -15,8 +15,8 @@ import dataclasses
 import logging
 from collections.abc import Mapping
 
+from gateway.platforms.local.pool import CpuTotals, LocalPool
 from scaler.decision import Decision, ServiceState
-from scaler.localpool.pool import CpuTotals, LocalPool
 from scaler.policy import ScalingPolicy
 from scaler.signals import ServiceSignals
 

@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 
 class QuotaPool(Protocol):
-    """What the lender needs of :class:`~scaler.localpool.pool.LocalPool`."""
+    """What the lender needs of :class:`~gateway.platforms.local.pool.LocalPool`."""
 
     on_holdings_change: Callable[[], None] | None
     total_cpu_cores: float | None

@@ -1,7 +1,7 @@
 """CPU cgroups for local replicas: detection (v2 or v1), one cgroup per replica, limits, usage.
 
 One cgroup per replica (:class:`ReplicaCgroup`); the Sluice-owned parent that holds them,
-and the sweep of parents left by a dead Sluice, are in :mod:`scaler.localpool.cgroup_parent`.
+and the sweep of parents left by a dead Sluice, are in :mod:`gateway.platforms.local.cgroup_parent`.
 
 * cgroup v2: ``cpu.max`` ("<quota_us> <period_us>" or "max <period_us>"), ``cpu.weight``
   (1..10000, default 100), ``cpu.stat`` (``usage_usec``, ``throttled_usec``); the ``cpu``

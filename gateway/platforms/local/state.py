@@ -1,7 +1,7 @@
 """The local pool's state, as plain data: phases, statuses, updates, and per-slot bookkeeping.
 
 The public types (:class:`ReplicaPhase`, :class:`PoolUpdate`, :class:`ReplicaStatus`,
-:class:`ServiceStatus`, :class:`CpuTotals`) are what :class:`~scaler.localpool.pool.LocalPool`
+:class:`ServiceStatus`, :class:`CpuTotals`) are what :class:`~gateway.platforms.local.pool.LocalPool`
 reports; the private ones are what it keeps per service and per replica slot.
 """
 
@@ -11,9 +11,9 @@ import asyncio
 import enum
 from dataclasses import dataclass, field
 
-from scaler.localpool.cgroups import ReplicaCgroup
-from scaler.localpool.config import ReplicasConfig
-from scaler.localpool.replicas import ReplicaProcess
+from gateway.platforms.local.cgroups import ReplicaCgroup
+from gateway.platforms.local.config import ReplicasConfig
+from gateway.platforms.local.replicas import ReplicaProcess
 
 
 def restart_delay_s(crashes: int, base_s: float, max_s: float) -> float:
@@ -67,7 +67,7 @@ class ServiceStatus:
     enforcement, the service's ``cpu.max`` in ``share`` enforcement; never above the budget;
     None = unlimited."""
     enforcement: str
-    """``share`` or ``limit`` (see :class:`~scaler.localpool.pool.LocalPool`)."""
+    """``share`` or ``limit`` (see :class:`~gateway.platforms.local.pool.LocalPool`)."""
     cpu_applied: bool
     """False when cgroups are unavailable: the CPU figure is decided, not enforced."""
     restarts_total: int

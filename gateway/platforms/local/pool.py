@@ -13,7 +13,7 @@ capped at the budget (``total_cpu_cores``).  ``enforcement`` says what a replica
 
 * ``"limit"`` (the default, ``budget.enforcement: limit``): a hard cap (quota = weight =
   the decided CPU), idle CPU stays idle until the next decision lends it, or until a
-  lender (:class:`~scaler.localpool.lender.QuotaLender`, ``budget.lending``) lends it between
+  lender (:class:`~gateway.platforms.local.lender.QuotaLender`, ``budget.lending``) lends it between
   ticks through :meth:`LocalPool.set_quota_overlays`: the quota in force is then the overlay
   (re-computed by ``on_holdings_change`` whenever the decided CPU or the replicas change),
   the decided CPU is still what the pool reports as decided;
@@ -38,12 +38,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Literal, TypeAlias
 
-from scaler.localpool.cgroup_parent import CgroupParent, open_parent
-from scaler.localpool.cgroups import CgroupUnavailable, ReplicaCgroup
-from scaler.localpool.config import ReplicasConfig
-from scaler.localpool.probe import probe_http
-from scaler.localpool.replicas import ReplicaProcess
-from scaler.localpool.state import (
+from gateway.platforms.local.cgroup_parent import CgroupParent, open_parent
+from gateway.platforms.local.cgroups import CgroupUnavailable, ReplicaCgroup
+from gateway.platforms.local.config import ReplicasConfig
+from gateway.platforms.local.probe import probe_http
+from gateway.platforms.local.replicas import ReplicaProcess
+from gateway.platforms.local.state import (
     CpuTotals,
     PoolUpdate,
     ReplicaPhase,

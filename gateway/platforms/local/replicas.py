@@ -16,7 +16,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from scaler.localpool.cgroups import ReplicaCgroup
+from gateway.platforms.local.cgroups import ReplicaCgroup
 
 log = logging.getLogger(__name__)
 
