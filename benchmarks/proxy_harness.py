@@ -369,7 +369,7 @@ async def micro(
     from gateway.app import Runtime
     from gateway.dataplane.server import ClientConnection, DataPlane
     from gateway.dataplane.upstream import EndpointConnections, UpstreamConnection
-    from gateway.discovery.static import endpoints_from_settings, routes_from_settings
+    from gateway.platforms.static import endpoints_from_settings, routes_from_settings
     from gateway.settings import Settings
 
     settings = Settings.model_validate(

@@ -35,7 +35,7 @@ from gateway.dataplane.outlier import HealthChecker
 from gateway.dataplane.routing import RouteTable
 from gateway.dataplane.service import Service
 from gateway.discovery import EndpointUpdate, RoutesUpdate
-from gateway.discovery.static import endpoints_from_settings, routes_from_settings
+from gateway.platforms.static import endpoints_from_settings, routes_from_settings
 from gateway.settings import ServiceConfig, Settings, load_runtime_settings
 from gateway.telemetry.api import traces_route
 from gateway.telemetry.provider import Telemetry, TelemetryError
@@ -43,7 +43,7 @@ from scaler.loop import ScalerLoop
 from scaler.signals import ServiceSignals
 
 if TYPE_CHECKING:
-    from gateway.kubernetes_platform import KubernetesRunner
+    from gateway.platforms.kubernetes.runner import KubernetesRunner
     from gateway.platforms.local.runner import LocalRunner
 
 log = logging.getLogger(__name__)
@@ -231,7 +231,7 @@ async def serve(
         runner = LocalRunner(runtime, settings, tracer=telemetry.tracer)
         await runner.start()
     elif settings.platform == "kubernetes":
-        from gateway.kubernetes_platform import KubernetesRunner
+        from gateway.platforms.kubernetes.runner import KubernetesRunner
 
         runner = KubernetesRunner(runtime, settings, tracer=telemetry.tracer)
         await runner.start()

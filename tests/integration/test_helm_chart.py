@@ -499,12 +499,12 @@ def test_rule_normaliser_reads_every_supported_shape() -> None:
 
 def _kubernetes_module_rules() -> set[tuple[str, str, str]]:
     try:
-        kubeapi = importlib.import_module("scaler.kubeapi")
+        kubeapi = importlib.import_module("gateway.platforms.kubernetes.api")
     except ModuleNotFoundError as e:
-        if e.name != "scaler.kubeapi":
+        if e.name != "gateway.platforms.kubernetes.api":
             raise
         pytest.skip(
-            "scaler/kubeapi.py (issue 6, the Kubernetes platform) has not landed: "
+            "gateway/platforms/kubernetes/api.py (issue 6, the Kubernetes platform) has not landed: "
             "nothing to compare the chart's RBAC rules with yet"
         )
     return _code_rule_triples(kubeapi.RBAC_RULES)

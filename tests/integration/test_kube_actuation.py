@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from scaler.actuators.kubernetes import KubernetesActuator
+from gateway.platforms.kubernetes.actuator import KubernetesActuator
+from gateway.platforms.kubernetes.api import KubeApi
+from gateway.platforms.kubernetes.model import ContainerResources, KubeError, Workload
 from scaler.decision import Decision
-from scaler.kube_model import ContainerResources, KubeError, Workload
-from scaler.kubeapi import KubeApi
 from tests.support.fake_kube import FakeKube, qos_class
 from tests.support.kube_objects import deployment, pod
 

@@ -9,9 +9,9 @@ from typing import Any, TypeVar
 import pytest
 
 from gateway.discovery import EndpointInfo, EndpointUpdate, RouteRule, RoutesUpdate
-from gateway.discovery.kubernetes import KubernetesDiscovery
+from gateway.platforms.kubernetes.api import KubeApi
+from gateway.platforms.kubernetes.discovery import KubernetesDiscovery
 from gateway.settings import Settings, parse_settings
-from scaler.kubeapi import KubeApi
 from tests.support.fake_kube import FakeKube
 from tests.support.kube_objects import endpoint_slice, ingress, service
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import kubernetes
 import pytest
 
-from scaler.kubeapi import KubeApi
+from gateway.platforms.kubernetes.api import KubeApi
 from tests.support.fake_kube import FakeKube
 from tests.support.kube_objects import deployment, ingress
 

@@ -8,11 +8,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from scaler.actuators.kubernetes import KubernetesActuator
+from gateway.platforms.kubernetes.actuator import KubernetesActuator
+from gateway.platforms.kubernetes.api import KubeApi
+from gateway.platforms.kubernetes.leader import LeaderElector
+from gateway.platforms.kubernetes.model import Workload
 from scaler.decision import Decision
-from scaler.kube_model import Workload
-from scaler.kubeapi import KubeApi
-from scaler.leader import LeaderElector
 from tests.support.fake_kube import FakeKube
 from tests.support.kube_objects import deployment
 

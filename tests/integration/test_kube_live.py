@@ -15,9 +15,9 @@ import httpx
 import pytest
 
 from gateway.app import Runtime, serve
-from gateway.kubernetes_platform import KubernetesRunner
+from gateway.platforms.kubernetes.peers import PeerSignals
+from gateway.platforms.kubernetes.runner import KubernetesRunner
 from gateway.settings import parse_settings
-from scaler.peer_signals import PeerSignals
 from tests.support.fake_kube import FakeKube
 from tests.support.kube_objects import deployment, endpoint_slice, ingress
 from tests.support.processes import Upstream, upstreams

@@ -12,11 +12,11 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.kubernetes_platform import KubernetesPlatform
+from gateway.platforms.kubernetes.api import KubeApi
+from gateway.platforms.kubernetes.model import format_cpu
+from gateway.platforms.kubernetes.runner import KubernetesPlatform
 from gateway.settings import Settings, parse_settings
 from scaler.engine import Engine
-from scaler.kube_model import format_cpu
-from scaler.kubeapi import KubeApi
 from scaler.loop import ScalerLoop
 from scaler.signals import ServiceSignals
 from tests.support.fake_kube import FakeKube

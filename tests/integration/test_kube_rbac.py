@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.discovery.kubernetes import KubernetesDiscovery
+from gateway.platforms.kubernetes.actuator import KubernetesActuator
+from gateway.platforms.kubernetes.api import RBAC_RULES, KubeApi
+from gateway.platforms.kubernetes.discovery import KubernetesDiscovery
+from gateway.platforms.kubernetes.leader import LeaderElector
+from gateway.platforms.kubernetes.model import Workload
 from gateway.settings import parse_settings
-from scaler.actuators.kubernetes import KubernetesActuator
 from scaler.decision import Decision
-from scaler.kube_model import Workload
-from scaler.kubeapi import RBAC_RULES, KubeApi
-from scaler.leader import LeaderElector
 from tests.support.fake_kube import FakeKube
 from tests.support.kube_objects import deployment, endpoint_slice, ingress, pod, service
 

@@ -8,11 +8,11 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from gateway.discovery.kubernetes import KubernetesDiscovery
+from gateway.platforms.kubernetes.api import KubeApi
+from gateway.platforms.kubernetes.discovery import KubernetesDiscovery
+from gateway.platforms.kubernetes.leader import LeaderElector
+from gateway.platforms.kubernetes.peers import PeerSignals
 from gateway.settings import parse_settings
-from scaler.kubeapi import KubeApi
-from scaler.leader import LeaderElector
-from scaler.peer_signals import PeerSignals
 from scaler.signals import ServiceSignals
 from tests.support.fake_kube import FakeKube
 from tests.support.kube_objects import endpoint_slice

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from scaler.kubeapi import KubeApi
+from gateway.platforms.kubernetes.api import KubeApi
 from tests.support.fake_kube import FakeKube
 from tests.support.kube_objects import ingress
 

@@ -18,11 +18,11 @@ import pytest
 
 from gateway.app import Runtime
 from gateway.dataplane import DataPlane
-from gateway.discovery.static import routes_from_settings
 from gateway.platforms.local.actuator import LocalActuator
 from gateway.platforms.local.discovery import LocalEndpointSource
 from gateway.platforms.local.pool import LocalPool
 from gateway.platforms.local.runner import lending_report, start_lending, stop_lending
+from gateway.platforms.static import routes_from_settings
 from gateway.settings import parse_settings
 from scaler.decision import Decision
 from tests.support.localpool import Harness, needs_cgroups, run_harness, until

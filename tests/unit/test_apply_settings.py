@@ -7,7 +7,7 @@ from typing import Any
 
 from gateway.app import Runtime
 from gateway.discovery import RouteRule, RoutesUpdate
-from gateway.discovery.static import endpoints_from_settings, routes_from_settings
+from gateway.platforms.static import endpoints_from_settings, routes_from_settings
 from gateway.settings import parse_settings
 
 

@@ -5,9 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.discovery import RouteRule
-from gateway.discovery.ingress_rules import Backend, build_table, is_ours, policy_from_annotations
+from gateway.platforms.kubernetes.ingress_rules import (
+    Backend,
+    build_table,
+    is_ours,
+    policy_from_annotations,
+)
+from gateway.platforms.kubernetes.model import Ingress, Workload, ingress_from_json
 from gateway.settings import parse_settings
-from scaler.kube_model import Ingress, Workload, ingress_from_json
 from scaler.policy import BudgetConfig
 from tests.support.kube_objects import ingress
 

@@ -8,8 +8,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scaler.actuators.kubernetes import cpu_in_force, plan_resize
-from scaler.kube_model import endpoint_slice_from_json, format_cpu, parse_cpu_cores, pod_from_json
+from gateway.platforms.kubernetes.actuator import cpu_in_force, plan_resize
+from gateway.platforms.kubernetes.model import (
+    endpoint_slice_from_json,
+    format_cpu,
+    parse_cpu_cores,
+    pod_from_json,
+)
 from tests.support.fake_kube import qos_class
 from tests.support.kube_objects import endpoint_slice, pod
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scaler.peer_signals import SignalMerger
+from gateway.platforms.kubernetes.peers import SignalMerger
 from scaler.signals import ServiceSignals
 from scaler.signals_json import SignalsFormatError, signals_from_json, signals_to_json
 

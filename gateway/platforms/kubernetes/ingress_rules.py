@@ -18,8 +18,8 @@ import yaml
 from pydantic import ValidationError
 
 from gateway.discovery import RouteRule, RoutesUpdate
+from gateway.platforms.kubernetes.model import Ingress, IngressBackend, Workload
 from gateway.settings import RouteConfig, ServiceConfig
-from scaler.kube_model import Ingress, IngressBackend, Workload
 from scaler.policy import BudgetConfig, KeyedValueError, ScalingPolicy, check_floors
 from scaler.validation import validation_problems
 

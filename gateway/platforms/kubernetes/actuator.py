@@ -32,8 +32,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Literal, Protocol, TypeAlias
 
-from scaler.decision import Decision, ServiceState
-from scaler.kube_model import (
+from gateway.platforms.kubernetes.api import KubeApi
+from gateway.platforms.kubernetes.model import (
     ContainerResources,
     KubeError,
     Pod,
@@ -41,7 +41,7 @@ from scaler.kube_model import (
     format_cpu,
     parse_cpu_cores,
 )
-from scaler.kubeapi import KubeApi
+from scaler.decision import Decision, ServiceState
 
 log = logging.getLogger(__name__)
 BLOCKING_RESIZE_REASONS = ("Infeasible", "Deferred")

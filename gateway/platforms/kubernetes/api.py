@@ -1,7 +1,7 @@
 """The one module that talks to the Kubernetes API (through the official ``kubernetes`` client).
 
 Everything else in Sluice sees the plain frozen dataclasses and the small exception tree of
-:mod:`scaler.kube_model`.  The client
+:mod:`gateway.platforms.kubernetes.model`.  The client
 is synchronous, so:
 
 * single calls run in a bounded thread pool (``max_concurrency`` threads) via
@@ -36,7 +36,7 @@ import kubernetes
 import urllib3
 from kubernetes import client as k8s
 
-from scaler.kube_model import (
+from gateway.platforms.kubernetes.model import (
     BY_STATUS,
     ContainerResources,
     EndpointSlice,

@@ -25,8 +25,8 @@ import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from scaler.kube_model import KubeError, Lease
-from scaler.kubeapi import KubeApi
+from gateway.platforms.kubernetes.api import KubeApi
+from gateway.platforms.kubernetes.model import KubeError, Lease
 
 log = logging.getLogger(__name__)
 

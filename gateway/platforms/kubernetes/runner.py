@@ -1,6 +1,6 @@
 """``platform: kubernetes`` inside ``sluice run``: discovery, leadership, signals, scaling.
 
-:class:`KubernetesPlatform` owns the pieces: the API client (:mod:`scaler.kubeapi`), the
+:class:`KubernetesPlatform` owns the pieces: the API client (:mod:`gateway.platforms.kubernetes.api`), the
 Ingress/EndpointSlice discovery, the Lease leader elector (running), the leader-gated
 actuator and the signals merged from every gateway replica.
 
@@ -30,15 +30,15 @@ from typing import TYPE_CHECKING
 import httpx
 
 from gateway.admin.decisions import early_wakes
-from gateway.discovery.kubernetes import KubernetesDiscovery, default_identity
+from gateway.platforms.kubernetes.actuator import KubernetesActuator
+from gateway.platforms.kubernetes.api import KubeApi
+from gateway.platforms.kubernetes.discovery import KubernetesDiscovery, default_identity
+from gateway.platforms.kubernetes.leader import LeaderElector
+from gateway.platforms.kubernetes.peers import PeerSignals
 from gateway.settings import Settings
 from gateway.telemetry.scaler import TracedEngine
-from scaler.actuators.kubernetes import KubernetesActuator
 from scaler.engine import Engine
-from scaler.kubeapi import KubeApi
-from scaler.leader import LeaderElector
 from scaler.loop import ScalerLoop, TickEngine
-from scaler.peer_signals import PeerSignals
 from scaler.policy import ScalingPolicy
 from scaler.signals import ServiceSignals
 

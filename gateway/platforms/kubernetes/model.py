@@ -1,6 +1,6 @@
 """Plain data of the Kubernetes objects Sluice reads, and converters from API JSON (pure).
 
-:mod:`scaler.kubeapi` (the one module that imports the ``kubernetes`` client) turns every
+:mod:`gateway.platforms.kubernetes.api` (the one module that imports the ``kubernetes`` client) turns every
 typed result and watch event into these frozen dataclasses; everything else in Sluice codes
 against them and the small exception tree here, never against the client.
 """

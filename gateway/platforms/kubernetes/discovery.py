@@ -2,9 +2,9 @@
 
 ``KubernetesDiscovery`` is a :class:`~gateway.discovery.RouteSource` and an
 :class:`~gateway.discovery.EndpointSource`.  Used as an async context manager it runs three
-watches (through :mod:`scaler.kubeapi`): Ingresses and EndpointSlices in the configured
+watches (through :mod:`gateway.platforms.kubernetes.api`): Ingresses and EndpointSlices in the configured
 namespaces (or all), and the gateway's own EndpointSlices (its peers).  Each change rebuilds
-the :class:`~gateway.discovery.ingress_rules.IngressTable`; problems (bad paths, bad
+the :class:`~gateway.platforms.kubernetes.ingress_rules.IngressTable`; problems (bad paths, bad
 ``sluice.io/`` annotations) are logged and recorded once as Warning Events on the Ingress;
 the gateway's address is written into each served Ingress's ``status.loadBalancer``.
 """
@@ -20,10 +20,17 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from types import TracebackType
 
 from gateway.discovery import EndpointInfo, EndpointUpdate, RoutesUpdate
-from gateway.discovery.ingress_rules import Backend, IngressTable, Problem, build_table
+from gateway.platforms.kubernetes.api import KubeApi, Reflector
+from gateway.platforms.kubernetes.ingress_rules import Backend, IngressTable, Problem, build_table
+from gateway.platforms.kubernetes.model import (
+    EndpointSlice,
+    Ingress,
+    KubeError,
+    ObjectRef,
+    SlicePort,
+    Workload,
+)
 from gateway.settings import Settings
-from scaler.kube_model import EndpointSlice, Ingress, KubeError, ObjectRef, SlicePort, Workload
-from scaler.kubeapi import KubeApi, Reflector
 from scaler.policy import ScalingPolicy
 
 log = logging.getLogger(__name__)
