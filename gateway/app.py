@@ -34,7 +34,7 @@ from gateway.dataplane.limits import HeadLimits
 from gateway.dataplane.outlier import HealthChecker
 from gateway.dataplane.routing import RouteTable
 from gateway.dataplane.service import Service
-from gateway.discovery import EndpointUpdate, RoutesUpdate
+from gateway.dataplane.updates import EndpointUpdate, RoutesUpdate
 from gateway.platforms.static import endpoints_from_settings, routes_from_settings
 from gateway.settings import ServiceConfig, Settings, load_runtime_settings
 from gateway.telemetry.api import traces_route

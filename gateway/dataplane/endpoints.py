@@ -20,7 +20,7 @@ import enum
 from collections.abc import Callable
 from typing import Protocol
 
-from gateway.discovery import EndpointInfo, EndpointUpdate
+from gateway.dataplane.updates import EndpointInfo, EndpointUpdate
 
 
 class EndpointState(enum.Enum):

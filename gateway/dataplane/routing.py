@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from gateway.discovery import RouteRule, RoutesUpdate
+from gateway.dataplane.updates import RouteRule, RoutesUpdate
 
 PATH_TYPES = frozenset({"Exact", "Prefix", "ImplementationSpecific"})
 

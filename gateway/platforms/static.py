@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from gateway.discovery import EndpointInfo, EndpointUpdate, RouteRule, RoutesUpdate
+from gateway.dataplane.updates import EndpointInfo, EndpointUpdate, RouteRule, RoutesUpdate
 from gateway.settings import Settings
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from gateway.app import Runtime
 from gateway.dataplane import DataPlane
-from gateway.discovery import EndpointInfo, EndpointUpdate, RouteRule, RoutesUpdate
+from gateway.dataplane.updates import EndpointInfo, EndpointUpdate, RouteRule, RoutesUpdate
 from gateway.settings import parse_settings
 from tests.support.processes import Upstream, upstreams
 

@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from gateway.discovery import EndpointInfo, EndpointUpdate, RouteRule, RoutesUpdate
+from gateway.dataplane.updates import EndpointInfo, EndpointUpdate, RouteRule, RoutesUpdate
 from gateway.platforms.kubernetes.api import KubeApi
 from gateway.platforms.kubernetes.discovery import KubernetesDiscovery
 from gateway.settings import Settings, parse_settings

@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.discovery import EndpointUpdate
+from gateway.dataplane.updates import EndpointUpdate
 from gateway.platforms.local.actuator import LocalActuator
 from gateway.platforms.local.cgroup_parent import sweep_stale
 from gateway.platforms.local.cgroups import detect_layout, weight_for

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.app import Runtime
-from gateway.discovery import RouteRule, RoutesUpdate
+from gateway.dataplane.updates import RouteRule, RoutesUpdate
 from gateway.platforms.static import endpoints_from_settings, routes_from_settings
 from gateway.settings import parse_settings
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.dataplane.endpoints import Endpoint, EndpointSet, EndpointState, split_address
-from gateway.discovery import EndpointInfo, EndpointUpdate
+from gateway.dataplane.updates import EndpointInfo, EndpointUpdate
 
 
 def update(*infos: EndpointInfo | str, service: str = "svc") -> EndpointUpdate:

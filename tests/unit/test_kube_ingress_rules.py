@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.discovery import RouteRule
+from gateway.dataplane.updates import RouteRule
 from gateway.platforms.kubernetes.ingress_rules import (
     Backend,
     build_table,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.dataplane.routing import RouteError, RouteTable, normalize_host
-from gateway.discovery import RouteRule, RoutesUpdate
+from gateway.dataplane.updates import RouteRule, RoutesUpdate
 
 
 def rule(

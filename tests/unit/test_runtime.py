@@ -8,7 +8,7 @@ import pytest
 
 from gateway.app import Runtime
 from gateway.dataplane.routing import RouteError
-from gateway.discovery import EndpointInfo, EndpointUpdate, RouteRule, RoutesUpdate
+from gateway.dataplane.updates import EndpointInfo, EndpointUpdate, RouteRule, RoutesUpdate
 from gateway.settings import parse_settings
 
 

@@ -1,7 +1,7 @@
 """platform: kubernetes — routes from Ingresses, endpoints from EndpointSlices, peers, status.
 
-``KubernetesDiscovery`` is a :class:`~gateway.discovery.RouteSource` and an
-:class:`~gateway.discovery.EndpointSource`.  Used as an async context manager it runs three
+``KubernetesDiscovery`` is a :class:`~gateway.dataplane.updates.RouteSource` and an
+:class:`~gateway.dataplane.updates.EndpointSource`.  Used as an async context manager it runs three
 watches (through :mod:`gateway.platforms.kubernetes.api`): Ingresses and EndpointSlices in the configured
 namespaces (or all), and the gateway's own EndpointSlices (its peers).  Each change rebuilds
 the :class:`~gateway.platforms.kubernetes.ingress_rules.IngressTable`; problems (bad paths, bad
@@ -19,7 +19,7 @@ import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from types import TracebackType
 
-from gateway.discovery import EndpointInfo, EndpointUpdate, RoutesUpdate
+from gateway.dataplane.updates import EndpointInfo, EndpointUpdate, RoutesUpdate
 from gateway.platforms.kubernetes.api import KubeApi, Reflector
 from gateway.platforms.kubernetes.ingress_rules import Backend, IngressTable, Problem, build_table
 from gateway.platforms.kubernetes.model import (

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from gateway.discovery import RouteRule, RoutesUpdate
+from gateway.dataplane.updates import RouteRule, RoutesUpdate
 from gateway.platforms.kubernetes.model import Ingress, IngressBackend, Workload
 from gateway.settings import RouteConfig, ServiceConfig
 from scaler.policy import BudgetConfig, KeyedValueError, ScalingPolicy, check_floors

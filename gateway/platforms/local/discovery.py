@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from gateway.discovery import EndpointInfo, EndpointUpdate
+from gateway.dataplane.updates import EndpointInfo, EndpointUpdate
 from gateway.platforms.local.actuator import LocalActuator
 from gateway.platforms.local.pool import Drain, LocalPool
 from gateway.settings import Settings

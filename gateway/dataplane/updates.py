@@ -1,4 +1,4 @@
-"""Endpoint sources: where each service's replicas come from (static config, local pool, Kubernetes).
+"""What platforms hand the data plane: whole endpoint sets per service and whole route sets.
 
 A source is an async stream of whole endpoint sets, one service at a time.  The gateway
 applies each set to the service's ``EndpointSet`` (new endpoints join, removed ones drain).
