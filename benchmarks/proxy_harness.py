@@ -107,7 +107,8 @@ def _control(action: str) -> None:
 
 
 async def measure_sluice(args: argparse.Namespace, upstream_port: int) -> list[Measurement]:
-    from gateway.app import Runtime, serve
+    from gateway.app import serve
+    from gateway.runtime import Runtime
     from gateway.settings import load_settings
 
     dp_port = bench.free_port()
@@ -366,10 +367,10 @@ async def micro(
     client side, its response to the upstream side, as the event loop would.  Returns the
     CPU microseconds per request of each run.
     """
-    from gateway.app import Runtime
     from gateway.dataplane.server import ClientConnection, DataPlane
+    from gateway.dataplane.updates import endpoints_from_settings, routes_from_settings
     from gateway.dataplane.upstream import EndpointConnections, UpstreamConnection
-    from gateway.platforms.static import endpoints_from_settings, routes_from_settings
+    from gateway.runtime import Runtime
     from gateway.settings import Settings
 
     settings = Settings.model_validate(

@@ -12,9 +12,8 @@ from pathlib import Path
 
 from gateway.settings import (
     ConfigError,
-    Settings,
     json_schema,
-    load_runtime_settings,
+    load_or_exit,
     load_settings,
 )
 
@@ -80,15 +79,6 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_schema(args: argparse.Namespace) -> int:
     sys.stdout.write(json_schema())
     return 0
-
-
-def load_or_exit(path: Path) -> Settings:
-    try:
-        return load_runtime_settings(path)
-    except ConfigError as e:
-        for line in e.problems:
-            print(line, file=sys.stderr)
-        raise SystemExit(2) from None
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -13,6 +13,7 @@ import json
 import math
 import os
 import re
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
@@ -803,3 +804,14 @@ def json_schema() -> str:
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "Sluice configuration"
     return json.dumps(schema, indent=2, sort_keys=True) + "\n"
+
+
+def load_or_exit(path: Path) -> Settings:
+    """The runtime settings from ``path``; on a config error, one line per problem on stderr
+    and exit 2 (what every CLI command does with a bad config)."""
+    try:
+        return load_runtime_settings(path)
+    except ConfigError as e:
+        for line in e.problems:
+            print(line, file=sys.stderr)
+        raise SystemExit(2) from None

@@ -36,11 +36,11 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from gateway.admin.auth import AdminTokenMiddleware
-from gateway.admin.decisions import LendingReport
 from gateway.admin.metrics import CONTENT_TYPE, DecisionCollector, build_registry, render
+from gateway.admin.reload import Reloader
 
 if TYPE_CHECKING:
-    from gateway.app import Runtime
+    from gateway.runtime import Runtime
 
 
 def service_view(runtime: Runtime, name: str, now: float) -> dict[str, Any]:
@@ -76,7 +76,9 @@ def service_view(runtime: Runtime, name: str, now: float) -> dict[str, Any]:
     }
 
 
-def build_app(runtime: Runtime, extra_routes: Sequence[BaseRoute] = ()) -> Starlette:
+def build_app(
+    runtime: Runtime, extra_routes: Sequence[BaseRoute] = (), reloader: Reloader | None = None
+) -> Starlette:
     registry = build_registry(
         lambda: runtime.services,
         runtime.now,
@@ -85,8 +87,8 @@ def build_app(runtime: Runtime, extra_routes: Sequence[BaseRoute] = ()) -> Starl
             lambda: runtime.settings.budget.cpu,
             lambda: runtime.settings.platform != "static",
             lambda: (
-                runtime.platform.quotas_in_force()
-                if isinstance(runtime.platform, LendingReport)
+                dict(runtime.platform.report().get("quota_in_force_cores", {}))
+                if runtime.platform is not None
                 else {}
             ),
         ),
@@ -126,7 +128,6 @@ def build_app(runtime: Runtime, extra_routes: Sequence[BaseRoute] = ()) -> Starl
         )
 
     async def reload(request: Request) -> Response:
-        reloader = runtime.reloader
         if reloader is None:
             return JSONResponse(
                 {"ok": False, "errors": ["the gateway was not started from a config file"]},
@@ -157,9 +158,16 @@ class _Server(uvicorn.Server):
 class AdminServer:
     """uvicorn serving :func:`build_app` on a socket bound up front (so port 0 works)."""
 
-    def __init__(self, runtime: Runtime, extra_routes: Sequence[BaseRoute] = ()) -> None:
+    def __init__(
+        self,
+        runtime: Runtime,
+        extra_routes: Sequence[BaseRoute] = (),
+        reloader: Reloader | None = None,
+    ) -> None:
         self.runtime = runtime
         self.extra_routes = tuple(extra_routes)
+        self.reloader = reloader
+        """``POST /api/reload`` reloads through it (None: not started from a config file)."""
         self._server: _Server | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -170,7 +178,7 @@ class AdminServer:
         sock.bind((host, port))
         sock.listen(128)
         sock.setblocking(False)
-        app: Any = build_app(self.runtime, self.extra_routes)
+        app: Any = build_app(self.runtime, self.extra_routes, self.reloader)
         token = self.runtime.settings.admin.token
         if token is not None:
             app = AdminTokenMiddleware(app, token.get_secret_value())

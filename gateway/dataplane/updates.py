@@ -1,14 +1,17 @@
 """What platforms hand the data plane: whole endpoint sets per service and whole route sets.
 
-A source is an async stream of whole endpoint sets, one service at a time.  The gateway
-applies each set to the service's ``EndpointSet`` (new endpoints join, removed ones drain).
+A platform streams whole endpoint sets, one service at a time, and whole route sets
+(``gateway.platforms.Platform``); the gateway applies each endpoint set to the service's
+``EndpointSet`` (new endpoints join, removed ones drain) and swaps each route set in whole.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gateway.settings import Settings
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,12 +34,6 @@ class EndpointUpdate:
     endpoints: tuple[EndpointInfo, ...]
 
 
-class EndpointSource(Protocol):
-    def updates(self) -> AsyncIterator[EndpointUpdate]:
-        """Yield the full endpoint set of a service each time it changes (first, every service's)."""
-        ...
-
-
 @dataclass(frozen=True, slots=True)
 class RouteRule:
     """One routing rule from a route source (config file or an Ingress), already validated."""
@@ -57,7 +54,19 @@ class RoutesUpdate:
     default_backend: str | None = None
 
 
-class RouteSource(Protocol):
-    def routes(self) -> AsyncIterator[RoutesUpdate]:
-        """Yield the whole route set each time it changes (first, the initial set)."""
-        ...
+def routes_from_settings(settings: Settings) -> RoutesUpdate:
+    """Every service's ``routes`` as rules, plus ``default_backend``."""
+    rules = tuple(
+        RouteRule(service=name, host=r.host, path=r.path, path_type=r.path_type)
+        for name, service in settings.services.items()
+        for r in service.routes
+    )
+    return RoutesUpdate(rules=rules, default_backend=settings.default_backend)
+
+
+def endpoints_from_settings(settings: Settings) -> list[EndpointUpdate]:
+    """One update per service with its static ``endpoints`` (all ready)."""
+    return [
+        EndpointUpdate(service=name, endpoints=tuple(EndpointInfo(a) for a in service.endpoints))
+        for name, service in settings.services.items()
+    ]

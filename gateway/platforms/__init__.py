@@ -1,1 +1,88 @@
-"""gateway/platforms."""
+"""Platforms: where routes and endpoints come from, where decisions go, what the scaler sees.
+
+Each platform is one room (``static``, ``local/``, ``kubernetes/``) that hands the
+composition root one :class:`Platform`; no platform imports another, none imports the
+composition root. A platform sees the gateway only through :class:`Gateway`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:  # types only: gateway.settings imports platforms.local.config at start-up
+    from gateway.dataplane.service import Service
+    from gateway.dataplane.updates import EndpointUpdate, RoutesUpdate
+    from scaler.actuators import Actuator
+    from scaler.loop import ScalerLoop
+    from scaler.policy import ScalingPolicy
+    from scaler.signals import ServiceSignals
+
+
+class Gateway(Protocol):
+    """What a platform may use of the running gateway (``gateway.runtime.Runtime``)."""
+
+    @property
+    def services(self) -> Mapping[str, Service]: ...
+
+    def signals(self, now: float | None = None) -> dict[str, ServiceSignals]:
+        """Every service's live signals from this gateway process's data plane."""
+        ...
+
+    async def wait_drained(
+        self, service: str, address: str, timeout_s: float | None = None
+    ) -> bool:
+        """Wait until ``address`` takes no new requests and has none in flight."""
+        ...
+
+
+class Platform(Protocol):
+    """One platform, opened once per gateway process (``start``), closed once (``stop``).
+
+    The composition root builds ONE scaler loop from it: the engine over ``policies()``,
+    ``signals`` as the loop's signals provider, ``actuator`` to apply decisions; it feeds
+    ``routes()`` and ``endpoints()`` into the data plane, rebuilds the engine when
+    ``policies()`` changes after a routes update, and calls ``on_busy_change`` from each
+    service's admission on its busy/idle edges (one call per edge, not per request).
+    """
+
+    name: str
+
+    @property
+    def actuator(self) -> Actuator:
+        """Applies decisions; reports what is in force."""
+        ...
+
+    def policies(self) -> Mapping[str, ScalingPolicy]:
+        """The services the scaler decides for, with their policies."""
+        ...
+
+    def signals(self) -> Mapping[str, ServiceSignals] | Awaitable[Mapping[str, ServiceSignals]]:
+        """What the scaler sees this tick (the data plane's signals, plus what the platform
+        measures or merges; ``{}`` freezes every service, e.g. a follower)."""
+        ...
+
+    def routes(self) -> AsyncIterator[RoutesUpdate]:
+        """Whole route sets, each time they change (first, the initial set)."""
+        ...
+
+    def endpoints(self) -> AsyncIterator[EndpointUpdate]:
+        """Whole endpoint sets per service, each time one changes."""
+        ...
+
+    def on_busy_change(self, service: str, busy: bool) -> None:
+        """A service went from idle to busy or back (admission's edge hook; must be cheap)."""
+        ...
+
+    def report(self) -> Mapping[str, Any]:
+        """What ``/api/decisions``, ``/metrics`` and the dashboard show of the platform
+        (JSON-ready; e.g. ``quota_in_force_cores`` and lending on the local platform)."""
+        ...
+
+    async def start(self, scaler: ScalerLoop) -> None:
+        """Start the platform's own work (replicas, watches, leadership) for ``scaler``."""
+        ...
+
+    async def stop(self) -> None:
+        """Stop everything ``start`` started (no orphans)."""
+        ...

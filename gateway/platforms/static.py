@@ -1,47 +1,71 @@
-"""The static platform's sources: routes and endpoints exactly as the config file lists them."""
+"""``platform: static``: routes and endpoints exactly as the config file lists them;
+decisions are computed, logged and exposed, never applied (recommend-only)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
 
-from gateway.dataplane.updates import EndpointInfo, EndpointUpdate, RouteRule, RoutesUpdate
+from gateway.dataplane.updates import (
+    EndpointUpdate,
+    RoutesUpdate,
+    endpoints_from_settings,
+    routes_from_settings,
+)
+from gateway.platforms import Gateway
 from gateway.settings import Settings
+from scaler.actuators.none import RecommendOnlyActuator
+from scaler.decision import ServiceState
+from scaler.loop import ScalerLoop
+from scaler.policy import ScalingPolicy
+from scaler.signals import ServiceSignals
 
 
-def routes_from_settings(settings: Settings) -> RoutesUpdate:
-    """Every service's ``routes`` as rules, plus ``default_backend``."""
-    rules = tuple(
-        RouteRule(service=name, host=r.host, path=r.path, path_type=r.path_type)
-        for name, service in settings.services.items()
-        for r in service.routes
-    )
-    return RoutesUpdate(rules=rules, default_backend=settings.default_backend)
+class StaticPlatform:
+    """The config file's routes and endpoints once; the recommend-only actuator."""
 
+    name = "static"
 
-def endpoints_from_settings(settings: Settings) -> list[EndpointUpdate]:
-    """One update per service with its static ``endpoints`` (all ready)."""
-    return [
-        EndpointUpdate(service=name, endpoints=tuple(EndpointInfo(a) for a in service.endpoints))
-        for name, service in settings.services.items()
-    ]
+    def __init__(self, settings: Settings, gateway: Gateway) -> None:
+        self._settings = settings
+        self._gateway = gateway
+        self.actuator = RecommendOnlyActuator(
+            {
+                name: ServiceState(
+                    service=name,
+                    replicas=len(s.endpoints),
+                    ready_replicas=len(s.endpoints),
+                    cpu_per_replica_cores=s.scaling.cpu.request or s.scaling.cpu.min,
+                )
+                for name, s in settings.services.items()
+            }
+        )
 
+    def __repr__(self) -> str:
+        return f"StaticPlatform({len(self._settings.services)} services)"
 
-class StaticEndpointSource:
-    """An ``EndpointSource`` that yields each service's configured endpoints once."""
+    def policies(self) -> Mapping[str, ScalingPolicy]:
+        return {name: s.scaling for name, s in self._settings.services.items()}
 
-    def __init__(self, settings: Settings) -> None:
-        self._updates = endpoints_from_settings(settings)
-
-    async def updates(self) -> AsyncIterator[EndpointUpdate]:
-        for update in self._updates:
-            yield update
-
-
-class StaticRouteSource:
-    """A ``RouteSource`` that yields the configured routes once."""
-
-    def __init__(self, settings: Settings) -> None:
-        self._update = routes_from_settings(settings)
+    def signals(self) -> Mapping[str, ServiceSignals]:
+        return self._gateway.signals()
 
     async def routes(self) -> AsyncIterator[RoutesUpdate]:
-        yield self._update
+        yield routes_from_settings(self._settings)
+
+    async def endpoints(self) -> AsyncIterator[EndpointUpdate]:
+        for update in endpoints_from_settings(self._settings):
+            yield update
+
+    def on_busy_change(self, service: str, busy: bool) -> None:
+        pass
+
+    def report(self) -> Mapping[str, Any]:
+        return {"lending": False}
+
+    async def start(self, scaler: ScalerLoop) -> None:
+        await asyncio.sleep(0)
+
+    async def stop(self) -> None:
+        await asyncio.sleep(0)

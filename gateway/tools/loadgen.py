@@ -317,7 +317,7 @@ def format_report(report: LoadReport) -> str:
 
 
 def cmd_load(args: argparse.Namespace) -> int:
-    from gateway.cli import load_or_exit
+    from gateway.settings import load_or_exit
 
     settings = load_or_exit(args.config)
     host, port = (

@@ -12,9 +12,9 @@ from collections.abc import AsyncIterator, Iterator
 import httpx
 import pytest
 
-from gateway.app import Runtime
-from gateway.dataplane import DataPlane
+from gateway.dataplane.server import DataPlane
 from gateway.dataplane.updates import EndpointInfo, EndpointUpdate, RouteRule, RoutesUpdate
+from gateway.runtime import Runtime
 from gateway.settings import parse_settings
 from tests.support.processes import Upstream, upstreams
 

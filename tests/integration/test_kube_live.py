@@ -14,9 +14,10 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.app import Runtime, serve
+from gateway.app import serve
 from gateway.platforms.kubernetes.peers import PeerSignals
-from gateway.platforms.kubernetes.runner import KubernetesRunner
+from gateway.platforms.kubernetes.platform import KubernetesPlatform
+from gateway.runtime import Runtime
 from gateway.settings import parse_settings
 from tests.support.fake_kube import FakeKube
 from tests.support.kube_objects import deployment, endpoint_slice, ingress
@@ -68,9 +69,9 @@ current-context: fake
 @contextlib.asynccontextmanager
 async def live_gateway(
     fake: FakeKube, capsys: pytest.CaptureFixture[str], tmp_path: Path
-) -> AsyncIterator[tuple[str, str, KubernetesRunner]]:
+) -> AsyncIterator[tuple[str, str, KubernetesPlatform]]:
     """The real gateway (``serve``, as ``sluice run`` runs it) on platform kubernetes, reaching
-    the fake API through a kubeconfig: the composition root starts the KubernetesRunner."""
+    the fake API through a kubeconfig: the composition root starts the KubernetesPlatform."""
     settings = parse_settings(
         {
             "listen": {"host": "127.0.0.1", "port": 0},
@@ -95,7 +96,7 @@ async def live_gateway(
         line = re.search(r"sluice listening data=(\S+) admin=(\S+)", capsys.readouterr().out)
         assert line is not None
         runner = runtime.platform
-        assert isinstance(runner, KubernetesRunner)
+        assert isinstance(runner, KubernetesPlatform)
         yield line.group(1), line.group(2), runner
     finally:
         stop.set()
@@ -236,7 +237,7 @@ async def test_live_load_scales_the_deployment_through_the_runner(
     fake: FakeKube, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     """Real requests -> this gateway's /api/signals -> merged by the leader -> engine ->
-    /scale on the Deployment, all through KubernetesRunner."""
+    /scale on the Deployment, all through KubernetesPlatform."""
     with upstreams("w1") as (w1,):
         fake.put(
             ingress(
@@ -286,7 +287,7 @@ async def test_live_load_scales_the_deployment_through_the_runner(
                 for w in workers:
                     w.cancel()
                 await asyncio.gather(*workers, return_exceptions=True)
-            assert runner.platform is not None and runner.platform.elector.is_leader()
+            assert runner.control.elector.is_leader()
 
             def scaled_events() -> list[dict[str, Any]]:
                 return [e for e in fake.list("events") if e["reason"] == "Scaled"]

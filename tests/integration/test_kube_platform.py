@@ -14,7 +14,7 @@ import pytest
 
 from gateway.platforms.kubernetes.api import KubeApi
 from gateway.platforms.kubernetes.model import format_cpu
-from gateway.platforms.kubernetes.runner import KubernetesPlatform
+from gateway.platforms.kubernetes.platform import KubernetesControl
 from gateway.settings import Settings, parse_settings
 from scaler.engine import Engine
 from scaler.loop import ScalerLoop
@@ -86,10 +86,10 @@ async def test_leader_scales_from_merged_signals_and_the_other_takes_over(fake: 
         async with httpx.AsyncClient() as http, contextlib.AsyncExitStack() as stack_b:
             stack_a = contextlib.AsyncExitStack()
             a = await stack_a.enter_async_context(
-                KubernetesPlatform(settings("gw-a"), http, api=KubeApi.connect(host=fake.url))
+                KubernetesControl(settings("gw-a"), http, api=KubeApi.connect(host=fake.url))
             )
             b = await stack_b.enter_async_context(
-                KubernetesPlatform(settings("gw-b"), http, api=KubeApi.connect(host=fake.url))
+                KubernetesControl(settings("gw-b"), http, api=KubeApi.connect(host=fake.url))
             )
             stacks = {id(a): stack_a, id(b): stack_b}
             try:

@@ -14,10 +14,10 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from gateway.app import Runtime
-from gateway.dataplane import DataPlane
+from gateway.dataplane.server import DataPlane
+from gateway.dataplane.updates import routes_from_settings
 from gateway.platforms.local.discovery import LocalEndpointSource
-from gateway.platforms.static import routes_from_settings
+from gateway.runtime import Runtime
 from gateway.settings import parse_settings
 from tests.support.localpool import Harness, needs_cgroups, run_harness, until
 from tests.support.procs import pid_alive

@@ -16,13 +16,13 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from gateway.app import Runtime
-from gateway.dataplane import DataPlane
+from gateway.dataplane.server import DataPlane
+from gateway.dataplane.updates import routes_from_settings
 from gateway.platforms.local.actuator import LocalActuator
 from gateway.platforms.local.discovery import LocalEndpointSource
+from gateway.platforms.local.platform import lending_report, start_lending, stop_lending
 from gateway.platforms.local.pool import LocalPool
-from gateway.platforms.local.runner import lending_report, start_lending, stop_lending
-from gateway.platforms.static import routes_from_settings
+from gateway.runtime import Runtime
 from gateway.settings import parse_settings
 from scaler.decision import Decision
 from tests.support.localpool import Harness, needs_cgroups, run_harness, until

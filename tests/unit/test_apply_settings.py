@@ -5,9 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.app import Runtime
-from gateway.dataplane.updates import RouteRule, RoutesUpdate
-from gateway.platforms.static import endpoints_from_settings, routes_from_settings
+from gateway.dataplane.updates import (
+    RouteRule,
+    RoutesUpdate,
+    endpoints_from_settings,
+    routes_from_settings,
+)
+from gateway.runtime import Runtime
 from gateway.settings import parse_settings
 
 

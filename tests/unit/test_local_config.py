@@ -132,12 +132,12 @@ def test_command_substitutes_port_and_python() -> None:
 def test_the_local_example_builds_a_platform_at_min_replicas_and_initial_cpu() -> None:
     from pathlib import Path
 
-    from gateway.platforms.local.discovery import local_platform
+    from gateway.platforms.local.discovery import local_parts
     from gateway.settings import load_settings
 
     root = Path(__file__).resolve().parents[2]
     settings = load_settings(root / "config" / "examples" / "local.yaml")
-    platform = local_platform(settings)
+    platform = local_parts(settings)
     statuses = platform.pool.statuses()
     assert sorted(statuses) == ["api", "reports"]
     assert (statuses["api"].desired, statuses["api"].cpu_per_replica_cores) == (1, 0.25)
@@ -157,13 +157,13 @@ def test_share_enforcement_reaches_the_pool() -> None:
 
     import yaml
 
-    from gateway.platforms.local.discovery import local_platform
+    from gateway.platforms.local.discovery import local_parts
 
     root = Path(__file__).resolve().parents[2]
     data = yaml.safe_load((root / "config" / "examples" / "local.yaml").read_text())
     data.setdefault("budget", {})["enforcement"] = "share"
     settings = parse_settings(data)
-    platform = local_platform(settings)
+    platform = local_parts(settings)
     assert platform.pool.enforcement == "share"
     # Each replica is capped at its service's cpu.max; the decided CPU is its share.
     for name, status in platform.pool.statuses().items():
@@ -173,11 +173,11 @@ def test_share_enforcement_reaches_the_pool() -> None:
 
 
 def test_local_platform_refuses_a_service_without_replicas() -> None:
-    from gateway.platforms.local.discovery import local_platform
+    from gateway.platforms.local.discovery import local_parts
 
     settings = parse_settings({"services": {"api": {}}})
     with pytest.raises(ValueError, match=r"services\.api\.replicas is required"):
-        local_platform(settings)
+        local_parts(settings)
 
 
 def test_problems_in_several_replicas_keys_are_reported_together() -> None:

@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from gateway.app import Runtime
 from gateway.dataplane.routing import RouteError
 from gateway.dataplane.updates import EndpointInfo, EndpointUpdate, RouteRule, RoutesUpdate
+from gateway.runtime import Runtime
 from gateway.settings import parse_settings
 
 

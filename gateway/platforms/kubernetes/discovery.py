@@ -1,7 +1,6 @@
 """platform: kubernetes — routes from Ingresses, endpoints from EndpointSlices, peers, status.
 
-``KubernetesDiscovery`` is a :class:`~gateway.dataplane.updates.RouteSource` and an
-:class:`~gateway.dataplane.updates.EndpointSource`.  Used as an async context manager it runs three
+``KubernetesDiscovery`` streams route sets (``routes()``) and endpoint sets (``updates()``).  Used as an async context manager it runs three
 watches (through :mod:`gateway.platforms.kubernetes.api`): Ingresses and EndpointSlices in the configured
 namespaces (or all), and the gateway's own EndpointSlices (its peers).  Each change rebuilds
 the :class:`~gateway.platforms.kubernetes.ingress_rules.IngressTable`; problems (bad paths, bad

@@ -16,7 +16,7 @@ from gateway.settings import Settings
 
 
 class LocalEndpointSource:
-    """Adapts :meth:`LocalPool.updates` to the gateway's :class:`EndpointSource` protocol."""
+    """Adapts :meth:`LocalPool.updates` to whole ``EndpointUpdate`` sets."""
 
     def __init__(self, pool: LocalPool) -> None:
         self.pool = pool
@@ -33,7 +33,7 @@ class LocalEndpointSource:
 
 
 @dataclass(frozen=True, slots=True)
-class LocalPlatform:
+class LocalParts:
     """The three pieces ``platform: local`` needs, sharing one pool.
 
     Use: ``async with platform.pool: ...`` around the gateway's lifetime; feed
@@ -46,7 +46,7 @@ class LocalPlatform:
     endpoints: LocalEndpointSource
 
 
-def local_platform(settings: Settings, drain: Drain | None = None) -> LocalPlatform:
+def local_parts(settings: Settings, drain: Drain | None = None) -> LocalParts:
     """Build the pool from settings: every service at ``min_replicas`` with its initial CPU, and
     the parent cgroup capped at the budget (the kernel enforces it even between two decisions);
     ``budget.enforcement`` says whether a replica's CPU is a guaranteed share or a hard limit."""
@@ -62,4 +62,4 @@ def local_platform(settings: Settings, drain: Drain | None = None) -> LocalPlatf
         enforcement=settings.budget.enforcement,
     )
     actuator = LocalActuator(pool, {n: s.scaling for n, s in settings.services.items()})
-    return LocalPlatform(pool=pool, actuator=actuator, endpoints=LocalEndpointSource(pool))
+    return LocalParts(pool=pool, actuator=actuator, endpoints=LocalEndpointSource(pool))

@@ -1,0 +1,173 @@
+"""``platform: kubernetes``: Ingress routes, EndpointSlice endpoints, Lease leadership, peer signals.
+
+:class:`KubernetesControl` owns the pieces: the API client (:mod:`gateway.platforms.kubernetes.api`),
+the Ingress/EndpointSlice discovery, the Lease leader elector (running), the leader-gated
+actuator and the signals merged from every gateway replica. :class:`KubernetesPlatform` is the
+:class:`~gateway.platforms.Platform` the composition root builds its one scaler loop from.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+from gateway.dataplane.updates import EndpointUpdate, RoutesUpdate
+from gateway.platforms import Gateway
+from gateway.platforms.kubernetes.actuator import KubernetesActuator
+from gateway.platforms.kubernetes.api import KubeApi
+from gateway.platforms.kubernetes.discovery import KubernetesDiscovery, default_identity
+from gateway.platforms.kubernetes.leader import LeaderElector
+from gateway.platforms.kubernetes.peers import PeerSignals
+from gateway.settings import Settings
+from scaler.loop import ScalerLoop
+from scaler.policy import ScalingPolicy
+from scaler.signals import ServiceSignals
+
+log = logging.getLogger(__name__)
+
+
+class KubernetesControl:
+    """API client + discovery + running leader election + gated actuator + merged signals.
+
+    ``async with KubernetesControl(settings, http) as k8s:`` then feed the gateway with
+    ``k8s.discovery.routes()`` / ``.updates()``, the scaler loop with ``await k8s.signals(now)``,
+    ``k8s.discovery.policies()``, ``k8s.actuator``.  Only the Lease holder gets signals and
+    actuates; on exit the Lease is released, the watches stop and the client closes.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        http: httpx.AsyncClient,
+        api: KubeApi | None = None,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        cfg = settings.kubernetes
+        self.api = api or KubeApi.connect(cfg.kubeconfig, max_concurrency=cfg.api_max_concurrency)
+        self.discovery = KubernetesDiscovery(self.api, settings)
+        self.elector = LeaderElector(
+            self.api,
+            cfg.lease.namespace,
+            cfg.lease.name,
+            cfg.identity or default_identity(),
+            lease_duration_s=cfg.lease.duration_s,
+            renew_deadline_s=cfg.lease.renew_deadline_s,
+            retry_period_s=cfg.lease.retry_period_s,
+            clock=clock,
+        )
+        self.actuator = KubernetesActuator(
+            self.api,
+            self.discovery.workloads,
+            leader=self.elector,
+            enforcement=settings.budget.enforcement,
+            cpu_max=self._cpu_max,
+        )
+        token = settings.admin.token.get_secret_value() if settings.admin.token else None
+        self.peer_signals = PeerSignals(
+            http, self.discovery.peer_admin_addresses, cfg.peer_timeout_s, token
+        )
+        self._elector_task: asyncio.Task[None] | None = None
+
+    def __repr__(self) -> str:
+        return f"KubernetesControl({self.discovery!r}, {self.elector!r})"
+
+    def _cpu_max(self) -> dict[str, float]:
+        """Each service's ``scaling.cpu.max``: the pods' CPU limit with share enforcement."""
+        return {name: p.cpu.max for name, p in self.discovery.policies().items()}
+
+    async def signals(self, now: float | None = None) -> dict[str, ServiceSignals]:
+        """Signals merged from every gateway replica when leading; {} otherwise (frozen).
+
+        ``now`` defaults to the event loop's clock, so this is a ``ScalerLoop`` signals
+        provider as it stands."""
+        if not self.elector.is_leader():
+            return {}
+        at = asyncio.get_running_loop().time() if now is None else now
+        merged, _ = await self.peer_signals.collect(at)
+        return merged
+
+    async def __aenter__(self) -> KubernetesControl:
+        await self.discovery.__aenter__()
+
+        async def elect() -> None:
+            while True:
+                try:
+                    await self.elector.run()
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("leader election failed; restarting in 1s")
+                    await asyncio.sleep(1.0)
+
+        self._elector_task = asyncio.create_task(elect(), name="kube-leader-election")
+        return self
+
+    async def __aexit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._elector_task is not None:
+            self._elector_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._elector_task
+        await self.discovery.__aexit__(t, e, tb)
+        await self.api.close()
+
+
+class KubernetesPlatform:
+    """``platform: kubernetes`` for one gateway process: routes from Ingresses, endpoints from
+    EndpointSlices; the leader scales on the signals merged from every gateway replica,
+    followers see ``{}`` (frozen) and write nothing."""
+
+    name = "kubernetes"
+
+    def __init__(self, settings: Settings, gateway: Gateway, *, api: KubeApi | None = None) -> None:
+        self.settings = settings
+        self._gateway = gateway
+        self._api = api
+        self.http = httpx.AsyncClient()
+        self.control = KubernetesControl(settings, self.http, api=api)
+        self.actuator = self.control.actuator
+
+    def __repr__(self) -> str:
+        return f"KubernetesPlatform({self.control!r})"
+
+    def policies(self) -> dict[str, ScalingPolicy]:
+        """The config file's services, plus those with a policy from Ingress annotations."""
+        out = {name: s.scaling for name, s in self.settings.services.items()}
+        for name, policy in self.control.discovery.policies().items():
+            out.setdefault(name, policy)
+        return out
+
+    async def signals(self) -> dict[str, ServiceSignals]:
+        return await self.control.signals()
+
+    def routes(self) -> AsyncIterator[RoutesUpdate]:
+        return self.control.discovery.routes()
+
+    def endpoints(self) -> AsyncIterator[EndpointUpdate]:
+        return self.control.discovery.updates()
+
+    def on_busy_change(self, service: str, busy: bool) -> None:
+        pass
+
+    def report(self) -> Mapping[str, Any]:
+        return {"lending": False, "leader": self.control.elector.is_leader()}
+
+    async def start(self, scaler: ScalerLoop) -> None:
+        budget = self.settings.budget
+        if budget.enforcement == "limit" and budget.lending:
+            log.info(
+                "budget.lending: pods are resized at ticks only on Kubernetes (a resize is an "
+                "API round trip); idle CPU is lent between ticks on the local platform"
+            )
+        await self.control.__aenter__()
+
+    async def stop(self) -> None:
+        await self.control.__aexit__(None, None, None)
+        await self.http.aclose()

@@ -1,0 +1,166 @@
+"""``platform: local``: replicas as local processes in cgroups, under one CPU budget.
+
+* the :class:`~gateway.platforms.local.pool.LocalPool` starts every service's replicas (each in
+  its own CPU cgroup; the parent cgroup capped at ``budget.cpu``; a replica's decided CPU is
+  its cgroup weight under a quota of ``cpu.max`` with ``budget.enforcement: share``, its
+  quota with ``limit``); ready replicas are the services' endpoints, and a replica being
+  retired is drained (``Gateway.wait_drained``) before its SIGTERM;
+* a service with no ready replica holds its requests in its admission queue and wakes the
+  scaler at once; the first ready replica gets them;
+* the scaler sees the gateway's signals plus the replicas' measured cgroup CPU;
+* with ``budget.enforcement: limit`` and ``budget.lending`` a
+  :class:`~gateway.platforms.local.lender.QuotaLender` lends the quota of services idle for
+  ``budget.lend_after_idle_s`` to the busy ones between ticks (admission's busy/idle edges),
+  and the first request of an idle service takes its quota back before it is forwarded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+from gateway.dataplane.updates import EndpointUpdate, RoutesUpdate, routes_from_settings
+from gateway.platforms import Gateway
+from gateway.platforms.local.discovery import LocalParts, local_parts
+from gateway.platforms.local.lender import QuotaLender
+from gateway.platforms.local.pool import LocalPool
+from gateway.settings import Settings
+from scaler.loop import ScalerLoop
+from scaler.policy import ScalingPolicy
+from scaler.signals import ServiceSignals
+
+log = logging.getLogger(__name__)
+
+
+class LocalPlatform:
+    """``platform: local``: the pool, its endpoints, measured CPU and lending (one process)."""
+
+    name = "local"
+
+    def __init__(self, settings: Settings, gateway: Gateway) -> None:
+        self._gateway = gateway
+        self._settings = settings
+        self.parts: LocalParts = local_parts(settings, drain=gateway.wait_drained)
+        self.actuator = self.parts.actuator
+        self.lender: QuotaLender | None = None
+        """Lends idle services' quotas between ticks (limit enforcement with lending)."""
+        self._scaler: ScalerLoop | None = None
+
+    def __repr__(self) -> str:
+        return f"LocalPlatform({self.parts.pool!r})"
+
+    @property
+    def pool(self) -> LocalPool:
+        return self.parts.pool
+
+    def policies(self) -> Mapping[str, ScalingPolicy]:
+        return {name: s.scaling for name, s in self._settings.services.items()}
+
+    def signals(self) -> dict[str, ServiceSignals]:
+        """The gateway's live signals plus the replicas' measured CPU (cgroup counters)."""
+        return self.parts.actuator.add_cpu_signals(self._gateway.signals())
+
+    async def routes(self) -> AsyncIterator[RoutesUpdate]:
+        yield routes_from_settings(self._settings)
+
+    async def endpoints(self) -> AsyncIterator[EndpointUpdate]:
+        async for update in self.parts.endpoints.updates():
+            yield update
+
+    def on_busy_change(self, service: str, busy: bool) -> None:
+        if self.lender is not None and service in self.lender.policies:
+            self.lender.set_busy(service, busy)
+
+    def report(self) -> Mapping[str, Any]:
+        """Whether CPU is lent between ticks, who is idle, what is lent, the quota in force."""
+        return lending_report(self.parts.pool, self.lender, self._settings)
+
+    async def start(self, scaler: ScalerLoop) -> None:
+        self._scaler = scaler
+        # Scale from zero: a service without a ready replica holds its requests in its
+        # admission queue and wakes the scaler at once (not at the next tick).
+        for name, service in self._gateway.services.items():
+            service.admission.hold_at_zero(functools.partial(self._wake_for, name))
+        await self.parts.pool.start()
+        self.lender = start_lending(self._gateway, self.parts.pool, self._settings)
+
+    def _wake_for(self, service: str) -> None:
+        """A request is held for ``service`` (no ready replica): tick now, unless the scaler
+        has already decided to run a replica (it is starting; more ticks would not help)."""
+        if self._scaler is None:
+            return
+        last = self._scaler.last.get(service)
+        if last is None or last.replicas == 0:
+            self._scaler.wake()
+
+    async def stop(self) -> None:
+        if self.lender is not None:
+            stop_lending(self._gateway, self.lender)
+            self.lender = None
+        # The data plane has stopped taking requests: replicas stop without waiting to drain.
+        await self.parts.pool.close(drain=False)
+
+
+def start_lending(gateway: Gateway, pool: LocalPool, settings: Settings) -> QuotaLender | None:
+    """With ``budget.enforcement: limit``, ``budget.lending`` and shared arbitration (and
+    cgroups in use): a :class:`QuotaLender` on the started ``pool``, told by every service's
+    admission when the service becomes busy or idle.  None when lending does not apply
+    (``arbitration: independent`` is the one-autoscaler-per-service baseline: nothing lent)."""
+    budget = settings.budget
+    if (
+        budget.enforcement != "limit"
+        or not budget.lending
+        or budget.arbitration != "shared"
+        or not pool.cpu_limits_applied
+    ):
+        return None
+    lender = QuotaLender(
+        pool,
+        {name: s.scaling for name, s in settings.services.items()},
+        budget.lend_after_idle_s,
+        asyncio.get_running_loop(),
+    )
+    lender.start()
+    for name, service in gateway.services.items():
+        if name in lender.policies:
+            admission = service.admission
+            admission.watch_busy(functools.partial(lender.set_busy, name))
+            lender.set_busy(name, admission.busy)
+    log.info("lending idle CPU between ticks after %gs idle", budget.lend_after_idle_s)
+    return lender
+
+
+def stop_lending(gateway: Gateway, lender: QuotaLender) -> None:
+    """Unhook the admissions and put every quota back to the decided CPU."""
+    for name in lender.policies:
+        service = gateway.services.get(name)
+        if service is not None:
+            service.admission.watch_busy(None)
+    lender.stop()
+
+
+def quotas_in_force(pool: LocalPool) -> dict[str, float]:
+    """Per service whose CPU is enforced: the quota per replica in force now (cores)."""
+    out = {}
+    for name, status in pool.statuses().items():
+        if status.cpu_applied and status.quota_in_force_cores is not None:
+            out[name] = status.quota_in_force_cores
+    return out
+
+
+def lending_report(
+    pool: LocalPool, lender: QuotaLender | None, settings: Settings
+) -> dict[str, Any]:
+    """The lending part of ``GET /api/decisions``' budget block: whether CPU is lent between
+    ticks, the services marked idle, per service the cores lent (negative) or borrowed
+    (positive) over all its replicas, and the quota per replica in force."""
+    return {
+        "lending": lender is not None,
+        "lend_after_idle_s": settings.budget.lend_after_idle_s,
+        "idle": sorted(lender.idle) if lender is not None else [],
+        "lent_cores": lender.lent_cores() if lender is not None else {},
+        "quota_in_force_cores": quotas_in_force(pool),
+    }
