@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 
-from gateway.decisions import decision_json
+from gateway.admin.decisions import decision_json
 from scaler.decision import Decision, ServiceState
 from scaler.engine import Engine
 from scaler.explanation import Clamp, Explanation, Flow, Step
