@@ -303,7 +303,13 @@ class ClientConnection(asyncio.Protocol):
             start = self.head_from
             if data[start] in b"\r\n":
                 start = len(data) - len(data[start:].lstrip(b"\r\n"))
-            line_end = data.find(b"\r\n", start)
+            line_end = data.find(b"\n", start) - 1
+            if data[line_end] != 13:  # CR
+                # A bare LF ended the request line (llhttp takes it for HTTP/0.9): parsed
+                # per field like a split head, so the answer does not depend on the cut.
+                self.refeed = True
+                self.head_from = start
+                raise _Refeed
             end = data.find(b"\r\n\r\n", line_end) + 2
             self.head_from = end + 2
             checked = heads.raw_fields(data[line_end + 2 : end], self.trusted)

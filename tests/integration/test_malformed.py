@@ -505,6 +505,9 @@ REQUEST_LINE = [
     bad("tab-separators", b"GET\t/\tHTTP/1.1\r\n" + H + b"\r\n"),
     bad("space-after-version", b"GET / HTTP/1.1 \r\n" + H + b"\r\n"),
     bad("http09-request", b"GET /\r\n\r\n"),
+    # A bare LF after an HTTP/0.9 request line: refused whether it arrives in one read or not.
+    bad("http09-bare-lf-keep-alive", b"GET /v09\nConnection: keep-alive\r\n" + H + b"\r\n"),
+    bad("http09-bare-lf", b"GET /v09\n" + H + b"\r\n"),
     bad("lowercase-version", b"GET / http/1.1\r\n" + H + b"\r\n"),
     bad("http-1-2", b"GET / HTTP/1.2\r\n" + H + b"\r\n"),
     bad("http-3-0", b"GET / HTTP/3.0\r\n" + H + b"\r\n"),
