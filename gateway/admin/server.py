@@ -1,5 +1,6 @@
 """The admin plane (its own port): health, readiness, Prometheus metrics and the JSON API.
 
+* ``GET /`` — the web dashboard (``gateway.admin.dashboard``), and ``GET /api/overview``
 * ``GET /healthz`` — 200 while the process runs
 * ``GET /readyz`` — 200 once the data plane listens and endpoints are loaded; 503 before
   that and while shutting down
@@ -36,6 +37,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from gateway.admin.auth import AdminTokenMiddleware
+from gateway.admin.dashboard import dashboard_routes
 from gateway.admin.metrics import CONTENT_TYPE, DecisionCollector, build_registry, render
 from gateway.admin.reload import Reloader
 
@@ -144,6 +146,7 @@ def build_app(
             Route("/api/services", services),
             Route("/api/signals", signals),
             Route("/api/reload", reload, methods=["POST"]),
+            *dashboard_routes(runtime),
             *extra_routes,
         ]
     )
