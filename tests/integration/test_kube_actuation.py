@@ -10,6 +10,7 @@ import pytest
 
 from gateway.platforms.kubernetes.actuator import KubernetesActuator
 from gateway.platforms.kubernetes.api import KubeApi
+from gateway.platforms.kubernetes.cache import WorkloadCache
 from gateway.platforms.kubernetes.model import ContainerResources, KubeError, Workload
 from scaler.decision import Decision
 from tests.support.fake_kube import FakeKube, qos_class
@@ -304,3 +305,74 @@ async def test_share_on_guaranteed_pods_keeps_limits_equal_to_requests_and_says_
             }
     finally:
         await api.close()
+
+
+async def synced_cache(api: KubeApi) -> WorkloadCache:
+    cache = WorkloadCache(api)
+    cache.start()
+    async with asyncio.timeout(10):
+        while not cache.synced():
+            await asyncio.sleep(0.02)
+    return cache
+
+
+def requests_but_watches(fake: FakeKube) -> list[tuple[str, str]]:
+    return [(c.verb, c.resource) for c in fake.requests if c.verb not in ("list", "watch")]
+
+
+async def test_with_watch_caches_steady_state_makes_no_request_and_a_change_one_write(
+    fake: FakeKube,
+) -> None:
+    res = {"requests": {"cpu": "500m"}, "limits": {"cpu": "500m"}}
+    fake.put(deployment("web", 2))
+    fake.put(pod("web-1", "web", res))
+    fake.put(pod("web-2", "web", res))
+    fake.put(pod("other-1", "other", res))
+    api = KubeApi.connect(host=fake.url)
+    try:
+        act = KubernetesActuator(api, lambda: {"shop/web": WEB}, cache=await synced_cache(api))
+        before = len(requests_but_watches(fake))
+        for _ in range(5):
+            state = (await act.current())["shop/web"]
+            assert (state.replicas, state.cpu_per_replica_cores) == (2, 0.5)
+            await act.apply({"shop/web": decision(2, 0.5)})
+        assert requests_but_watches(fake)[before:] == []  # nothing changes: nothing asked
+
+        # one change: one /scale write (and its event), however often it is decided again
+        # while the watch has not shown it yet
+        for _ in range(3):
+            await act.apply({"shop/web": decision(3, 0.5)})
+        assert requests_but_watches(fake)[before:] == [
+            ("patch", "deployments/scale"),
+            ("create", "events"),
+        ]
+        async with asyncio.timeout(10):
+            while (await act.current())["shop/web"].replicas != 3:
+                await asyncio.sleep(0.02)
+        await act.apply({"shop/web": decision(3, 0.5)})
+        assert len(requests_but_watches(fake)[before:]) == 2
+        # someone else scales it back: the next decision writes again
+        fake.put(deployment("web", 2))
+        async with asyncio.timeout(10):
+            while (await act.current())["shop/web"].replicas != 2:
+                await asyncio.sleep(0.02)
+        await act.apply({"shop/web": decision(3, 0.5)})
+        assert requests_but_watches(fake)[before:].count(("patch", "deployments/scale")) == 2
+        assert fake.get("deployments", "shop", "web")["spec"]["replicas"] == 3  # type: ignore[index]
+    finally:
+        await api.close()
+
+
+async def test_every_write_names_sluice_as_its_field_manager(fake: FakeKube) -> None:
+    res = {"requests": {"cpu": "500m"}, "limits": {"cpu": "500m"}}
+    fake.put(deployment("web", 1))
+    fake.put(pod("web-1", "web", res))
+    api = KubeApi.connect(host=fake.url)
+    try:
+        act = KubernetesActuator(api, lambda: {"shop/web": WEB})
+        await act.apply({"shop/web": decision(2, 1.0)})
+    finally:
+        await api.close()
+    writes = [c for c in fake.requests if c.verb in ("create", "update", "patch")]
+    assert {c.resource for c in writes} == {"deployments/scale", "pods/resize", "events"}
+    assert {c.field_manager for c in writes} == {"sluice"}

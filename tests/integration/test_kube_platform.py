@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from gateway.platforms.kubernetes.api import KubeApi
-from gateway.platforms.kubernetes.model import format_cpu
+from gateway.platforms.kubernetes.model import Workload, format_cpu
 from gateway.platforms.kubernetes.platform import KubernetesControl
 from gateway.settings import Settings, parse_settings
 from scaler.engine import Engine
@@ -144,6 +144,13 @@ async def test_leader_scales_from_merged_signals_and_the_other_takes_over(fake: 
                 await stacks.pop(id(leader)).aclose()
                 await until(follower.elector.is_leader)
                 fake.put(deployment("web", 1))
+                # the actuator reads the workload from its watch cache: wait until it shows this
+                web_ref = Workload("Deployment", "shop", "web")
+                await until(
+                    lambda: (
+                        (s := follower.cache.scale(web_ref)) is not None and s.spec_replicas == 1
+                    )
+                )
                 await follower.actuator.apply({"shop/web": decision})
                 assert (fake.get("deployments", "shop", "web") or {})["spec"][
                     "replicas"

@@ -6,6 +6,7 @@ import asyncio
 
 from gateway.platforms.kubernetes.actuator import KubernetesActuator
 from gateway.platforms.kubernetes.api import RBAC_RULES, KubeApi
+from gateway.platforms.kubernetes.cache import WorkloadCache
 from gateway.platforms.kubernetes.discovery import KubernetesDiscovery
 from gateway.platforms.kubernetes.leader import LeaderElector
 from gateway.platforms.kubernetes.model import Workload
@@ -61,6 +62,14 @@ async def test_every_call_is_covered_by_rbac_rules_and_every_rule_is_used() -> N
             act = KubernetesActuator(api, lambda: targets, leader=leader)
             await act.apply({s: Decision(s, 0.0, 2, 0.5, 1.0, "stable") for s in targets})
             await act.current()
+            # the platform's actuator reads from watch caches of workloads and pods
+            cache = WorkloadCache(api)
+            cache.start()
+            async with asyncio.timeout(10):
+                while not cache.synced():
+                    await asyncio.sleep(0.02)
+            cached = KubernetesActuator(api, lambda: targets, leader=leader, cache=cache)
+            await cached.current()
         finally:
             await api.close()
         used = {(c.api_group, c.resource, c.verb) for c in fake.requests}

@@ -12,6 +12,7 @@ from gateway.platforms.kubernetes.api import KubeApi
 from gateway.platforms.kubernetes.discovery import KubernetesDiscovery
 from gateway.platforms.kubernetes.leader import LeaderElector
 from gateway.platforms.kubernetes.peers import PeerSignals
+from gateway.platforms.kubernetes.platform import KubernetesControl
 from gateway.settings import parse_settings
 from scaler.signals import ServiceSignals
 from tests.support.fake_kube import FakeKube
@@ -112,3 +113,66 @@ async def test_two_gateways_one_leader_merges_signals_from_peers(fake: FakeKube)
         finally:
             await api_a.close()
             await api_b.close()
+
+
+async def test_a_leader_without_peers_scales_on_its_own_signals(fake: FakeKube) -> None:
+    """No gateway replica in the EndpointSlices, or none that ever answered (outside the
+    cluster): the leader's own signals, with the reason in the report; once a peer has
+    answered, none answering freezes again."""
+    own = [sig(7, 70, 0.2)]
+    settings = parse_settings({"platform": "kubernetes", "kubernetes": {"identity": "gw-a"}})
+    with SignalPeer() as peer:
+        peer.signals = [sig(2, 20, 0.1)]
+        async with httpx.AsyncClient() as http:
+            control = KubernetesControl(
+                settings,
+                http,
+                api=KubeApi.connect(host=fake.url),
+                own_signals=lambda now: {s.service: s for s in own},
+            )
+            async with control:
+                async with asyncio.timeout(10):
+                    while not control.elector.is_leader():
+                        await asyncio.sleep(0.02)
+                # nobody in the gateway Service's slices: own signals
+                assert (await control.signals(1.0))["shop/web"].in_flight == 7
+                assert control.signal_source == "own"
+
+                # a replica is listed but has never answered: own signals still
+                down_host, down_port = closed_port_address().rsplit(":", 1)
+                fake.put(
+                    endpoint_slice(
+                        "sluice-down",
+                        "sluice",
+                        [(down_host, {"ready": True})],
+                        [("admin", int(down_port))],
+                        namespace="sluice",
+                    )
+                )
+                async with asyncio.timeout(10):
+                    while not control.discovery.peer_admin_addresses():
+                        await asyncio.sleep(0.02)
+                assert (await control.signals(2.0))["shop/web"].in_flight == 7
+                assert control.signal_source == "own"
+
+                # a peer answers: merged peer signals; then none answers: frozen
+                fake.put(
+                    endpoint_slice(
+                        "sluice-up",
+                        "sluice",
+                        [(peer.address.rsplit(":", 1)[0], {"ready": True})],
+                        [("admin", peer.port)],
+                        namespace="sluice",
+                    )
+                )
+                async with asyncio.timeout(10):
+                    while len(control.discovery.peer_admin_addresses()) < 2:
+                        await asyncio.sleep(0.02)
+                assert (await control.signals(3.0))["shop/web"].in_flight == 2
+                assert control.signal_source == "peers"
+                fake.remove("endpointslices", "sluice", "sluice-up")
+                async with asyncio.timeout(10):
+                    while len(control.discovery.peer_admin_addresses()) > 1:
+                        await asyncio.sleep(0.02)
+                assert await control.signals(4.0) == {}
+                assert control.signal_source == "none"

@@ -79,6 +79,8 @@ class Call:
     resource_version: str | None = None
     """The ``resourceVersion`` query parameter of a list/watch."""
     authorization: str | None = None
+    field_manager: str | None = None
+    """The ``fieldManager`` query parameter of a write."""
 
 
 class FakeKube:
@@ -300,6 +302,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.headers.get("Content-Type"),
             query.get("resourceVersion"),
             self.headers.get("Authorization"),
+            query.get("fieldManager"),
         )
         fake = self.fake
         with fake.cond:

@@ -21,6 +21,15 @@
   request with ``share``, the limit else the request with ``limit``), and the smallest limit.
 * ``PodResizePending`` with reason ``Infeasible`` or ``Deferred`` (or a pod that cannot be
   resized at all) sets ``ServiceState.resize_blocked`` so the arbiter scales out instead.
+* The API server refusing a resize at admission (403 ``Forbidden`` with cause
+  ``NodeCapacity``: the node has not enough allocatable CPU; 422 "Pod running on node without
+  support for resize") blocks that pod the same way: one ``ResizeBlocked`` Warning event, the
+  service's other pods are still resized, and the pod is not tried again before a back-off
+  (``REFUSAL_BACKOFF_S``, doubling up to ``REFUSAL_BACKOFF_MAX_S``) has passed.
+* With a :class:`~gateway.platforms.kubernetes.cache.WorkloadCache` (the platform always
+  passes one), the state is read from watch caches, not requested per tick; a write is made
+  only when the cached value differs from the decision and the same write was not already
+  made for the object's current resourceVersion (the watch may lag behind our own write).
 * Every change is recorded as an Event on the workload with the decision's reasons.
 * With a leader elector, nothing is written unless it leads, checked before every write.
 """
@@ -28,15 +37,19 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Literal, Protocol, TypeAlias
 
 from gateway.platforms.kubernetes.api import KubeApi
+from gateway.platforms.kubernetes.cache import WorkloadCache
 from gateway.platforms.kubernetes.model import (
     ContainerResources,
     KubeError,
+    NotFound,
     Pod,
+    Scale,
     Workload,
     format_cpu,
     parse_cpu_cores,
@@ -47,6 +60,27 @@ log = logging.getLogger(__name__)
 BLOCKING_RESIZE_REASONS = ("Infeasible", "Deferred")
 _EPSILON_CORES = 0.0005
 _MILLI = 0.001
+REFUSAL_BACKOFF_S = 30.0
+REFUSAL_BACKOFF_MAX_S = 600.0
+
+
+def resize_refusal(e: KubeError) -> str | None:
+    """Why the API server refused a pod resize for good (not a transient error), else None:
+    403 with cause ``NodeCapacity`` (or its message), 422 for a node without resize support."""
+    text = e.message.lower()
+    if e.status == 403 and ("nodecapacity" in text or "enough allocatable" in text):
+        return "the node has not enough allocatable CPU (403 NodeCapacity)"
+    if e.status == 422 and "without support for resize" in text:
+        return "the pod runs on a node without support for resize (422)"
+    return None
+
+
+@dataclass(slots=True)
+class _Refusal:
+    why: str
+    retry_at: float
+    backoff_s: float
+
 
 Enforcement: TypeAlias = Literal["share", "limit"]
 """What the decided CPU per replica is: the pods' request (guaranteed share), or their limit."""
@@ -223,6 +257,8 @@ class KubernetesActuator:
         *,
         enforcement: Enforcement = "limit",
         cpu_max: Callable[[], Mapping[str, float]] | None = None,
+        cache: WorkloadCache | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if enforcement not in ("share", "limit"):
             raise ValueError(f"enforcement must be 'share' or 'limit', got {enforcement!r}")
@@ -239,6 +275,14 @@ class KubernetesActuator:
         self._limited_pods: dict[str, set[str]] = {}
         self._blocked_reported: set[tuple[str, str]] = set()
         self._not_leader_logged = False
+        self.cache = cache
+        self.clock = clock
+        self.refused: dict[str, _Refusal] = {}
+        """Pods (``namespace/name``) whose resize the API server refused, until retry_at."""
+        self._wrote: dict[str, tuple[str, object]] = {}
+        """Per object: (resourceVersion it had when we wrote, what we wrote)."""
+        self.writes = 0
+        """Writes made (scale and resize patches, events)."""
 
     def __repr__(self) -> str:
         return (
@@ -275,12 +319,44 @@ class KubernetesActuator:
                     e,
                 )
 
+    def _cached(self) -> WorkloadCache | None:
+        return self.cache if self.cache is not None and self.cache.synced() else None
+
+    async def _read(self, target: Workload) -> tuple[Scale, list[Pod]]:
+        """The workload's scale and live pods: from the watch caches once they are synced,
+        else from the API (a ``/scale`` read and a pod list)."""
+        cache = self._cached()
+        if cache is None:
+            scale = await self.api.read_scale(target.kind, target.namespace, target.name)
+            pods = await self.api.list_pods(target.namespace, scale.selector)
+        else:
+            found = cache.scale(target)
+            if found is None:
+                raise NotFound(
+                    404, "NotFound", f"{target.kind} {target.namespace}/{target.name} not found"
+                )
+            scale, pods = found, cache.pods(target.namespace, found.selector)
+        return scale, [p for p in pods if not p.deleting]
+
+    def _already_wrote(self, key: str, rv: str, value: object) -> bool:
+        """Whether this very write was made while the object (in the cache) was at ``rv``: the
+        watch has not shown our write yet, so making it again would be a duplicate."""
+        return self._cached() is not None and self._wrote.get(key) == (rv, value)
+
+    def _wrote_now(self, key: str, rv: str, value: object) -> None:
+        self._wrote[key] = (rv, value)
+        self.writes += 1
+
     async def _apply_one(self, service: str, target: Workload, d: Decision) -> None:
-        scale = await self.api.read_scale(target.kind, target.namespace, target.name)
-        if scale.spec_replicas != d.replicas:
+        scale, pods = await self._read(target)
+        scale_key = f"{target.kind}/{target.namespace}/{target.name}"
+        if scale.spec_replicas != d.replicas and not self._already_wrote(
+            scale_key, scale.resource_version, d.replicas
+        ):
             if not self._leads():
                 return
             await self.api.patch_scale(target.kind, target.namespace, target.name, d.replicas)
+            self._wrote_now(scale_key, scale.resource_version, d.replicas)
             await self._event(
                 target,
                 "Normal",
@@ -290,21 +366,39 @@ class KubernetesActuator:
         resized = []
         cap = self.cpu_max().get(service) if self.enforcement == "share" else None
         seen: set[str] = set()
-        for pod in await self.api.list_pods(target.namespace, scale.selector):
-            if pod.deleting:
-                continue
+        failed: KubeError | None = None
+        now = self.clock()
+        for pod in pods:
             plan = plan_resize(pod, d.cpu_per_replica_cores, self.enforcement, cap)
             if not self._leads():
                 return
-            seen.add(await self._report_limited(service, target, pod, plan.limited))
+            key = await self._report_limited(service, target, pod, plan.limited)
+            seen.add(key)
             if plan.container is None:
                 continue
-            await self.api.resize_pod(
-                pod.meta.namespace, pod.meta.name, {plan.container.name: plan.container}
-            )
+            refusal = self.refused.get(key)
+            if refusal is not None and now < refusal.retry_at:
+                continue  # backing off after a refusal
+            if self._already_wrote(f"Pod/{key}", pod.meta.resource_version, plan.container):
+                continue
+            try:
+                await self.api.resize_pod(
+                    pod.meta.namespace, pod.meta.name, {plan.container.name: plan.container}
+                )
+            except KubeError as e:
+                why = resize_refusal(e)
+                if why is None:
+                    failed = failed or e
+                    continue
+                await self._refused_now(service, target, key, why, before=refusal, now=now)
+                continue
+            self.refused.pop(key, None)
+            self._wrote_now(f"Pod/{key}", pod.meta.resource_version, plan.container)
             resized.append(pod.meta.name)
         for gone in self._limited_pods.get(service, set()) - seen:
             self.limited.pop(gone, None)
+            self.refused.pop(gone, None)
+            self._wrote.pop(f"Pod/{gone}", None)
         self._limited_pods[service] = seen
         if resized:
             what = (
@@ -319,6 +413,43 @@ class KubernetesActuator:
                 "Resized",
                 f"{service}: {what} on {len(resized)} pod(s) ({', '.join(resized)}): "
                 f"{_reason_text(d)}",
+            )
+        if failed is not None:
+            raise failed
+
+    async def _refused_now(
+        self,
+        service: str,
+        target: Workload,
+        key: str,
+        why: str,
+        *,
+        before: _Refusal | None,
+        now: float,
+    ) -> None:
+        """The API server refused this pod's resize: back off, and say so once."""
+        backoff = (
+            REFUSAL_BACKOFF_S
+            if before is None
+            else min(before.backoff_s * 2, REFUSAL_BACKOFF_MAX_S)
+        )
+        self.refused[key] = _Refusal(why, now + backoff, backoff)
+        log.warning(
+            "%s: pod %s: resize refused: %s; CPU per replica stays, scaling replicas instead "
+            "(next try in %.0fs)",
+            service,
+            key,
+            why,
+            backoff,
+        )
+        name, text = key.split("/", 1)[1], f"resize refused: {why}"
+        if (name, text) not in self._blocked_reported:
+            self._blocked_reported.add((name, text))
+            await self._event(
+                target,
+                "Warning",
+                "ResizeBlocked",
+                f"{service}: pod {name}: {text}; scaling out instead",
             )
 
     async def _report_limited(
@@ -336,6 +467,7 @@ class KubernetesActuator:
         return key
 
     async def _event(self, target: Workload, type_: str, reason: str, message: str) -> None:
+        self.writes += 1
         try:
             await self.api.create_event(
                 target.ref(),
@@ -350,19 +482,15 @@ class KubernetesActuator:
             )
 
     async def current(self) -> Mapping[str, ServiceState]:
-        """What is in force, read from the API; nothing on a follower (it decides nothing, so
-        it spares the API server two reads per service per tick)."""
+        """What is in force, from the watch caches (from the API until they are synced);
+        nothing on a follower (it decides nothing)."""
         out: dict[str, ServiceState] = {}
         if self.leader is not None and not self.leader.is_leader():
             return out
+        now = self.clock()
         for service, target in sorted(self.workloads().items()):
             try:
-                scale = await self.api.read_scale(target.kind, target.namespace, target.name)
-                pods = [
-                    p
-                    for p in await self.api.list_pods(target.namespace, scale.selector)
-                    if not p.deleting
-                ]
+                scale, pods = await self._read(target)
             except KubeError as e:
                 self.errors[service] = str(e)
                 log.warning(
@@ -388,6 +516,9 @@ class KubernetesActuator:
                     why = plan_resize(p, cpu_in_force(p.spec[0]) or 0.0).blocked if p.spec else None
                     if why:
                         blocked.append((p.meta.name, why))
+                refusal = self.refused.get(f"{p.meta.namespace}/{p.meta.name}")
+                if refusal is not None and now < refusal.retry_at:
+                    blocked.append((p.meta.name, f"resize refused: {refusal.why}"))
             for pod_name, why in blocked:
                 if (pod_name, why) not in self._blocked_reported and self._leads():
                     self._blocked_reported.add((pod_name, why))

@@ -56,12 +56,15 @@ from gateway.platforms.kubernetes.model import (
     microtime,
     pod_from_json,
     service_from_json,
+    workload_from_json,
 )
 
 log = logging.getLogger(__name__)
 
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+FIELD_MANAGER = "sluice"
+"""``fieldManager`` of every write: ``managedFields`` name Sluice, not the client library."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,9 +81,11 @@ RBAC_RULES: tuple[RbacRule, ...] = (
     RbacRule("networking.k8s.io", "ingresses/status", ("patch",)),
     RbacRule("discovery.k8s.io", "endpointslices", ("list", "watch")),
     RbacRule("", "services", ("get",)),
-    RbacRule("", "pods", ("list",)),
+    RbacRule("", "pods", ("list", "watch")),
     RbacRule("", "pods/resize", ("patch",)),
     RbacRule("", "events", ("create",)),
+    RbacRule("apps", "deployments", ("list", "watch")),
+    RbacRule("apps", "statefulsets", ("list", "watch")),
     RbacRule("apps", "deployments/scale", ("get", "patch")),
     RbacRule("apps", "statefulsets/scale", ("get", "patch")),
     RbacRule("coordination.k8s.io", "leases", ("get", "create", "update")),
@@ -188,6 +193,31 @@ class KubeApi:
             lister = functools.partial(self.discovery.list_namespaced_endpoint_slice, namespace)
         return self._reflector("endpointslices", lister, endpoint_slice_from_json, label_selector)
 
+    def watch_workloads(self, kind: WorkloadKind, namespace: str | None = None) -> Reflector[Scale]:
+        """Deployments or StatefulSets, each as its ``/scale`` would show it."""
+        every: Callable[..., Any]
+        one: Callable[..., Any]
+        if kind == "Deployment":
+            every, one = (
+                self.apps.list_deployment_for_all_namespaces,
+                self.apps.list_namespaced_deployment,
+            )
+        else:
+            every, one = (
+                self.apps.list_stateful_set_for_all_namespaces,
+                self.apps.list_namespaced_stateful_set,
+            )
+        lister = every if namespace is None else functools.partial(one, namespace)
+        convert = functools.partial(workload_from_json, kind=kind)
+        return self._reflector(f"{kind.lower()}s", lister, convert, None)
+
+    def watch_pods(self, namespace: str | None = None) -> Reflector[Pod]:
+        if namespace is None:
+            lister: Callable[..., Any] = self.core.list_pod_for_all_namespaces
+        else:
+            lister = functools.partial(self.core.list_namespaced_pod, namespace)
+        return self._reflector("pods", lister, pod_from_json, None)
+
     def _reflector(
         self,
         what: str,
@@ -219,6 +249,7 @@ class KubeApi:
             namespace,
             body,
             _content_type=MERGE_PATCH,
+            field_manager=FIELD_MANAGER,
         )
         return ingress_from_json(self._plain(obj))
 
@@ -245,6 +276,7 @@ class KubeApi:
             int(spec.get("replicas") or 0),
             int(status.get("replicas") or 0),
             status.get("selector") or "",
+            meta.get("resourceVersion") or "",
         )
 
     async def read_scale(self, kind: WorkloadKind, namespace: str, name: str) -> Scale:
@@ -257,7 +289,15 @@ class KubeApi:
         _, patch = self._scale_fns(kind)
         body = {"spec": {"replicas": replicas}}
         return self._scale(
-            kind, await self._call(patch, name, namespace, body, _content_type=MERGE_PATCH)
+            kind,
+            await self._call(
+                patch,
+                name,
+                namespace,
+                body,
+                _content_type=MERGE_PATCH,
+                field_manager=FIELD_MANAGER,
+            ),
         )
 
     async def list_pods(self, namespace: str, label_selector: str) -> list[Pod]:
@@ -287,6 +327,7 @@ class KubeApi:
             namespace,
             body,
             _content_type=STRATEGIC_MERGE_PATCH,
+            field_manager=FIELD_MANAGER,
         )
         return pod_from_json(self._plain(obj))
 
@@ -320,7 +361,12 @@ class KubeApi:
             last_timestamp=now,
             count=1,
         )
-        await self._call(self.core.create_namespaced_event, target.namespace, event)
+        await self._call(
+            self.core.create_namespaced_event,
+            target.namespace,
+            event,
+            field_manager=FIELD_MANAGER,
+        )
 
     async def get_lease(self, namespace: str, name: str) -> Lease | None:
         try:
@@ -347,7 +393,10 @@ class KubeApi:
 
     async def create_lease(self, lease: Lease) -> Lease:
         obj = await self._call(
-            self.coordination.create_namespaced_lease, lease.namespace, self._lease_body(lease)
+            self.coordination.create_namespaced_lease,
+            lease.namespace,
+            self._lease_body(lease),
+            field_manager=FIELD_MANAGER,
         )
         return lease_from_json(self._plain(obj))
 
@@ -358,6 +407,7 @@ class KubeApi:
             lease.name,
             lease.namespace,
             self._lease_body(lease),
+            field_manager=FIELD_MANAGER,
         )
         return lease_from_json(self._plain(obj))
 
@@ -433,6 +483,21 @@ class Reflector(Generic[T]):
     def items(self) -> dict[str, T]:
         with self._lock:
             return dict(self._items)
+
+    def get(self, key: str) -> T | None:
+        """One item by ``namespace/name``."""
+        with self._lock:
+            return self._items.get(key)
+
+    @property
+    def synced(self) -> bool:
+        """Whether the first list has arrived (the cache is complete from then on)."""
+        return self._synced
+
+    @property
+    def version(self) -> int:
+        """Grows on every change of the collection (cheap check before copying ``items()``)."""
+        return self._version
 
     async def snapshots(self) -> AsyncIterator[dict[str, T]]:
         """Whole collection after the first list, then after each change (latest state only)."""

@@ -137,7 +137,8 @@ class Scale:
     spec_replicas: int
     status_replicas: int
     selector: str
-    """Label selector of the workload's pods (``k=v,k2=v2``)."""
+    """Label selector of the workload's pods (``k=v,k2=v2``, ``k in (a,b)``...)."""
+    resource_version: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -364,3 +365,85 @@ def parse_cpu_cores(quantity: str) -> float:
 def format_cpu(cores: float) -> str:
     """Cores as a millicore quantity ('250m'); at least 1m."""
     return f"{max(1, round(cores * 1000))}m"
+
+
+# ---- workloads and label selectors (for the watch caches) -------------------------------------
+
+
+def format_selector(selector: Mapping[str, Any] | None) -> str:
+    """A ``LabelSelector`` (matchLabels + matchExpressions) in the string form ``/scale`` reports
+    as ``status.selector`` (``a=b,c in (d,e),!f``)."""
+    sel = selector or {}
+    parts = [f"{k}={v}" for k, v in sorted((sel.get("matchLabels") or {}).items())]
+    for e in sel.get("matchExpressions") or []:
+        key, op, values = e.get("key") or "", e.get("operator") or "", e.get("values") or []
+        if op == "In":
+            parts.append(f"{key} in ({','.join(sorted(values))})")
+        elif op == "NotIn":
+            parts.append(f"{key} notin ({','.join(sorted(values))})")
+        elif op == "Exists":
+            parts.append(key)
+        elif op == "DoesNotExist":
+            parts.append(f"!{key}")
+    return ",".join(parts)
+
+
+def _selector_terms(selector: str) -> list[str]:
+    """Split on commas outside parentheses."""
+    terms, depth, cur = [], 0, ""
+    for ch in selector:
+        if ch == "," and depth == 0:
+            terms.append(cur.strip())
+            cur = ""
+            continue
+        depth += ch == "("
+        depth -= ch == ")"
+        cur += ch
+    if cur.strip():
+        terms.append(cur.strip())
+    return terms
+
+
+def selector_matches(selector: str, labels: Mapping[str, str]) -> bool:
+    """Whether ``labels`` match a label selector string (``=``, ``==``, ``!=``, ``in``,
+    ``notin``, ``key``, ``!key``).  The empty selector matches everything."""
+    for term in _selector_terms(selector):
+        for op in (" notin ", " in "):
+            if op in term:
+                key, values = term.split(op, 1)
+                vals = {v.strip() for v in values.strip().strip("()").split(",")}
+                has = labels.get(key.strip())
+                if (op == " in ") != (has is not None and has in vals):
+                    return False
+                break
+        else:
+            if "!=" in term:
+                key, value = term.split("!=", 1)
+                if labels.get(key.strip()) == value.strip():
+                    return False
+            elif "=" in term:
+                key, value = term.replace("==", "=").split("=", 1)
+                if labels.get(key.strip()) != value.strip():
+                    return False
+            elif term.startswith("!"):
+                if term[1:].strip() in labels:
+                    return False
+            elif term not in labels:
+                return False
+    return True
+
+
+def workload_from_json(d: Mapping[str, Any], kind: WorkloadKind = "Deployment") -> Scale:
+    """A Deployment or StatefulSet as its ``/scale`` subresource would show it (list items
+    carry no ``kind``: the caller says which)."""
+    spec, status, meta = d.get("spec") or {}, d.get("status") or {}, _meta(d)
+    replicas = spec.get("replicas")
+    return Scale(
+        kind,
+        meta.namespace,
+        meta.name,
+        1 if replicas is None else int(replicas),
+        int(status.get("replicas") or 0),
+        format_selector(spec.get("selector")),
+        meta.resource_version,
+    )

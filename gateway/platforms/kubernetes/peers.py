@@ -130,6 +130,6 @@ class PeerSignals:
                 "signals: %d of %d peers did not answer: %s", len(failed), len(peers), failed
             )
         if not answered:
-            log.warning("signals: no peer answered; scaling is frozen")
+            log.warning("signals: no peer answered")
             return {}, self.last_report
         return self.merger.merge(now, answered), self.last_report

@@ -21,6 +21,7 @@ from gateway.dataplane.updates import EndpointUpdate, RoutesUpdate
 from gateway.platforms import Gateway
 from gateway.platforms.kubernetes.actuator import KubernetesActuator
 from gateway.platforms.kubernetes.api import KubeApi
+from gateway.platforms.kubernetes.cache import WorkloadCache
 from gateway.platforms.kubernetes.discovery import KubernetesDiscovery, default_identity
 from gateway.platforms.kubernetes.leader import LeaderElector
 from gateway.platforms.kubernetes.peers import PeerSignals
@@ -47,6 +48,7 @@ class KubernetesControl:
         http: httpx.AsyncClient,
         api: KubeApi | None = None,
         clock: Callable[[], float] | None = None,
+        own_signals: Callable[[float], dict[str, ServiceSignals]] | None = None,
     ) -> None:
         cfg = settings.kubernetes
         self.api = api or KubeApi.connect(cfg.kubeconfig, max_concurrency=cfg.api_max_concurrency)
@@ -61,18 +63,25 @@ class KubernetesControl:
             retry_period_s=cfg.lease.retry_period_s,
             clock=clock,
         )
+        self.cache = WorkloadCache(self.api, cfg.namespaces)
         self.actuator = KubernetesActuator(
             self.api,
             self.discovery.workloads,
             leader=self.elector,
             enforcement=settings.budget.enforcement,
             cpu_max=self._cpu_max,
+            cache=self.cache,
         )
         token = settings.admin.token.get_secret_value() if settings.admin.token else None
         self.peer_signals = PeerSignals(
             http, self.discovery.peer_admin_addresses, cfg.peer_timeout_s, token
         )
         self._elector_task: asyncio.Task[None] | None = None
+        self.own_signals = own_signals
+        self.signal_source = "peers"
+        """Where the leader's signals come from: ``peers``, ``own`` or ``none`` (frozen)."""
+        self._peer_ever_answered = False
+        self._source_why = ""
 
     def __repr__(self) -> str:
         return f"KubernetesControl({self.discovery!r}, {self.elector!r})"
@@ -89,11 +98,46 @@ class KubernetesControl:
         if not self.elector.is_leader():
             return {}
         at = asyncio.get_running_loop().time() if now is None else now
-        merged, _ = await self.peer_signals.collect(at)
-        return merged
+        if not self.discovery.peer_admin_addresses():
+            return self._own(
+                at,
+                "no gateway replica found in the EndpointSlices of "
+                f"{self._gateway_service()} (one replica, or running outside the cluster)",
+            )
+        merged, report = await self.peer_signals.collect(at)
+        if report.answered:
+            self._peer_ever_answered = True
+            self._source("peers", "signals merged from the gateway replicas")
+            return merged
+        if not self._peer_ever_answered:
+            return self._own(
+                at,
+                f"none of the {len(report.failed)} gateway replicas found has ever answered "
+                "(running outside the cluster network?)",
+            )
+        self._source("none", "no peer answered this tick; scaling is frozen")
+        return {}
+
+    def _gateway_service(self) -> str:
+        gw = self.discovery.config.gateway_service
+        return f"{gw.namespace}/{gw.name}"
+
+    def _own(self, at: float, why: str) -> dict[str, ServiceSignals]:
+        if self.own_signals is None:
+            self._source("none", f"{why}; no own signals to scale on, scaling is frozen")
+            return {}
+        self._source("own", f"{why}: scaling on this replica's own signals")
+        return self.own_signals(at)
+
+    def _source(self, source: str, why: str) -> None:
+        """Log where the signals come from whenever that changes."""
+        if source != self.signal_source or (source != "peers" and why != self._source_why):
+            (log.info if source == "peers" else log.warning)("signals: %s", why)
+        self.signal_source, self._source_why = source, why
 
     async def __aenter__(self) -> KubernetesControl:
         await self.discovery.__aenter__()
+        self.cache.start()
 
         async def elect() -> None:
             while True:
@@ -131,7 +175,7 @@ class KubernetesPlatform:
         self._gateway = gateway
         self._api = api
         self.http = httpx.AsyncClient()
-        self.control = KubernetesControl(settings, self.http, api=api)
+        self.control = KubernetesControl(settings, self.http, api=api, own_signals=gateway.signals)
         self.actuator = self.control.actuator
 
     def __repr__(self) -> str:
@@ -157,7 +201,11 @@ class KubernetesPlatform:
         pass
 
     def report(self) -> Mapping[str, Any]:
-        return {"lending": False, "leader": self.control.elector.is_leader()}
+        return {
+            "lending": False,
+            "leader": self.control.elector.is_leader(),
+            "signals": self.control.signal_source,
+        }
 
     async def start(self, scaler: ScalerLoop) -> None:
         budget = self.settings.budget
