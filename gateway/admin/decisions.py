@@ -4,7 +4,7 @@
   replica, budget share, the rule that fired, the reasons, inputs and the explanation as
   data: steps, clamps, flows), never with NaN or infinity;
 * :func:`decisions_route` — ``GET /api/decisions[?service=NAME][&limit=N]``: the scaler
-  loop's recent decisions (a bounded ring of those that changed something), newest first,
+  loop's recent decisions (an unknown or malformed parameter -> 400; a bounded ring of those that changed something), newest first,
   plus the latest decision of every service and the budget, with what the platform reports
   (on the local platform: what is lent between ticks and the quota in force).
 """
@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import math
+import re
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
     from gateway.runtime import Runtime
 
 DEFAULT_LIMIT = 50
+QUERY_PARAMETERS = frozenset({"limit", "service"})
+_DIGITS = re.compile(r"[0-9]{1,9}")  # ASCII only: str.isdigit() takes "²", which int() refuses
 
 
 def decision_json(d: Decision) -> dict[str, Any]:
@@ -67,11 +70,18 @@ def decisions_route(runtime: Runtime) -> Route:
         loop = runtime.scaler
         if loop is None:
             return JSONResponse({"error": "no scaler runs in this gateway"}, status_code=404)
-        service = request.query_params.get("service")
-        raw_limit = request.query_params.get("limit", str(DEFAULT_LIMIT))
-        if not raw_limit.isdigit() or int(raw_limit) < 1:
+        params = request.query_params
+        unknown = sorted(set(params) - QUERY_PARAMETERS)
+        if unknown:
             return JSONResponse(
-                {"error": f"limit must be a whole number >= 1, got {raw_limit!r}"},
+                {"error": f"{unknown[0]}: unknown parameter (allowed: limit, service)"},
+                status_code=400,
+            )
+        service = params.get("service")
+        raw_limit = params.get("limit", str(DEFAULT_LIMIT))
+        if not _DIGITS.fullmatch(raw_limit) or int(raw_limit) < 1:
+            return JSONResponse(
+                {"error": f"limit must be a whole number >= 1, got {raw_limit[:40]!r}"},
                 status_code=400,
             )
         if service is not None and service not in runtime.services:

@@ -16,7 +16,8 @@
   keeps serving)
 
 With ``admin.token`` set every path but ``/healthz`` and ``/readyz`` needs
-``Authorization: Bearer <token>`` (``gateway.admin.auth``).
+``Authorization: Bearer <token>``; without one, requests with a foreign ``Host`` and
+cross-origin state changes are refused (``gateway.admin.auth``).
 
 Starlette on uvicorn, started on the gateway's event loop: not on the hot path.
 """
@@ -36,7 +37,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from gateway.admin.auth import AdminTokenMiddleware
+from gateway.admin.auth import AdminTokenMiddleware, LocalOriginMiddleware
 from gateway.admin.dashboard import dashboard_routes
 from gateway.admin.metrics import CONTENT_TYPE, DecisionCollector, build_registry, render
 from gateway.admin.reload import Reloader
@@ -181,10 +182,13 @@ class AdminServer:
         sock.bind((host, port))
         sock.listen(128)
         sock.setblocking(False)
+        bound = sock.getsockname()
         app: Any = build_app(self.runtime, self.extra_routes, self.reloader)
         token = self.runtime.settings.admin.token
         if token is not None:
             app = AdminTokenMiddleware(app, token.get_secret_value())
+        else:
+            app = LocalOriginMiddleware(app, str(bound[0]))
         config = uvicorn.Config(
             app,
             log_level="warning",
@@ -199,7 +203,6 @@ class AdminServer:
                 self._task.result()  # raises the startup error
                 raise RuntimeError("the admin server stopped during startup")
             await asyncio.sleep(0.01)
-        bound = sock.getsockname()
         return str(bound[0]), int(bound[1])
 
     async def stop(self) -> None:

@@ -22,6 +22,7 @@ from starlette.routing import Route
 from gateway.telemetry.buffer import RecentTraces, TraceKind, TraceStatus
 
 _TRACE_ID = re.compile(r"[0-9a-f]{32}")
+_DIGITS = re.compile(r"[0-9]{1,9}")  # ASCII only: str.isdigit() takes "²", which int() refuses
 MAX_LIMIT = 1000
 
 
@@ -45,7 +46,7 @@ def parse_query(params: dict[str, str]) -> dict[str, Any]:
         except ValueError:
             value = -1.0
         if not value >= 0 or value == float("inf"):
-            raise QueryError(f"min_duration_ms: must be a number >= 0, got {raw!r}")
+            raise QueryError(f"min_duration_ms: must be a number >= 0, got {raw[:40]!r}")
         out["min_duration_ms"] = value
     if "status" in params:
         status = params["status"].lower()
@@ -66,8 +67,8 @@ def parse_query(params: dict[str, str]) -> dict[str, Any]:
         out["trace_id"] = int(trace_id, 16)
     if "limit" in params:
         raw = params["limit"]
-        if not raw.isdigit() or not 1 <= int(raw) <= MAX_LIMIT:
-            raise QueryError(f"limit: must be an integer in 1..{MAX_LIMIT}, got {raw!r}")
+        if not _DIGITS.fullmatch(raw) or not 1 <= int(raw) <= MAX_LIMIT:
+            raise QueryError(f"limit: must be an integer in 1..{MAX_LIMIT}, got {raw[:40]!r}")
         out["limit"] = int(raw)
     return out
 

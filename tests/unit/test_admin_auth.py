@@ -37,10 +37,18 @@ async def test_without_token_401(path: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "auth", ["Bearer wrong", f"Bearer {TOKEN}x", f"bearer {TOKEN}", TOKEN, f"Basic {TOKEN}"]
+    "auth",
+    ["Bearer wrong", f"Bearer {TOKEN}x", f"Bearer{TOKEN}", TOKEN, f"Basic {TOKEN}", "Bearer "],
 )
 async def test_wrong_token_401(auth: str) -> None:
     assert (await get("/metrics", {"Authorization": auth})).status_code == 401
+
+
+@pytest.mark.parametrize("scheme", ["bearer", "BEARER", "bEaReR", "Bearer  "])
+async def test_scheme_is_case_insensitive(scheme: str) -> None:
+    """RFC 9110 §11.1: the auth-scheme is case-insensitive (and 1*SP precedes the token)."""
+    r = await get("/metrics", {"Authorization": f"{scheme} {TOKEN}"})
+    assert r.status_code == 200
 
 
 async def test_right_token_passes() -> None:
