@@ -163,6 +163,7 @@ async def serve(
         loop,
         tracing=telemetry.requests,
         limits=HeadLimits.from_settings(settings.limits),
+        h2c=settings.listen.h2c,
     )
     reloader: Reloader | None = None
     if config_path is not None:

@@ -88,6 +88,11 @@ class ListenConfig(_Model):
 
     host: str = Field(default="127.0.0.1", description="Address to bind.")
     port: int = Field(default=8080, ge=0, le=65535, description="TCP port (0 = any free port).")
+    h2c: bool = Field(
+        default=False,
+        description="Also serve HTTP/2 over plain TCP to clients that open with the HTTP/2 "
+        "preface (h2c by prior knowledge); HTTP/1.1 is served as before.",
+    )
 
 
 ADMIN_TOKEN_MIN_CHARS = 32

@@ -28,6 +28,7 @@ import httptools
 
 from gateway.dataplane.errors import Cause, HttpDate, error_response
 from gateway.dataplane.forward import PAUSE_BACKPRESSURE, PAUSE_BUFFER, Exchange
+from gateway.dataplane.h2server import PREFACE, H2Connection
 from gateway.dataplane.headers import HeadCache
 from gateway.dataplane.limits import (
     HeadLimits,
@@ -188,6 +189,8 @@ class ClientConnection(asyncio.Protocol):
             if self.current is None:
                 self.close()
         except httptools.HttpParserError as e:
+            if self.dp.h2c and self._take_h2c(data):
+                return
             cause = self.reject_cause
             if cause is None:
                 cause = Cause.VERSION_NOT_SUPPORTED if "PRI" in str(e) else Cause.BAD_REQUEST
@@ -195,6 +198,19 @@ class ClientConnection(asyncio.Protocol):
             return
         if self.head_open:
             self._head_pending(data)
+
+    def _take_h2c(self, data: bytes) -> bool:
+        """The HTTP/2 preface opened the connection (h2c by prior knowledge, ``listen.h2c``):
+        hand the transport to an :class:`H2Connection`.  False if it is not a preface."""
+        if self.current is not None or self.pending or not data.startswith(PREFACE[:16]):
+            return False
+        self.closed = True
+        self.dp.connections.discard(self)
+        h2conn = H2Connection(self.dp)
+        self.transport.set_protocol(h2conn)
+        h2conn.connection_made(self.transport)
+        h2conn.data_received(data)
+        return True
 
     def _parse_fields(self, data: bytes) -> None:
         """Re-parse the current request from its first byte with per-field callbacks, and
@@ -533,8 +549,12 @@ class DataPlane:
         loop: asyncio.AbstractEventLoop | None = None,
         tracing: RequestTracing | None = None,
         limits: HeadLimits | None = None,
+        *,
+        h2c: bool = False,
     ) -> None:
         self.routing = routing
+        self.h2c = h2c
+        """HTTP/2 by prior knowledge on this listener (``listen.h2c``)."""
         self.tracing = tracing
         """Request tracing when on (``gateway.telemetry``); None costs one branch per request."""
         self.limits = limits or HeadLimits()
@@ -554,7 +574,7 @@ class DataPlane:
         self._route_table: RouteTable | None = None
         self._route_cache: dict[tuple[bytes, bytes], str | None] = {}
         self.networks = [ipaddress.ip_network(n, strict=False) for n in trusted_proxies]
-        self.connections: set[ClientConnection] = set()
+        self.connections: set[ClientConnection | H2Connection] = set()
         self.active: set[Exchange] = set()
         """Exchanges that reached a service and have not finished (swept for deadlines)."""
         self.server: asyncio.Server | None = None
@@ -592,12 +612,12 @@ class DataPlane:
         self._sweeps += 1
         if self._sweeps % IDLE_SWEEP_EVERY == 0:
             idle_before = now - self.limits.idle_timeout_s
-            for conn in [
+            for idle in [
                 c
                 for c in self.connections
                 if c.current is None and not c.head_open and c.last_active < idle_before
             ]:
-                conn.close()
+                idle.close()
             for service in self.routing.services.values():
                 for ep in service.endpoints.endpoints:
                     if isinstance(ep.pool, EndpointConnections):
@@ -644,6 +664,8 @@ class DataPlane:
         for conn in list(self.connections):
             if conn.current is None:
                 conn.close()
+            elif isinstance(conn, H2Connection):
+                conn.goaway()  # no new streams; the open ones finish
         self.drained = asyncio.Event()
         if not self.active:
             self.drained.set()

@@ -1,0 +1,644 @@
+"""Inbound HTTP/2: one :class:`H2Connection` per client, one :class:`StreamExchange` per stream.
+
+The framing, HPACK, stream states and flow-control windows are the ``h2`` library's; this
+module maps each request stream onto the data plane's :class:`~gateway.dataplane.forward.Exchange`
+(routing by ``:authority``, admission, balancing, retries, timeouts, stats, tracing), so a
+stream is exactly one request in flight.  Memory is bounded by the windows: request DATA is
+acknowledged (WINDOW_UPDATE) only while the exchange is not paused, and response bytes the
+client's window cannot take yet pause reading from the upstream.  Gateway errors on gRPC
+requests are answered as gRPC statuses (trailers-only responses).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from typing import TYPE_CHECKING, cast
+
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import h2.exceptions
+import h2.settings
+
+from gateway.dataplane.errors import Cause
+from gateway.dataplane.forward import Exchange
+from gateway.dataplane.headers import HOP_BY_HOP, connection_tokens, response_fields
+from gateway.dataplane.limits import RequestRejected
+from gateway.dataplane.upstream import WRITE_BUFFER_HIGH, WRITE_BUFFER_LOW
+
+if TYPE_CHECKING:
+    from gateway.dataplane.server import DataPlane
+
+log = logging.getLogger(__name__)
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+MAX_CONCURRENT_STREAMS = 128
+"""SETTINGS_MAX_CONCURRENT_STREAMS announced to clients (more open streams: refused)."""
+INITIAL_WINDOW = 256 * 1024
+"""SETTINGS_INITIAL_WINDOW_SIZE: request body bytes a stream may send before it is acknowledged."""
+CONNECTION_WINDOW = 1 << 20
+"""The connection's receive window (all streams' unacknowledged request bytes together)."""
+MAX_RESETS_PER_S = 200
+"""Client RST_STREAMs tolerated per second and connection; more is a rapid-reset attack
+(CVE-2023-44487): GOAWAY ENHANCE_YOUR_CALM and close."""
+
+GRPC_STATUS = {
+    Cause.NO_ROUTE: 12,  # UNIMPLEMENTED
+    Cause.RATE_LIMITED: 8,  # RESOURCE_EXHAUSTED
+    Cause.BODY_TOO_LARGE: 8,
+    Cause.HEADERS_TOO_LARGE: 8,
+    Cause.TOTAL_TIMEOUT: 4,  # DEADLINE_EXCEEDED
+    Cause.HEADER_TIMEOUT: 4,
+    Cause.CONNECT_TIMEOUT: 4,
+    Cause.BAD_REQUEST: 13,  # INTERNAL
+    Cause.BAD_RESPONSE: 13,
+    Cause.URI_TOO_LONG: 13,
+}
+"""gRPC status codes of gateway errors on gRPC requests; any other cause: 14 UNAVAILABLE."""
+_GRPC_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
+_DROP_RESPONSE = HOP_BY_HOP | {b"http2-settings"}
+
+
+def grpc_timeout_s(value: bytes) -> float | None:
+    """The ``grpc-timeout`` header as seconds (``1S``, ``250m``, ...; None if malformed)."""
+    digits, unit = value[:-1], value[-1:]
+    if not digits.isdigit() or len(digits) > 8 or unit not in _GRPC_UNITS:
+        return None
+    return int(digits) * _GRPC_UNITS[unit]
+
+
+def http1_fields(
+    headers: list[tuple[bytes, bytes]], end_stream: bool
+) -> tuple[bytes, bytes, list[tuple[bytes, bytes]], bool]:
+    """Split an HTTP/2 request's fields into method, path and HTTP/1.1 fields (``Host`` from
+    ``:authority``, cookies joined, a body without a length sent chunked) plus whether it
+    is gRPC.  Raises ``RequestRejected`` for what HTTP/1.1 cannot carry (CONNECT, no path)."""
+    method = path = authority = b""
+    out: list[tuple[bytes, bytes]] = []
+    cookies: list[bytes] = []
+    has_length = has_host = grpc = False
+    for name, value in headers:
+        if name[:1] == b":":
+            if name == b":method":
+                method = value
+            elif name == b":path":
+                path = value
+            elif name == b":authority":
+                authority = value
+            continue
+        if name == b"cookie":
+            cookies.append(value)
+            continue
+        if name == b"content-length":
+            has_length = True
+        elif name == b"host":
+            has_host = True
+        elif name == b"content-type":
+            grpc = value.startswith(b"application/grpc")
+        elif name in {b"te", b"expect"}:
+            continue  # hop-by-hop (te: trailers) / no 100-continue over h2
+        out.append((name, value))
+    if not method or not path or method == b"CONNECT":
+        raise RequestRejected(Cause.BAD_REQUEST)
+    if authority and not has_host:
+        out.insert(0, (b"host", authority))
+    if cookies:
+        out.append((b"cookie", b"; ".join(cookies)))
+    if not end_stream and not has_length:
+        out.append((b"transfer-encoding", b"chunked"))
+    return method, path, out, grpc
+
+
+def h2_response_fields(raw_head: bytes) -> list[tuple[bytes, bytes]]:
+    """An HTTP/1.1 response head's fields as HTTP/2 fields (lower-case, no hop-by-hop ones)."""
+    fields = [(name.lower(), value) for name, value in response_fields(raw_head)]
+    drop = _DROP_RESPONSE | connection_tokens(fields)
+    return [(n, v) for n, v in fields if n not in drop]
+
+
+class StreamExchange(Exchange):
+    """An :class:`Exchange` whose client is one HTTP/2 stream (:class:`H2Stream`)."""
+
+    grpc = False
+    grpc_timeout: float | None = None
+
+    def start(self) -> None:
+        super().start()
+        if self.grpc_timeout is not None and self.arrived and not self.done:
+            deadline = self.started_at + self.grpc_timeout
+            if deadline < self.deadline_total:
+                self.deadline_total = deadline
+                self._arm(deadline)
+
+    def on_upstream_headers(self, status: int, raw_head: bytes) -> None:
+        if self.done:
+            return
+        if status < 200:
+            if status == 101:
+                self.upstream_bad_response()
+                return
+            self.interim = True
+            return
+        self.resp_status = status
+        self.resp_head = raw_head
+        self.resp_state = 1
+        head_only = self.method == b"HEAD"
+        if not head_only and status not in {204, 304}:
+            low = raw_head.lower()
+            if low.find(b"\r\ncontent-length:") == -1 and low.find(b"\r\ntransfer-encoding:") == -1:
+                self.resp_close_delimited = True  # the body ends when the upstream closes
+        stream = cast(H2Stream, self.client)
+        stream.send_headers([(b":status", b"%d" % status), *h2_response_fields(raw_head)])
+        if head_only:
+            self._finish(status)
+
+    def on_upstream_body(self, body: bytes) -> None:
+        if self.done or self.interim:
+            return
+        cast(H2Stream, self.client).send_body(body)
+
+    def reply_error(self, cause: Cause, retry_after_s: int | None = None) -> None:
+        if self.span is not None and cause.status >= 500:
+            self.span.failed(cause.code)
+        self.cause = cause
+        stream = cast(H2Stream, self.client)
+        if not stream.closed:
+            stream.send_error(cause, retry_after_s, self.grpc, self.method == b"HEAD")
+        self.resp_state = 1
+        self._finish(cause.status, failed=cause.status >= 500)
+
+
+class H2Stream:
+    """One client stream as its exchange sees its client (the per-request part of
+    ``ClientConnection``): writes become HTTP/2 frames, pauses withhold WINDOW_UPDATEs."""
+
+    __slots__ = (
+        "closed",
+        "conn",
+        "dp",
+        "ended",
+        "exchange",
+        "pause_bits",
+        "peer_ip",
+        "pending",
+        "pending_end",
+        "stream_id",
+        "trusted",
+        "unacked",
+        "write_paused",
+    )
+
+    def __init__(self, conn: H2Connection, stream_id: int) -> None:
+        self.conn = conn
+        self.dp = conn.dp
+        self.stream_id = stream_id
+        self.peer_ip = conn.peer_ip
+        self.trusted = conn.trusted
+        self.closed = False
+        """Reset or ended: nothing more is sent on it."""
+        self.ended = False
+        """The response is complete on our side (END_STREAM queued or sent)."""
+        self.write_paused = conn.write_paused
+        self.exchange: StreamExchange | None = None
+        self.pause_bits = 0
+        self.unacked = 0
+        """Request bytes received while paused (acknowledged when the pause ends)."""
+        self.pending: list[bytes] = []
+        """Response bytes the client's flow-control window cannot take yet."""
+        self.pending_end = False
+
+    @property
+    def transport(self) -> asyncio.Transport:
+        return self.conn.transport
+
+    # -- used by Exchange (as ClientConnection) ------------------------------------------
+
+    def pause(self, bit: int) -> None:
+        self.pause_bits |= bit
+
+    def unpause(self, bits: int) -> None:
+        if self.pause_bits & bits:
+            self.pause_bits &= ~bits
+            if not self.pause_bits and self.unacked:
+                n, self.unacked = self.unacked, 0
+                self.conn.acknowledge(self.stream_id, n)
+
+    def exchange_done(self, exchange: Exchange, now: float) -> None:
+        self.exchange = None
+        self.conn.last_active = now
+        if not self.closed and not self.ended:
+            if exchange.cause is None and exchange.resp_state == 1:
+                self.end()
+            else:
+                self.abort()
+        self.conn.stream_done(self)
+
+    def abort(self) -> None:
+        """Reset the stream (a response cut short must not look complete)."""
+        if not self.closed:
+            self.closed = True
+            self.conn.reset(self.stream_id, h2.errors.ErrorCodes.INTERNAL_ERROR)
+
+    def close(self) -> None:
+        self.abort()
+
+    # -- response frames ------------------------------------------------------------------
+
+    def send_headers(self, fields: list[tuple[bytes, bytes]], end: bool = False) -> None:
+        if self.closed:
+            return
+        if end:
+            self.ended = True
+        self.conn.send_headers(self.stream_id, fields, end)
+
+    def send_body(self, body: bytes) -> None:
+        if self.closed:
+            return
+        if self.pending:
+            self.pending.append(body)
+            return
+        rest = self.conn.send_data(self.stream_id, body)
+        if rest:
+            self.pending.append(rest)
+            self.conn.blocked.add(self)
+            self._pause_upstream()
+
+    def end(self) -> None:
+        self.ended = True
+        if self.pending:
+            self.pending_end = True
+        elif not self.closed:
+            self.conn.end_stream(self.stream_id)
+            self.closed = True
+
+    def window_opened(self) -> bool:
+        """Send what the window now allows; True once nothing is pending."""
+        pending = self.pending
+        while pending:
+            rest = self.conn.send_data(self.stream_id, pending[0])
+            if rest:
+                pending[0] = rest
+                return False
+            pending.pop(0)
+        if self.pending_end and not self.closed:
+            self.conn.end_stream(self.stream_id)
+            self.closed = True
+        ex = self.exchange
+        if ex is not None and ex.upstream is not None and not self.conn.write_paused:
+            ex.upstream.resume_reading()
+        return True
+
+    def _pause_upstream(self) -> None:
+        ex = self.exchange
+        if ex is not None and ex.upstream is not None:
+            ex.upstream.pause_reading()
+
+    def send_error(
+        self, cause: Cause, retry_after_s: int | None, grpc: bool, head_only: bool
+    ) -> None:
+        """The gateway's own response: a gRPC status (trailers-only) for gRPC requests."""
+        code = cause.code.encode()
+        if grpc:
+            fields = [
+                (b":status", b"200"),
+                (b"content-type", b"application/grpc"),
+                (b"grpc-status", b"%d" % GRPC_STATUS.get(cause, 14)),
+                (b"grpc-message", cause.message.replace(" ", "%20").encode()),
+                (b"sluice-error", code),
+            ]
+            self.send_headers(fields, end=True)
+            return
+        body = b"" if head_only else cause.message.encode() + b"\n"
+        fields = [
+            (b":status", b"%d" % cause.status),
+            (b"content-type", b"text/plain; charset=utf-8"),
+            (b"content-length", b"%d" % len(cause.message.encode() + b"\n")),
+            (b"sluice-error", code),
+        ]
+        if retry_after_s is not None:
+            fields.append((b"retry-after", b"%d" % retry_after_s))
+        self.send_headers(fields, end=not body)
+        if body:
+            self.send_body(body)
+            self.end()
+
+    def __repr__(self) -> str:
+        return f"H2Stream({self.stream_id}, exchange={self.exchange!r})"
+
+
+class H2Connection(asyncio.Protocol):
+    """One HTTP/2 client connection (h2c by prior knowledge, or ``h2`` by ALPN)."""
+
+    def __init__(self, dp: DataPlane) -> None:
+        self.dp = dp
+        self.h2 = h2.connection.H2Connection(
+            h2.config.H2Configuration(client_side=False, header_encoding=None)
+        )
+        self.transport: asyncio.Transport = None  # type: ignore[assignment]  # connection_made
+        self.peer_ip = b""
+        self.trusted = False
+        self.streams: dict[int, H2Stream] = {}
+        self.blocked: set[H2Stream] = set()
+        """Streams with response bytes waiting for the client's window."""
+        self.closed = False
+        self.write_paused = False
+        self.going_away = False
+        self.last_active = 0.0
+        self.head_open = False  # (as ClientConnection: the idle sweep reads it)
+        self._reset_window_start = 0.0
+        self._resets = 0
+        self._refused = 0
+
+    # -- what the data plane's sweep and stop read (as ClientConnection) ------------------
+
+    @property
+    def current(self) -> Exchange | None:
+        """An exchange in progress on this connection, or None when idle."""
+        for stream in self.streams.values():
+            if stream.exchange is not None:
+                return stream.exchange
+        return None
+
+    # -- asyncio.Protocol -----------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport = cast(asyncio.Transport, transport)
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        ip = peer[0] if isinstance(peer, tuple) else ""
+        self.peer_ip = ip.encode()
+        self.trusted = self.dp.is_trusted(ip)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        transport.set_write_buffer_limits(WRITE_BUFFER_HIGH, WRITE_BUFFER_LOW)
+        self.dp.connections.add(self)
+        self.last_active = self.dp.loop.time()
+        limits = self.dp.limits
+        conn = self.h2
+        conn.local_settings = h2.settings.Settings(
+            client=False,
+            initial_values={
+                h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: MAX_CONCURRENT_STREAMS,
+                h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: INITIAL_WINDOW,
+                h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: limits.max_header_bytes,
+            },
+        )
+        conn.initiate_connection()
+        conn.increment_flow_control_window(CONNECTION_WINDOW - 65535)
+        self._send()
+
+    def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return
+        try:
+            events = self.h2.receive_data(data)
+        except h2.exceptions.ProtocolError as e:
+            self._protocol_error(e)
+            return
+        for event in events:
+            if self.closed:
+                return
+            self._event(event)
+        self._send()
+
+    def _event(self, event: h2.events.Event) -> None:
+        if isinstance(event, h2.events.RequestReceived):
+            self._request(event)
+        elif isinstance(event, h2.events.DataReceived):
+            sid = event.stream_id
+            stream = self.streams.get(sid)
+            n = event.flow_controlled_length
+            ex = stream.exchange if stream is not None else None
+            if stream is not None and stream.pause_bits:
+                stream.unacked += n
+            else:
+                self.acknowledge(sid, n)
+            if ex is not None and event.data:
+                ex.on_request_body(event.data)
+            if event.stream_ended and ex is not None and not ex.req_done:
+                ex.on_request_end()
+        elif isinstance(event, h2.events.StreamEnded):
+            pass  # carried by the DataReceived/RequestReceived it came with
+        elif isinstance(event, h2.events.TrailersReceived):
+            stream = self.streams.get(event.stream_id)
+            ex = stream.exchange if stream is not None else None
+            if ex is not None and not ex.req_done:
+                ex.on_request_end()  # request trailers are not forwarded
+        elif isinstance(event, h2.events.StreamReset):
+            self._stream_reset(event.stream_id)
+        elif isinstance(event, h2.events.WindowUpdated):
+            self._window_opened(event.stream_id)
+        elif isinstance(event, h2.events.RemoteSettingsChanged):
+            if h2.settings.SettingCodes.INITIAL_WINDOW_SIZE in event.changed_settings:
+                self._window_opened(0)
+        elif isinstance(event, h2.events.ConnectionTerminated):
+            self._close()
+
+    def _request(self, event: h2.events.RequestReceived) -> None:
+        sid = event.stream_id
+        if self.going_away:
+            self.reset(sid, h2.errors.ErrorCodes.REFUSED_STREAM)
+            return
+        end_stream = event.stream_ended is not None
+        headers = event.headers
+        stream = H2Stream(self, sid)
+        self.streams[sid] = stream
+        heads = self.dp.heads
+        try:
+            method, path, fields, grpc = http1_fields(headers, end_stream)
+            if len(fields) > self.dp.limits.max_headers:
+                raise RequestRejected(Cause.HEADERS_TOO_LARGE)
+            checked = heads.fields(fields, self.trusted)
+            if "1.1" not in checked.passed:
+                checked.check("1.1", fields)
+        except RequestRejected as e:
+            stream.send_error(e.cause, None, False, False)
+            self.stream_done(stream)
+            return
+        head = heads.head(method, path, checked.fields, self.peer_ip)
+        ex = StreamExchange(stream, method, path, fields, head, True, True)  # type: ignore[arg-type]
+        if grpc:
+            ex.grpc = True
+            for name, value in fields:
+                if name == b"grpc-timeout":
+                    ex.grpc_timeout = grpc_timeout_s(value)
+        stream.exchange = ex
+        if end_stream or not head.has_body:
+            ex.req_done = True
+        ex.start()
+
+    def _stream_reset(self, sid: int) -> None:
+        now = self.dp.loop.time()
+        if now - self._reset_window_start > 1.0:
+            self._reset_window_start = now
+            self._resets = 0
+        self._resets += 1
+        stream = self.streams.get(sid)
+        if stream is not None:
+            stream.closed = True
+            self.blocked.discard(stream)
+            ex = stream.exchange
+            if ex is not None:
+                ex.client_gone()
+            self.stream_done(stream)
+        if self._resets > MAX_RESETS_PER_S:
+            log.debug("h2: rapid reset from %s: GOAWAY", self.peer_ip.decode())
+            self._goaway_close(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
+
+    def _window_opened(self, sid: int) -> None:
+        if sid == 0:
+            for stream in list(self.blocked):
+                if stream.window_opened():
+                    self.blocked.discard(stream)
+                    self._forget(stream)
+        else:
+            one = self.streams.get(sid)
+            if one is not None and one in self.blocked and one.window_opened():
+                self.blocked.discard(one)
+                self._forget(one)
+
+    def _protocol_error(self, e: h2.exceptions.ProtocolError) -> None:
+        code = getattr(e, "error_code", h2.errors.ErrorCodes.PROTOCOL_ERROR)
+        if isinstance(e, h2.exceptions.DenialOfServiceError):
+            code = h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+        log.debug("h2: protocol error from %s: %s", self.peer_ip.decode(), e)
+        self._goaway_close(code)
+
+    def _goaway_close(self, code: int) -> None:
+        with contextlib.suppress(h2.exceptions.ProtocolError):
+            self.h2.close_connection(error_code=code)
+        self._send()
+        outbox = self.dp.outbox
+        if outbox.pending is not None:
+            outbox.flush()
+        self._close()
+        self.transport.close()
+
+    def eof_received(self) -> bool | None:
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._close()
+
+    def _close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.dp.connections.discard(self)
+        for stream in list(self.streams.values()):
+            stream.closed = True
+            if stream.exchange is not None:
+                stream.exchange.client_gone()
+        self.streams.clear()
+        self.blocked.clear()
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+        for stream in self.streams.values():
+            stream.write_paused = True
+            stream._pause_upstream()
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        for stream in self.streams.values():
+            stream.write_paused = False
+            ex = stream.exchange
+            if ex is not None and ex.upstream is not None and not stream.pending:
+                ex.upstream.resume_reading()
+
+    # -- sending (h2 queues frames; one write per call site) ------------------------------
+
+    def _send(self) -> None:
+        data = self.h2.data_to_send()
+        if data and not self.closed:
+            self.dp.outbox.write(self.transport, data)
+
+    def send_headers(self, sid: int, fields: list[tuple[bytes, bytes]], end: bool) -> None:
+        try:
+            self.h2.send_headers(sid, fields, end_stream=end)
+        except h2.exceptions.ProtocolError:
+            return  # the stream is gone (reset meanwhile)
+        self._send()
+
+    def send_data(self, sid: int, data: bytes) -> bytes:
+        """Send what the windows allow; return the rest."""
+        conn = self.h2
+        try:
+            window = conn.local_flow_control_window(sid)
+            size = conn.max_outbound_frame_size
+            sent = 0
+            while sent < len(data) and window > 0:
+                n = min(window, size, len(data) - sent)
+                conn.send_data(sid, data[sent : sent + n])
+                sent += n
+                window -= n
+        except h2.exceptions.ProtocolError:
+            return b""  # the stream is gone: drop the rest
+        self._send()
+        return data[sent:]
+
+    def end_stream(self, sid: int) -> None:
+        with contextlib.suppress(h2.exceptions.ProtocolError):
+            self.h2.end_stream(sid)
+        self._send()
+
+    def reset(self, sid: int, code: int) -> None:
+        with contextlib.suppress(h2.exceptions.ProtocolError):
+            self.h2.reset_stream(sid, error_code=code)
+        self._send()
+
+    def acknowledge(self, sid: int, n: int) -> None:
+        if n:
+            with contextlib.suppress(h2.exceptions.ProtocolError):
+                self.h2.acknowledge_received_data(n, sid)
+
+    # -- stream lifetimes -----------------------------------------------------------------
+
+    def stream_done(self, stream: H2Stream) -> None:
+        """The stream's exchange ended: forget it once nothing is pending for it."""
+        if stream not in self.blocked:
+            self._forget(stream)
+
+    def _forget(self, stream: H2Stream) -> None:
+        if stream.exchange is None:
+            self.streams.pop(stream.stream_id, None)
+        if self.going_away and not self.streams and not self.closed:
+            self.close()
+
+    def goaway(self) -> None:
+        """Drain: announce GOAWAY (NO_ERROR, the last stream taken), finish open streams,
+        then close."""
+        if self.going_away or self.closed:
+            return
+        self.going_away = True
+        with contextlib.suppress(h2.exceptions.ProtocolError):
+            self.h2.close_connection()
+        self._send()
+        if not self.streams:
+            self.close()
+
+    def close(self) -> None:
+        if not self.going_away and not self.closed:
+            self.goaway()
+            return
+        outbox = self.dp.outbox
+        if outbox.pending is not None:
+            outbox.flush()
+        self._close()
+        self.transport.close()
+
+    def abort(self) -> None:
+        outbox = self.dp.outbox
+        if outbox.pending is not None:
+            outbox.flush()
+        self._close()
+        self.transport.abort()
+
+    def __repr__(self) -> str:
+        return f"H2Connection({self.peer_ip.decode()}, {len(self.streams)} streams)"
