@@ -82,6 +82,9 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from gateway.telemetry.logs import configure
+
+    configure(args.log_level, args.log_format)
     settings = load_or_exit(args.config)
     from gateway.app import run
 
@@ -104,6 +107,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="run the gateway (data plane, admin plane, scaler)")
     _add_config(p)
+    from gateway.telemetry.logs import FORMATS, LEVELS
+
+    p.add_argument(
+        "--log-level",
+        choices=LEVELS,
+        default="info",
+        help="least severe level logged (default: info; debug adds every scaler tick)",
+    )
+    p.add_argument(
+        "--log-format",
+        choices=FORMATS,
+        default="text",
+        help="text lines, or one JSON object per line (default: text); logs go to stderr",
+    )
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("check", help="validate a config file and summarise it")

@@ -50,6 +50,36 @@ class TickEngine(Protocol):
     ) -> dict[str, Decision]: ...
 
 
+LOG_LINE_CHARS = 200
+"""A changed decision's INFO line keeps its reasons to about this many characters (the
+whole explanation: ``GET /api/decisions``, or every tick at DEBUG)."""
+
+
+def short_reason(decision: Decision) -> str:
+    """The reasons that say why (not the input recap), cut to :data:`LOG_LINE_CHARS`."""
+    recaps = ("kpa.windows", "hpa.inputs")
+    parts = decision.explanation.parts
+    reasons = decision.reasons
+    kept = [
+        reason
+        for part, reason in zip(parts, reasons, strict=False)
+        if getattr(part, "kind", None) not in recaps
+    ] or list(reasons)
+    text = "; ".join(kept)
+    if len(text) > LOG_LINE_CHARS:
+        text = text[: LOG_LINE_CHARS - 1].rstrip() + "…"
+    return text
+
+
+def _fields(decision: Decision) -> dict[str, object]:
+    return {
+        "service": decision.service,
+        "replicas": decision.replicas,
+        "cpu_per_replica_cores": round(decision.cpu_per_replica_cores, 4),
+        "rule": decision.rule,
+    }
+
+
 async def wait_event(event: asyncio.Event, timeout_s: float) -> None:
     """The default waiter: the event loop's own timer."""
     with contextlib.suppress(TimeoutError):
@@ -126,8 +156,15 @@ class ScalerLoop:
                 log.info(
                     "scaler decision %s: %s",
                     decision.summary(),
+                    short_reason(decision),
+                    extra=_fields(decision),
+                )
+            elif log.isEnabledFor(logging.DEBUG):
+                log.debug(
+                    "scaler tick %s: %s",
+                    decision.summary(),
                     "; ".join(decision.reasons),
-                    extra={"service": name, "replicas": decision.replicas},
+                    extra=_fields(decision),
                 )
         self.last = decisions
         self.ticks += 1

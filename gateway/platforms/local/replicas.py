@@ -3,6 +3,8 @@
 The process is started through ``launch.py`` (joins the cgroup, sets PR_SET_PDEATHSIG so
 it dies with Sluice, then execs the command), in a new session so the replica leads its
 own process group: stopping signals the whole group, then anything left in its cgroup.
+Its stdout and stderr are read line by line and logged (logger ``gateway.replicas.output``)
+prefixed with the replica's name, so the output of several replicas stays apart.
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ from pathlib import Path
 from gateway.platforms.local.cgroups import ReplicaCgroup
 
 log = logging.getLogger(__name__)
+output_log = logging.getLogger("gateway.replicas.output")
+
+MAX_LINE_BYTES = 16384
+"""A longer line of replica output is logged in pieces of this size."""
 
 LAUNCHER = Path(__file__).with_name("launch.py")
 
@@ -51,6 +57,7 @@ class ReplicaProcess:
         self.env = {**os.environ, **env, "PORT": str(port)}
         self.cgroup = cgroup
         self._proc: asyncio.subprocess.Process | None = None
+        self._pumps: list[asyncio.Task[None]] = []
 
     def __repr__(self) -> str:
         state = "not started" if self._proc is None else f"pid {self.pid}, rc {self.returncode}"
@@ -91,14 +98,50 @@ class ReplicaProcess:
             *self.argv,
             env=self.env,
             stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
             start_new_session=True,
+            limit=MAX_LINE_BYTES,
         )
+        loop = asyncio.get_running_loop()
+        for stream, label in ((self._proc.stdout, "stdout"), (self._proc.stderr, "stderr")):
+            if stream is not None:
+                self._pumps.append(loop.create_task(self._pump(stream, label)))
         log.info("started %s %s: pid %d: %s", self.service, self.name, self._proc.pid, self.argv)
+
+    async def _pump(self, stream: asyncio.StreamReader, label: str) -> None:
+        """Log every line the replica writes to ``label``, prefixed with its name."""
+        extra = {"service": self.service, "replica": self.name, "stream": label}
+        while True:
+            try:
+                raw = await stream.readline()
+            except ValueError:  # a line longer than MAX_LINE_BYTES: log what is buffered
+                raw = await stream.read(MAX_LINE_BYTES)
+            if not raw:
+                return
+            line = raw.decode(errors="replace").rstrip("\r\n")
+            output_log.info("[%s] %s", self.name, line, extra=extra)
+
+    async def _drain_output(self) -> None:
+        """Wait until the output pumps have logged everything the process wrote."""
+        pumps, self._pumps = self._pumps, []
+        for pump in pumps:
+            try:
+                async with asyncio.timeout(5):
+                    await pump
+            except TimeoutError:  # a grandchild holds the pipe open: stop reading it
+                pump.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await pump
+            except OSError as e:
+                log.warning("%s %s: reading its output failed: %s", self.service, self.name, e)
 
     async def wait(self) -> int:
         if self._proc is None:
             raise RuntimeError(f"{self!r} was never started")
-        return await self._proc.wait()
+        code = await self._proc.wait()
+        await self._drain_output()
+        return code
 
     def signal_group(self, sig: int) -> None:
         """Send ``sig`` to the replica's process group (everything it spawned in its session)."""
@@ -130,4 +173,5 @@ class ReplicaProcess:
         if self.cgroup is not None:
             with contextlib.suppress(OSError):
                 self.cgroup.kill_all(signal.SIGKILL)
+        await self._drain_output()
         return self._proc.returncode
