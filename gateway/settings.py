@@ -369,6 +369,23 @@ class ReloadConfig(_Model):
     )
 
 
+class UpgradesConfig(_Model):
+    """Connections upgraded to another protocol (``Connection: Upgrade``), e.g. WebSockets."""
+
+    protocols: list[
+        Annotated[str, Field(min_length=1, pattern=r"^[!#$%&'*+.^_`|~0-9A-Za-z/-]+$")]
+    ] = Field(
+        default_factory=lambda: ["websocket"],
+        description="Upgrade protocols (case-insensitive) passed to the upstream; an "
+        "upgrade request for another is served as plain HTTP without the Upgrade.",
+    )
+    idle_timeout_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="An upgraded connection with no bytes either way for this long is closed.",
+    )
+
+
 class ServiceConfig(_Model):
     """A named backend with routes, endpoints and a scaling policy."""
 
@@ -403,6 +420,10 @@ class ServiceConfig(_Model):
     outlier_detection: OutlierDetectionConfig = Field(
         default_factory=OutlierDetectionConfig,
         description="Ejecting endpoints that keep failing.",
+    )
+    upgrades: UpgradesConfig = Field(
+        default_factory=UpgradesConfig,
+        description="Protocol upgrades (WebSockets) proxied to this service.",
     )
 
 

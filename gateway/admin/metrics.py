@@ -7,7 +7,9 @@ counters it already keeps.
 * ``sluice_requests_total{service,code}`` — completed requests by HTTP status (499: the
   client left first; gateway errors use their own status, see docs/dataplane.md)
 * ``sluice_arrivals_total{service}`` — requests that reached the service
-* ``sluice_in_flight{service}`` — requests being forwarded now
+* ``sluice_in_flight{service}`` — requests being forwarded now (upgraded connections included)
+* ``sluice_upgraded_connections{service}`` / ``sluice_upgrades_total{service}`` — upgraded
+  connections (WebSockets) open now, and upgrades accepted (101) since start
 * ``sluice_request_duration_seconds{service}`` — histogram, arrival to completion
 * ``sluice_request_rate_rps{service}`` — arrivals per second over the sliding window
 * ``sluice_endpoints{service,state}`` — endpoints by state (ready, terminating,
@@ -87,6 +89,14 @@ class ServiceCollector(Collector):
         in_flight = GaugeMetricFamily(
             "sluice_in_flight", "Requests being forwarded to the service now.", labels=["service"]
         )
+        upgraded = GaugeMetricFamily(
+            "sluice_upgraded_connections",
+            "Upgraded connections (WebSockets) open now; each also counts in sluice_in_flight.",
+            labels=["service"],
+        )
+        upgrades = CounterMetricFamily(
+            "sluice_upgrades", "Upgrades accepted by the upstream (101).", labels=["service"]
+        )
         rate = GaugeMetricFamily(
             "sluice_request_rate_rps",
             "Arrivals per second over the gateway's sliding window.",
@@ -130,6 +140,8 @@ class ServiceCollector(Collector):
                 requests.add_metric([name, str(code)], n)
             arrivals.add_metric([name], stats.arrivals_total)
             in_flight.add_metric([name], stats.in_flight - stats.queued)
+            upgraded.add_metric([name], stats.upgraded)
+            upgrades.add_metric([name], stats.upgrades_total)
             rate.add_metric([name], stats.rps(now))
             buckets: list[tuple[str, float]] = []
             cumulative = 0
@@ -161,6 +173,8 @@ class ServiceCollector(Collector):
             requests,
             arrivals,
             in_flight,
+            upgraded,
+            upgrades,
             rate,
             duration,
             endpoints,

@@ -67,6 +67,10 @@ def service_view(runtime: Runtime, name: str, now: float) -> dict[str, Any]:
             for ep in service.endpoints.endpoints
         ],
         "completions": service.stats.completions_by_class(),
+        "upgraded": {
+            "open": service.stats.upgraded,
+            "total": service.stats.upgrades_total,
+        },
         "admission": {
             "slots_in_use": service.admission.in_use,
             "slots": None

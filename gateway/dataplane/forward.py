@@ -38,6 +38,7 @@ from gateway.dataplane.headers import (
     response_fields,
 )
 from gateway.dataplane.retry import Failure, retry_reason, untried
+from gateway.dataplane.tunnel import Tunnel, switching_head
 from gateway.dataplane.upstream import EndpointConnections, UpstreamConnection
 
 if TYPE_CHECKING:
@@ -143,6 +144,11 @@ class Exchange:
     replay: list[bytes] | None = None
     """A copy of the framed body sent so far (idempotent requests; dropped once too big)."""
     replay_bytes = 0
+    # -- issue 16: protocol upgrades (WebSockets)
+    upgrade: bytes | None = None
+    """The client's ``Upgrade`` value when it asked for one the service allows."""
+    tunnel: Tunnel | None = None
+    """Set once the upstream switched protocols (the exchange then lives as long as it)."""
 
     def __init__(  # noqa: PLR0917  (positional: one call per request, no keyword matching)
         self,
@@ -194,6 +200,8 @@ class Exchange:
         self.service = service
         if tracing is not None and self.span is not None:
             self.span.routed(name)
+        if self.upgrade is not None and not service.allows_upgrade(self.upgrade):
+            self.upgrade = None  # served as plain HTTP, without the Upgrade (RFC 9110 §7.8)
         # -- issue 4: the service's body limit (declared now, counted as the body streams)
         limit = service.admission.max_body_bytes
         if limit is not None:
@@ -327,6 +335,8 @@ class Exchange:
         head = self.head.head
         if self.attempt_span is not None:
             head = head[:-2] + b"traceparent: " + self.attempt_span.traceparent + b"\r\n\r\n"
+        if self.upgrade is not None:
+            head = head[:-2] + b"Connection: Upgrade\r\nUpgrade: " + self.upgrade + b"\r\n\r\n"
         buf = self.body_buf
         if self.head.has_body and self.method in IDEMPOTENT:
             self._keep_replay(buf)
@@ -426,8 +436,11 @@ class Exchange:
         if self.done:
             return
         if status < 200:
-            if status == 101:  # we never forward Upgrade, so a switch is a broken upstream
-                self.upstream_bad_response()
+            if status == 101:
+                if self.upgrade is not None and self.upstream is not None:
+                    self._switch(raw_head)
+                else:  # a switch nobody asked for: a broken upstream
+                    self.upstream_bad_response()
                 return
             self.interim = True  # 1xx (e.g. 103): not forwarded
             return
@@ -529,6 +542,58 @@ class Exchange:
         else:
             self.fail(Cause.RESET)  # truncated: the client connection is aborted
 
+    # -- issue 16: upgraded connections --------------------------------------------------
+
+    def _switch(self, raw_head: bytes) -> None:
+        """The upstream switched protocols: answer the client's upgrade and splice the two
+        connections (the exchange stays in flight until the tunnel ends)."""
+        up = self.upstream
+        service = self.service
+        assert up is not None and service is not None and self.upgrade is not None
+        client = self.client
+        dp = client.dp
+        now = dp.loop.time()
+        self.resp_status = 101
+        self.resp_head = raw_head
+        self.resp_state = 1
+        self.keep_alive = False
+        self.req_sent = True
+        self.deadline_next = INF  # no request timeouts now (the idle timeout is the tunnel's)
+        up.exchange = None
+        tunnel = self.tunnel = up.tunnel = Tunnel(self, client, up, now - self.started_at, now)
+        dp.tunnels.add(tunnel)
+        service.stats.upgrade_opened(tunnel.handshake_s, now)
+        if not client.closed:
+            dp.outbox.write(client.transport, switching_head(raw_head, self.upgrade))
+        early = self.body_buf  # bytes the client sent after its request, before the 101
+        if early:
+            self.body_buf = None
+            self.body_buf_bytes = 0
+            for data in early:
+                tunnel.from_client(data)
+            client.unpause(PAUSE_BUFFER)
+
+    def upgrade_data(self, data: bytes) -> None:
+        """Client bytes after an upgrade request: to the tunnel, or held until the 101."""
+        tunnel = self.tunnel
+        if tunnel is not None:
+            tunnel.from_client(data)
+            return
+        if self.done or self.upgrade is None:
+            return  # not upgraded: the connection closes after this response
+        buf = self.body_buf
+        if buf is None:
+            buf = self.body_buf = []
+        buf.append(data)
+        self.body_buf_bytes += len(data)
+        if self.body_buf_bytes > BUFFER_LIMIT:
+            self.client.pause(PAUSE_BUFFER)
+
+    def tunnel_ended(self) -> None:
+        """The tunnel closed: the exchange ends (status 101)."""
+        self.upstream = None
+        self._finish(101)
+
     def upstream_bad_response(self) -> None:
         if not self.done:
             self.fail(Cause.BAD_RESPONSE)
@@ -612,6 +677,9 @@ class Exchange:
         """The client disconnected: cancel the upstream request (its connection is not reused)."""
         if self.done:
             return
+        if self.tunnel is not None:
+            self.tunnel.lost()
+            return
         self.keep_alive = False
         if self.span is not None:
             self.span.failed("client-gone")
@@ -651,8 +719,13 @@ class Exchange:
             self._end_spans(status, failed)
         service = self.service
         if service is not None and self.arrived:
-            latency_s = now - self.started_at
-            service.stats.complete(status, latency_s, now, failed)
+            tunnel = self.tunnel
+            if tunnel is None:
+                latency_s = now - self.started_at
+                service.stats.complete(status, latency_s, now, failed)
+            else:
+                latency_s = tunnel.handshake_s
+                service.stats.upgrade_closed()
             ep = self.endpoint
             if ep is not None:
                 balancer = service.balancer

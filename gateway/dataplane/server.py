@@ -40,6 +40,7 @@ from gateway.dataplane.limits import (
 from gateway.dataplane.outbox import Outbox
 from gateway.dataplane.routing import RouteTable
 from gateway.dataplane.service import Service
+from gateway.dataplane.tunnel import Tunnel
 from gateway.dataplane.upstream import WRITE_BUFFER_HIGH, WRITE_BUFFER_LOW, EndpointConnections
 
 if TYPE_CHECKING:
@@ -97,6 +98,7 @@ class ClientConnection(asyncio.Protocol):
         "transport",
         "trusted",
         "upgraded",
+        "upgrading",
         "url",
         "write_paused",
     )
@@ -129,6 +131,9 @@ class ClientConnection(asyncio.Protocol):
         self.closed = False
         self.broken = False
         self.upgraded = False
+        """The parser stopped at an upgrade request: no more HTTP on this connection."""
+        self.upgrading: Exchange | None = None
+        """The exchange of that request (it gets the bytes that follow: see ``Tunnel``)."""
         # -- issue 4: head limits, slow and idle clients, rejections
         self.head_open = False
         """A request head has begun and is not complete."""
@@ -167,6 +172,8 @@ class ClientConnection(asyncio.Protocol):
         if self.closed or self.upgraded:
             if self.lingering:
                 self._linger_read(len(data))
+            elif self.upgrading is not None and not self.closed:
+                self.upgrading.upgrade_data(data)
             return
         if self.raw:
             self.data = data
@@ -182,12 +189,17 @@ class ClientConnection(asyncio.Protocol):
             else:
                 if self.head_open and self.raw and not (self.broken or self.closed):
                     self._parse_fields(data)  # the read ended inside a head
-        except httptools.HttpParserUpgrade:
-            # Upgrade is hop-by-hop and not forwarded: serve this request as plain HTTP
-            # and close afterwards (the bytes after it are not HTTP).
+        except httptools.HttpParserUpgrade as e:
+            # No more HTTP on this connection: an allowed upgrade goes to the upstream (the
+            # bytes after the request go to its tunnel); otherwise the request is served as
+            # plain HTTP without the Upgrade and the connection closes afterwards.
             self.upgraded = True
             if self.current is None:
                 self.close()
+            elif self.upgrading is not None and self.raw:
+                rest = data[e.args[0] :] if e.args and isinstance(e.args[0], int) else b""
+                if rest:
+                    self.upgrading.upgrade_data(rest)
         except httptools.HttpParserError as e:
             if self.dp.h2c and self._take_h2c(data):
                 return
@@ -249,6 +261,9 @@ class ClientConnection(asyncio.Protocol):
         if self.lingering:
             self.transport.close()
             return None
+        upgrading = self.upgrading
+        if upgrading is not None and upgrading.tunnel is not None:
+            return upgrading.tunnel.client_eof_received()
         # Like nginx, a client EOF during an exchange is taken as the client leaving (499):
         # the transport closes and connection_lost cancels the upstream request.
         return None
@@ -369,6 +384,8 @@ class ClientConnection(asyncio.Protocol):
             self._stop_parsing(e.cause)
         head = heads.head(method, target, checked.fields, self.peer_ip)
         exchange = Exchange(self, method, target, headers, head, keep_alive, version == "1.1")
+        if parser.should_upgrade():
+            self._upgrade_requested(exchange, method, version)
         if not head.has_body:  # the request is complete now (llhttp ends it without a body)
             exchange.req_done = True
         self.parsing = exchange
@@ -379,6 +396,16 @@ class ClientConnection(asyncio.Protocol):
             if self.pending is None:
                 self.pending = deque()
             self.pending.append(exchange)
+
+    def _upgrade_requested(self, exchange: Exchange, method: bytes, version: str) -> None:
+        """``Connection: upgrade`` with ``Upgrade``: offered to the service (``Exchange.start``)
+        when it is an HTTP/1.1 request without a body."""
+        if version != "1.1" or exchange.head.has_body or method == b"CONNECT":
+            return
+        values = [v for n, v in self.headers if n.lower() == b"upgrade"]
+        if len(values) == 1 and values[0].strip():
+            exchange.upgrade = values[0].strip()
+            self.upgrading = exchange
 
     def on_body(self, body: bytes) -> None:
         self.head_from += len(body)  # raw heads: the next request starts after the body
@@ -575,6 +602,8 @@ class DataPlane:
         self._route_cache: dict[tuple[bytes, bytes], str | None] = {}
         self.networks = [ipaddress.ip_network(n, strict=False) for n in trusted_proxies]
         self.connections: set[ClientConnection | H2Connection] = set()
+        self.tunnels: set[Tunnel] = set()
+        """Upgraded connections (WebSockets), swept for their service's idle timeout."""
         self.active: set[Exchange] = set()
         """Exchanges that reached a service and have not finished (swept for deadlines)."""
         self.server: asyncio.Server | None = None
@@ -618,11 +647,22 @@ class DataPlane:
                 if c.current is None and not c.head_open and c.last_active < idle_before
             ]:
                 idle.close()
+            if self.tunnels:
+                self._sweep_tunnels(now)
             for service in self.routing.services.values():
                 for ep in service.endpoints.endpoints:
                     if isinstance(ep.pool, EndpointConnections):
                         ep.pool.expire(now)
         self._sweeper = self.loop.call_later(SWEEP_S, self._sweep)
+
+    def _sweep_tunnels(self, now: float) -> None:
+        idle = []
+        for tunnel in self.tunnels:
+            service = tunnel.exchange.service
+            if service is not None and tunnel.idle(now - service.config.upgrades.idle_timeout_s):
+                idle.append(tunnel)
+        for tunnel in idle:
+            tunnel.end()
 
     def configure(self, trusted_proxies: Sequence[str], limits: HeadLimits) -> None:
         """Hot reload: new trusted networks (for new connections) and head limits."""

@@ -34,6 +34,7 @@ class Service:
         "rng",
         "stats",
         "total_s",
+        "upgrade_protocols",
     )
 
     def __init__(
@@ -58,6 +59,9 @@ class Service:
         self.retry_policy = self.config.retries
         self.retry_budget = RetryBudget(self.retry_policy)
         self.outlier = OutlierDetector(name, self.config.outlier_detection, self.endpoints)
+        self.upgrade_protocols = frozenset(
+            p.lower().encode() for p in self.config.upgrades.protocols
+        )
         self.endpoints.on_change = self._endpoints_changed
 
     @classmethod
@@ -81,7 +85,13 @@ class Service:
         self.retry_policy = config.retries
         self.retry_budget.configure(config.retries)
         self.outlier.configure(config.outlier_detection)
+        self.upgrade_protocols = frozenset(p.lower().encode() for p in config.upgrades.protocols)
         self.config = config
+
+    def allows_upgrade(self, upgrade: bytes) -> bool:
+        """Whether a request's ``Upgrade`` value names only protocols this service takes."""
+        tokens = {t.strip().lower() for t in upgrade.split(b",")} - {b""}
+        return bool(tokens) and tokens <= self.upgrade_protocols
 
     def _endpoints_changed(self) -> None:
         self.admission.set_replicas(len(self.endpoints.routable))

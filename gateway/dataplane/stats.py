@@ -82,6 +82,8 @@ class ServiceStats:
         "queued",
         "rate_window_s",
         "service",
+        "upgraded",
+        "upgrades_total",
     )
 
     def __init__(
@@ -99,6 +101,9 @@ class ServiceStats:
         self.queued = 0
         """Requests waiting in the gateway (admission queue, issue 4); 0 until then."""
         self.arrivals_total = 0
+        self.upgraded = 0
+        """Upgraded connections (WebSockets) open now; each is also one of ``in_flight``."""
+        self.upgrades_total = 0
         self.errors_total = 0
         self.codes: dict[int, int] = {}
         """Completions by HTTP status (499 = the client went away first)."""
@@ -147,6 +152,24 @@ class ServiceStats:
         if not self._lat_start_s <= now < self._lat_end_s:
             self._rotate_latency(int(now / self.latency_window_s))
         self._lat_current[b] += 1
+
+    def upgrade_opened(self, latency_s: float, now: float) -> None:
+        """A request that :meth:`arrive` counted got its 101: the handshake's latency is
+        recorded now; the connection stays in flight until :meth:`upgrade_closed`."""
+        self.upgraded += 1
+        self.upgrades_total += 1
+        b = bisect_left(LATENCY_BUCKETS_S, latency_s)
+        self.latency_counts[b] += 1
+        self.latency_sum_s += latency_s
+        if not self._lat_start_s <= now < self._lat_end_s:
+            self._rotate_latency(int(now / self.latency_window_s))
+        self._lat_current[b] += 1
+
+    def upgrade_closed(self) -> None:
+        """An upgraded connection ended: it completes (status 101) and leaves in-flight."""
+        self.upgraded -= 1
+        self.in_flight -= 1
+        self.codes[101] = self.codes.get(101, 0) + 1
 
     # -- once per second / window ------------------------------------------------------------
 

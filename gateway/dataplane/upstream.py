@@ -25,6 +25,7 @@ import httptools
 
 if TYPE_CHECKING:
     from gateway.dataplane.forward import Exchange
+    from gateway.dataplane.tunnel import Tunnel
 
 MAX_IDLE_PER_ENDPOINT = 256
 IDLE_TIMEOUT_S = 4.0
@@ -48,6 +49,7 @@ class UpstreamConnection(asyncio.Protocol):
         "pool",
         "read_paused",
         "transport",
+        "tunnel",
         "write_paused",
     )
 
@@ -70,6 +72,8 @@ class UpstreamConnection(asyncio.Protocol):
         """Between messages or inside a head (not inside a body)."""
         self.interim = False
         """The message being parsed is a 1xx (no body: the final head follows it)."""
+        self.tunnel: Tunnel | None = None
+        """Set when the upstream switched protocols (101): reads go to the tunnel."""
 
     # -- asyncio.Protocol ---------------------------------------------------------------
 
@@ -85,7 +89,10 @@ class UpstreamConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         exchange = self.exchange
         if exchange is None:  # bytes on an idle connection: nobody asked, it is unusable
-            self.abort()
+            if self.tunnel is not None:
+                self.tunnel.from_upstream(data)
+            else:
+                self.abort()
             return
         partial = self.partial
         if partial:  # a head continues: cut it from partial + data
@@ -96,7 +103,13 @@ class UpstreamConnection(asyncio.Protocol):
         self.head_from = 0
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserError:
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade):
+            if self.tunnel is not None:  # switched protocols: the rest of the read is theirs
+                rest = self.data[self.head_from :]
+                if rest:
+                    self.tunnel.from_upstream(rest)
+                return
+            # A parse error, or a 101 nobody asked for (llhttp stops at it): a bad response.
             exchange = self.exchange
             self.abort()
             if exchange is not None:
@@ -119,6 +132,8 @@ class UpstreamConnection(asyncio.Protocol):
         self.partial = partial
 
     def eof_received(self) -> bool | None:
+        if self.tunnel is not None:
+            return self.tunnel.upstream_eof_received()
         return None  # close; connection_lost tells the exchange
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -127,6 +142,8 @@ class UpstreamConnection(asyncio.Protocol):
         if exchange is not None:
             self.exchange = None
             exchange.upstream_lost(bool(self.data))
+        elif self.tunnel is not None:
+            self.tunnel.lost()
         else:
             self.pool.discard(self)
 
@@ -134,11 +151,15 @@ class UpstreamConnection(asyncio.Protocol):
         self.write_paused = True
         if self.exchange is not None:
             self.exchange.upstream_write_paused()
+        elif self.tunnel is not None:
+            self.tunnel.upstream_write_paused()
 
     def resume_writing(self) -> None:
         self.write_paused = False
         if self.exchange is not None:
             self.exchange.upstream_write_resumed()
+        elif self.tunnel is not None:
+            self.tunnel.upstream_write_resumed()
 
     # -- httptools callbacks (forwarded to the bound exchange) -----------------------------
 
@@ -163,6 +184,8 @@ class UpstreamConnection(asyncio.Protocol):
         self.interim = status < 200
         self.head_from = end + 2
         exchange.on_upstream_headers(status, data[start:end])
+        if self.tunnel is not None:
+            raise _Switched  # stop parsing: what follows the head is the new protocol's
 
     def on_body(self, body: bytes) -> None:
         exchange = self.exchange
@@ -204,6 +227,10 @@ class UpstreamConnection(asyncio.Protocol):
     def __repr__(self) -> str:
         state = "closed" if self.closed else ("busy" if self.exchange else "idle")
         return f"UpstreamConnection({self.pool.address}, {state})"
+
+
+class _Switched(Exception):
+    """Stops the response parser at a 101 the exchange took (see ``Exchange.on_upstream_headers``)."""
 
 
 class EndpointConnections:

@@ -115,6 +115,19 @@ class Upstream(Process):
         self.url = f"http://{self.address}"
 
 
+class WsUpstream(Process):
+    """``tests.support.ws_upstream`` (a ``websockets`` server) in its own process."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            [sys.executable, "-m", "tests.support.ws_upstream", "--port", "0"],
+            re.compile(r"listening (\S+)"),
+        )
+        assert self.match is not None
+        self.address = self.match.group(1)
+        self.url = f"ws://{self.address}"
+
+
 class Gateway(Process):
     """``python -m gateway run --config FILE`` with the config written to ``path``."""
 

@@ -19,6 +19,8 @@ prints ``listening HOST:PORT`` once it accepts connections.  Every response carr
 * ``/truncate-chunked`` — a chunked body whose connection closes before the last chunk
 * ``/close-delimited?bytes=<n>`` — no Content-Length, no chunking: the body ends at close
 * ``/headers?h=Name:value&...`` — a response with these extra header fields
+* ``/switch`` — ``101 Switching Protocols`` (to the request's ``Upgrade``, else ``foo``),
+  then echo raw bytes until the peer closes
 * ``/_events`` — the event log (JSON list), for tests to read directly (not via the gateway)
 """
 
@@ -258,6 +260,17 @@ class Upstream:
             writer.write(self.head(200, [("X-Huge", "h" * n)], 2) + b"ok")
             await writer.drain()
             return True
+        if path == "/switch":
+            proto = req.header("upgrade") or "foo"
+            writer.write(
+                f"HTTP/1.1 101 Switching Protocols\r\nConnection: upgrade\r\nUpgrade: {proto}\r\n\r\n".encode()
+                + b"hello from the other side\n"
+            )
+            await writer.drain()
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+            return False
         if path == "/_events":
             await self.respond(writer, 200, json.dumps(self.events).encode(), "application/json")
             return True
