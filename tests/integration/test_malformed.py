@@ -328,8 +328,8 @@ GOOD = [
         check=header_seen("X-Secret", None),
     ),
     Case(
-        "upgrade-is-not-passed-on",
-        req(headers=H + b"Connection: Upgrade\r\nUpgrade: websocket\r\n"),
+        "upgrade-the-service-does-not-take-is-not-passed-on",
+        req(headers=H + b"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"),
         [200],
         True,  # served as plain HTTP; what follows an Upgrade is not parsed, so it closes
         [("GET", "/")],
