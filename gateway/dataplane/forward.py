@@ -178,6 +178,8 @@ class Exchange:
         if target[:1] == b"/":
             q = target.find(b"?")
             path = target if q == -1 else target[:q]
+        elif target == b"*":  # OPTIONS *: routed like the root of its Host
+            path = b"/"
         else:  # an absolute-form target httptools could not split: routed as it is
             path = target
         dp = client.dp

@@ -189,9 +189,13 @@ def request_fields(
         elif action == _HOST:
             host = value
         elif action == _CONTENT_LENGTH:
-            has_body = has_body or value.strip() not in (b"0", b"")
             digits = value.strip()
-            declared_length = int(digits) if digits.isdigit() else None
+            if digits.isdigit():  # llhttp has checked it: re-serialised (no leading zeros)
+                declared_length = int(digits)
+                has_body = has_body or declared_length > 0
+                out += (name, b": %d\r\n" % declared_length)
+                continue
+            has_body = has_body or digits not in (b"0", b"")
         elif action == _VIA:
             via = via + b", " + value if via else value
             continue

@@ -6,8 +6,10 @@ obs-fold, NUL and control characters, invalid methods, ``Content-Length`` togeth
 lets through and HTTP/1.1 still forbids is checked here, once per request head, by
 :func:`check_head` (pure, bytes in; raises :class:`RequestRejected` with the cause):
 
-* versions other than HTTP/1.0 and 1.1 (``HTTP/2.0`` -> 505, others -> 400);
-* ``CONNECT`` (this is not a forward proxy) and asterisk-form targets -> 400;
+* versions: HTTP/1.2 to 1.9 are served as 1.1 (RFC 9110 §2.5), 0.x -> 400, 2.0 and above
+  -> 505 (the parser is lenient about the version digits; everything else is checked here);
+* ``CONNECT`` in any form (this is not a forward proxy) -> 400, never forwarded;
+  asterisk-form only for ``OPTIONS *`` (routed like ``/`` on its Host) -> else 400;
 * a fragment in the target; absolute-form targets other than ``http(s)://authority`` with
   a non-empty authority and no userinfo -> 400 (valid ones are routed by their authority);
 * ``Host``: missing in HTTP/1.1, repeated, empty or not a valid ``host[:port]`` -> 400;
@@ -67,8 +69,10 @@ def _check_target(method: bytes, target: bytes) -> None:
         raise RequestRejected(Cause.BAD_REQUEST, "fragment in the request target")
     if target[:1] == b"/":
         return
-    if method == b"CONNECT" or target == b"*":
-        raise RequestRejected(Cause.BAD_REQUEST, "authority- and asterisk-form are not served")
+    if target == b"*":
+        if method == b"OPTIONS":
+            return  # routed like "/" on its Host, forwarded as "OPTIONS *"
+        raise RequestRejected(Cause.BAD_REQUEST, "asterisk-form is for OPTIONS only")
     scheme, sep, rest = target.partition(b"://")
     if not sep or scheme.lower() not in (b"http", b"https"):
         raise RequestRejected(Cause.BAD_REQUEST, "absolute-form needs http(s)://")
@@ -118,14 +122,21 @@ def check_head(
     return check_fields(version, headers)
 
 
-def check_request_line(method: bytes, target: bytes, version: str) -> None:
-    """The version (1.0 or 1.1) and the request target (see the module docstring)."""
+def check_request_line(method: bytes, target: bytes, version: str) -> str:
+    """The version and the request target (see the module docstring); return the version
+    the request is served as (``1.x`` above 1.1 is served as 1.1, RFC 9110 §2.5)."""
     if version not in {"1.1", "1.0"}:
-        if version == "2.0":
-            raise RequestRejected(Cause.VERSION_NOT_SUPPORTED, "HTTP/2 is not served")
-        raise RequestRejected(Cause.BAD_REQUEST, f"HTTP/{version}")
+        if version[:2] == "1.":
+            version = "1.1"
+        elif version[:2] == "0.":
+            raise RequestRejected(Cause.BAD_REQUEST, f"HTTP/{version}")
+        else:
+            raise RequestRejected(Cause.VERSION_NOT_SUPPORTED, f"HTTP/{version} is not served")
+    if method == b"CONNECT":
+        raise RequestRejected(Cause.BAD_REQUEST, "CONNECT is not served (not a forward proxy)")
     if target[:1] != b"/" or b"#" in target:
         _check_target(method, target)
+    return version
 
 
 def check_fields(

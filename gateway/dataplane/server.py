@@ -105,7 +105,7 @@ class ClientConnection(asyncio.Protocol):
 
     def __init__(self, dp: DataPlane) -> None:
         self.dp = dp
-        self.parser = httptools.HttpRequestParser(self)
+        self.parser = _parser(self)
         self.raw = True
         """Heads are taken raw (the parser has no ``on_header``); False once the connection
         needed per-field callbacks (see ``_parse_fields``)."""
@@ -231,7 +231,7 @@ class ClientConnection(asyncio.Protocol):
         chunked (trailer fields are counted and bounded the same way)."""
         self.raw = False
         self.head_open = False
-        self.parser = httptools.HttpRequestParser(_FieldCallbacks(self))
+        self.parser = _parser(_FieldCallbacks(self))
         self.parser.feed_data(data[self.head_from :])
 
     # -- issue 4: head size and time limits -------------------------------------------------
@@ -341,6 +341,7 @@ class ClientConnection(asyncio.Protocol):
                 self.refeed = True
                 self.head_from = start
                 raise _Refeed
+            major_1 = data[line_end - 3] == 49  # "HTTP/1.x" ends the line
             end = data.find(b"\r\n\r\n", line_end) + 2
             self.head_from = end + 2
             checked = heads.raw_fields(data[line_end + 2 : end], self.trusted)
@@ -354,6 +355,7 @@ class ClientConnection(asyncio.Protocol):
         else:
             headers = self.headers
             checked = heads.fields(headers, self.trusted)
+            major_1 = False  # the request line is gone: ask the parser
         if len(headers) > self.limits.max_headers:
             self._stop_parsing(Cause.HEADERS_TOO_LARGE)
         parser = self.parser
@@ -361,19 +363,25 @@ class ClientConnection(asyncio.Protocol):
         target = self.url
         keep_alive = parser.should_keep_alive()
         try:
-            # llhttp keeps a connection alive by default only in HTTP/1.1 (other versions
-            # need a keep-alive token), so keep-alive without one means 1.1: no need to ask
-            # (get_http_version formats a new str per call, ~3 % of a request's work).
-            if keep_alive and not checked.keep_alive_token:
+            # llhttp keeps a connection alive by default only from HTTP/1.1 up (other versions
+            # need a keep-alive token), so keep-alive without one and a major version of 1
+            # (1.1 to 1.9, all served as 1.1) means 1.1: no need to ask (get_http_version
+            # formats a new str per call, ~3 % of a request's work).
+            if keep_alive and major_1 and not checked.keep_alive_token:
                 version = "1.1"
             else:
                 version = parser.get_http_version()
             # The common request line (origin-form, no fragment, HTTP/1.x) needs no checks.
             # (find, not `b"#" in target`: bytes.__contains__ first tries the operand as an
             # int and raises and clears a TypeError: ~2k instructions per request.)
-            if target[:1] != b"/" or target.find(b"#") != -1 or version not in _SERVED_VERSIONS:
-                check_request_line(method, target, version)
-                if target[:1] != b"/":  # absolute-form: its own fields are checked first
+            if (
+                target[:1] != b"/"
+                or target.find(b"#") != -1
+                or version not in _SERVED_VERSIONS
+                or method == b"CONNECT"
+            ):
+                version = check_request_line(method, target, version)
+                if target[:1] != b"/" and target != b"*":  # absolute-form: fields checked first
                     check_fields(version, headers)
                     target, headers = origin_form(target, headers)
                     checked = heads.fields(headers, self.trusted)
@@ -539,6 +547,13 @@ class ClientConnection(asyncio.Protocol):
 
     def __repr__(self) -> str:
         return f"ClientConnection({self.peer_ip.decode()}, current={self.current!r})"
+
+
+def _parser(callbacks: object) -> httptools.HttpRequestParser:
+    """llhttp, lenient about the version digits only (``check_request_line`` decides)."""
+    parser = httptools.HttpRequestParser(callbacks)
+    parser.set_dangerous_leniencies(lenient_version=True)
+    return parser
 
 
 class _Refeed(Exception):

@@ -372,6 +372,34 @@ GOOD = [
         False,
         [("GET", "/p")],
     ),
+    # HTTP/1.2 .. 1.9 are served as HTTP/1.1 (RFC 9110 §2.5).
+    Case("http-1-2", req(b"GET /v12 HTTP/1.2"), [200], False, [("GET", "/v12")]),
+    Case(
+        "http-1-9-keep-alive-token",
+        req(b"GET /v19 HTTP/1.9", H + b"Connection: keep-alive\r\n"),
+        [200],
+        False,
+        [("GET", "/v19")],
+    ),
+    # OPTIONS * is routed like / on its Host and forwarded as it is.
+    Case("options-asterisk", req(b"OPTIONS * HTTP/1.1"), [200], False, [("OPTIONS", "*")]),
+    # A Content-Length with leading zeros is re-serialised, not forwarded verbatim.
+    Case(
+        "content-length-leading-zeros",
+        post(b"Content-Length: 005\r\n", b"hello"),
+        [200],
+        False,
+        [("POST", "/p")],
+        check=header_seen("Content-Length", "5"),
+    ),
+    Case(
+        "content-length-zeros-only",
+        post(b"Content-Length: 000\r\n", b""),
+        [200],
+        False,
+        [("POST", "/p")],
+        check=header_seen("Content-Length", "0"),
+    ),
 ]
 
 
@@ -509,8 +537,9 @@ REQUEST_LINE = [
     bad("http09-bare-lf-keep-alive", b"GET /v09\nConnection: keep-alive\r\n" + H + b"\r\n"),
     bad("http09-bare-lf", b"GET /v09\n" + H + b"\r\n"),
     bad("lowercase-version", b"GET / http/1.1\r\n" + H + b"\r\n"),
-    bad("http-1-2", b"GET / HTTP/1.2\r\n" + H + b"\r\n"),
-    bad("http-3-0", b"GET / HTTP/3.0\r\n" + H + b"\r\n"),
+    bad("http-0-5", b"GET / HTTP/0.5\r\n" + H + b"\r\n"),
+    bad("http-3-0", b"GET / HTTP/3.0\r\n" + H + b"\r\n", 505),
+    bad("http-9-9", b"GET / HTTP/9.9\r\n" + H + b"\r\n", 505),
     bad("http-2-0-request-line", b"GET / HTTP/2.0\r\n" + H + b"\r\n", 505),
     bad("http2-preface", b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 505),
     bad("space-in-uri", b"GET /a b HTTP/1.1\r\n" + H + b"\r\n"),
@@ -520,6 +549,10 @@ REQUEST_LINE = [
     bad("relative-target", b"GET foo HTTP/1.1\r\n" + H + b"\r\n"),
     bad("asterisk-target-for-get", b"GET * HTTP/1.1\r\n" + H + b"\r\n"),
     bad("connect-authority-form", b"CONNECT echo.test:443 HTTP/1.1\r\n" + H + b"\r\n"),
+    # CONNECT is never forwarded, whatever its target looks like.
+    bad("connect-origin-form", b"CONNECT / HTTP/1.1\r\n" + H + b"\r\n"),
+    bad("connect-absolute-form", b"CONNECT http://echo.test/ HTTP/1.1\r\n" + H + b"\r\n"),
+    bad("asterisk-target-for-post", b"POST * HTTP/1.1\r\n" + H + b"Content-Length: 0\r\n\r\n"),
     bad("absolute-form-ftp", req(b"GET ftp://other.test/p HTTP/1.1", b"Host: other.test\r\n")),
     bad(
         "absolute-form-userinfo",
