@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from operator import attrgetter
 
 import numpy as np
 
@@ -85,32 +86,34 @@ class _Observed:
     @classmethod
     def of(cls, sigs: list[ServiceSignals | None]) -> _Observed:
         n = len(sigs)
-        columns: dict[str, FloatArray] = {}
-        rows = [s if s is not None else _ABSENT for s in sigs]
-        bad = np.zeros(n, dtype=bool)
-        for name in _REQUIRED:
-            col = np.array([getattr(s, name) for s in rows], dtype=np.float64)
-            columns[name] = col
-            bad |= ~(col >= 0.0) | (col == math.inf)
-        for name in _OPTIONAL:
-            values = [getattr(s, name) for s in rows]
-            col = np.array(values, dtype=np.float64)  # None -> NaN (not measured)
-            columns[name] = col
-            if not np.isfinite(col).all():
-                given = np.array([v is not None for v in values], dtype=bool)
-                bad |= given & ~np.isfinite(col)
-            bad |= col < 0.0
-        at = np.array([s.at if s is not None else -math.inf for s in sigs], dtype=np.float64)
+        rows = [_FIELDS(s if s is not None else _ABSENT) for s in sigs]
+        # One conversion for every figure (None -> NaN: not measured).
+        table = np.array(rows, dtype=np.float64).reshape(n, len(_NAMES))
+        columns = {name: table[:, k] for k, name in enumerate(_NAMES)}
+        required = table[:, 1 : 1 + len(_REQUIRED)]
+        bad = (~(required >= 0.0) | (required == math.inf)).any(axis=1)
+        at = columns["at"]
         bad |= np.isnan(at) | (at == math.inf)
-        columns["at"] = at
-        for name, col in columns.items():
-            if name != "at" and bad.any():
-                columns[name] = np.where(bad, np.where(np.isnan(col), col, 0.0), col)
+        optional = table[:, 1 + len(_REQUIRED) :]
+        if not np.isfinite(optional).all():
+            for k, name in enumerate(_OPTIONAL):
+                col = optional[:, k]
+                odd = ~np.isfinite(col)
+                if odd.any():
+                    given = [r is not None and getattr(r, name) is not None for r in sigs]
+                    bad |= np.array(given, dtype=bool) & odd
+        bad |= (optional < 0.0).any(axis=1)
+        if bad.any():
+            for name, col in columns.items():
+                if name != "at":
+                    columns[name] = np.where(bad, np.where(np.isnan(col), col, 0.0), col)
         return cls(columns, bad & (at != -math.inf))
 
 
 _REQUIRED = ("in_flight", "queued", "arrivals_total", "rps")
 _OPTIONAL = ("cpu_seconds_total", "cpu_throttled_seconds_total")
+_NAMES = ("at", *_REQUIRED, *_OPTIONAL)
+_FIELDS = attrgetter(*_NAMES)
 _ABSENT = ServiceSignals("", -math.inf)
 
 
@@ -129,9 +132,10 @@ def invalid_fields(signals: ServiceSignals) -> list[str]:
 class _HpaTrack:
     """One HPA-mode service's memory (the HPA calculation is per service, not batched)."""
 
-    __slots__ = ("behavior", "tolerances", "window")
+    __slots__ = ("behavior", "max_replicas", "tolerances", "window")
 
     def __init__(self, policy: ScalingPolicy) -> None:
+        self.max_replicas = reference_max(policy)
         self.behavior = HpaBehaviorState(policy.behavior)
         self.window = BucketedWindow(policy.panic_window_s)
         down, up = policy.behavior.scale_down.tolerance, policy.behavior.scale_up.tolerance
@@ -566,7 +570,7 @@ class Engine:
             current=current,
             desired=desired,
             min_replicas=policy.min_replicas,
-            max_replicas=reference_max(policy),
+            max_replicas=track.max_replicas,
             reasons=notes,
         )
         return desired, rule, notes, {"average": average, "capacity_replicas": float(current)}
