@@ -1,0 +1,51 @@
+"""Decision metrics read the decision's explanation fields (rule, demand, clamps, flows)."""
+
+from __future__ import annotations
+
+from gateway.metrics import DecisionCollector
+from scaler.decision import Decision
+from scaler.explanation import Clamp, Explanation, Flow
+from tests.unit.test_metrics_quota import samples
+
+
+def test_rule_frozen_demand_clamps_and_flows() -> None:
+    api = Decision(
+        "api",
+        1.0,
+        2,
+        0.95,
+        1.9,
+        "panic",
+        explanation=Explanation(
+            "panic",
+            {"demand_cores": 3.0},
+            (
+                Clamp("replicas", 15, 8, "max_replicas"),
+                Clamp("cores", 3.0, 1.9, "budget"),
+                Flow("borrowed", 0.9, ("idle",)),
+            ),
+        ),
+    )
+    idle = Decision(
+        "idle",
+        1.0,
+        1,
+        0.1,
+        0.1,
+        "frozen: stale signals",
+        frozen=True,
+        explanation=Explanation("frozen: stale signals", {}, (Flow("lent", 0.9, ("api",)),)),
+    )
+    got = samples(DecisionCollector(lambda: {"api": api, "idle": idle}, lambda: 2.0, lambda: True))
+    assert got[("sluice_scaler_rule", (("rule", "panic"), ("service", "api")))] == 1
+    assert got[("sluice_scaler_frozen", (("service", "idle"),))] == 1
+    assert got[("sluice_scaler_frozen", (("service", "api"),))] == 0
+    assert got[("sluice_scaler_demand_cores", (("service", "api"),))] == 3.0
+    clamped = {labels for name, labels in got if name == "sluice_scaler_clamped"}
+    assert clamped == {
+        (("bound", "max_replicas"), ("quantity", "replicas"), ("service", "api")),
+        (("bound", "budget"), ("quantity", "cores"), ("service", "api")),
+    }
+    assert got[("sluice_scaler_cpu_flow_cores", (("kind", "borrowed"), ("service", "api")))] == 0.9
+    assert got[("sluice_scaler_cpu_flow_cores", (("kind", "lent"), ("service", "idle")))] == 0.9
+    assert got[("sluice_scaler_cpu_flow_cores", (("kind", "lent"), ("service", "api")))] == 0.0
