@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.metrics import DecisionCollector
+from gateway.admin.metrics import DecisionCollector
 from scaler.decision import Decision
 from scaler.explanation import Clamp, Explanation, Flow
 from tests.unit.test_metrics_quota import samples
