@@ -335,6 +335,10 @@ class Exchange:
         transport = conn.transport
         assert transport is not None
         head = self.head.head
+        if not self.head.host and self.endpoint is not None:
+            # HTTP/1.0 without Host: the endpoint's authority, as nginx sends $proxy_host.
+            i = head.find(b"\r\n") + 2
+            head = b"%sHost: %s\r\n%s" % (head[:i], self.endpoint.address.encode(), head[i:])
         if self.attempt_span is not None:
             head = head[:-2] + b"traceparent: " + self.attempt_span.traceparent + b"\r\n\r\n"
         if self.upgrade is not None:

@@ -86,6 +86,12 @@ def body_seen(expected: str) -> Check:
     return check
 
 
+def host_is_upstream_authority(events: list[dict[str, Any]], responses: list[Response]) -> None:
+    """An HTTP/1.0 request without Host reaches the upstream (as HTTP/1.1) with its authority."""
+    hosts = [v for n, v in events[0]["headers"] if n.lower() == "host"]
+    assert len(hosts) == 1 and re.fullmatch(r"127\.0\.0\.1:\d+", hosts[0]), hosts
+
+
 def sluice_error(code: str) -> Check:
     def check(events: list[dict[str, Any]], responses: list[Response]) -> None:
         assert responses[-1].header("Sluice-Error") == code
@@ -228,7 +234,14 @@ GOOD = [
         [("POST", "/p")],
         check=body_seen("hi"),
     ),
-    Case("http10-without-host", b"GET /old HTTP/1.0\r\n\r\n", [200], True, [("GET", "/old")]),
+    Case(
+        "http10-without-host",
+        b"GET /old HTTP/1.0\r\n\r\n",
+        [200],
+        True,
+        [("GET", "/old")],
+        check=host_is_upstream_authority,
+    ),
     Case(
         "http10-keep-alive",
         b"GET /old HTTP/1.0\r\nConnection: keep-alive\r\n" + H + b"\r\n",
