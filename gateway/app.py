@@ -180,6 +180,7 @@ async def serve(
             decisions_route(runtime),
         ],
         reloader=reloader,
+        unmatched=lambda: dataplane.unmatched_total,
     )
     try:
         data_host, data_port = await dataplane.start(settings.listen.host, settings.listen.port)

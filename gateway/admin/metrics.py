@@ -11,7 +11,6 @@ counters it already keeps.
 * ``sluice_upgraded_connections{service}`` / ``sluice_upgrades_total{service}`` — upgraded
   connections (WebSockets) open now, and upgrades accepted (101) since start
 * ``sluice_request_duration_seconds{service}`` — histogram, arrival to completion
-* ``sluice_request_rate_rps{service}`` — arrivals per second over the sliding window
 * ``sluice_endpoints{service,state}`` — endpoints by state (ready, terminating,
   not_ready, draining, ejected)
 * ``sluice_queue_depth{service}`` — requests waiting in the admission queue now
@@ -27,8 +26,14 @@ From the scaler's latest decisions (``DecisionCollector``; absent when no scaler
 * ``sluice_cpu_per_replica_cores{service}`` — CPU per replica decided
 * ``sluice_budget_cpu_allocated_cores{service}`` — the service's share of the budget
   (replicas × CPU per replica)
-* ``sluice_budget_cpu_cores`` / ``sluice_budget_cpu_allocated_total_cores`` — the budget and
-  its allocated part
+* ``sluice_budget_cpu_cores`` — the budget (its allocated part:
+  ``sum(sluice_budget_cpu_allocated_cores)``)
+* ``sluice_scaler_target{service,metric}`` / ``sluice_scaler_observed{service,metric,window}``
+  — the policy's target per replica and the metric the scaler saw (the service's total over
+  the ``stable`` and ``panic`` windows; ``average`` per replica in HPA mode)
+* ``sluice_scaler_min_replicas{service}`` / ``sluice_scaler_max_replicas{service}``
+* ``sluice_scaler_cpu_used_cores{service}`` / ``sluice_scaler_cpu_throttled_ratio{service}`` —
+  measured CPU use and throttled seconds per second, as the scaler read them
 * ``sluice_scaler_decision_applied`` — 1 when decisions are applied (local), 0 when only
   recommended (static)
 * ``sluice_scaler_rule{service,rule}`` — 1 for the rule that fired (``stable``, ``panic``,
@@ -38,16 +43,31 @@ From the scaler's latest decisions (``DecisionCollector``; absent when no scaler
   decision (``max_replicas``, ``max_scale_up_rate``, ``budget``, ``hysteresis``, ...)
 * ``sluice_scaler_cpu_flow_cores{service,kind}`` — CPU lent / borrowed / reclaimed / given
   back / taken for others' floors this tick
+* ``sluice_scaler_leader`` — 1 while this gateway leads (decides and applies; always 1
+  outside Kubernetes), 0 on a Kubernetes follower
 * ``sluice_cpu_quota_in_force_cores{service}`` — local platform: the CPU quota per replica in
   force in the cgroups now (the decided CPU, or while lending between ticks, ``cpu.min`` for
   an idle service and more than decided for a borrower)
+
+The gateway itself (``GatewayCollector``): ``sluice_build_info{version,python_version}``,
+``sluice_unmatched_requests_total`` (no route matched), ``sluice_config_reloads_total{result}``,
+``sluice_config_last_reload_successful``, ``sluice_config_last_reload_success_timestamp_seconds``
+and ``sluice_config_generation``; plus prometheus_client's ``process_*`` and ``python_*``.
 """
 
 from __future__ import annotations
 
+import math
+import platform
 from collections.abc import Callable, Iterable, Mapping
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    generate_latest,
+)
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -56,12 +76,14 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from gateway.admin.reload import ReloadCounts
 from gateway.dataplane.admission import QUEUE_WAIT_BUCKETS_S
 from gateway.dataplane.endpoints import EndpointState
 from gateway.dataplane.service import Service
 from gateway.dataplane.stats import LATENCY_BUCKETS_S
 from scaler.decision import Decision
 from scaler.explanation import FLOW_KINDS
+from scaler.policy import ScalingPolicy
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -77,7 +99,6 @@ class ServiceCollector(Collector):
         return []
 
     def collect(self) -> Iterable[Metric]:
-        now = self._clock()
         requests = CounterMetricFamily(
             "sluice_requests",
             "Completed requests by service and HTTP status.",
@@ -96,11 +117,6 @@ class ServiceCollector(Collector):
         )
         upgrades = CounterMetricFamily(
             "sluice_upgrades", "Upgrades accepted by the upstream (101).", labels=["service"]
-        )
-        rate = GaugeMetricFamily(
-            "sluice_request_rate_rps",
-            "Arrivals per second over the gateway's sliding window.",
-            labels=["service"],
         )
         duration = HistogramMetricFamily(
             "sluice_request_duration_seconds",
@@ -142,7 +158,6 @@ class ServiceCollector(Collector):
             in_flight.add_metric([name], stats.in_flight - stats.queued)
             upgraded.add_metric([name], stats.upgraded)
             upgrades.add_metric([name], stats.upgrades_total)
-            rate.add_metric([name], stats.rps(now))
             buckets: list[tuple[str, float]] = []
             cumulative = 0
             for bound, n in zip(LATENCY_BUCKETS_S, stats.latency_counts, strict=False):
@@ -175,7 +190,6 @@ class ServiceCollector(Collector):
             in_flight,
             upgraded,
             upgrades,
-            rate,
             duration,
             endpoints,
             queue_depth,
@@ -196,11 +210,16 @@ class DecisionCollector(Collector):
         budget_cpu: Callable[[], float],
         applied: Callable[[], bool],
         quotas: Callable[[], Mapping[str, float]] | None = None,
+        *,
+        policies: Callable[[], Mapping[str, ScalingPolicy]] | None = None,
+        leader: Callable[[], bool] | None = None,
     ) -> None:
+        self._leader = leader
         self._decisions = decisions
         self._budget_cpu = budget_cpu
         self._applied = applied
         self._quotas = quotas
+        self._policies = policies
 
     def describe(self) -> Iterable[Metric]:
         return []
@@ -261,18 +280,20 @@ class DecisionCollector(Collector):
                 flows.add_metric([name, kind], explanation.flow_cores(kind))
         budget = GaugeMetricFamily("sluice_budget_cpu_cores", "The shared CPU budget (cores).")
         budget.add_metric([], self._budget_cpu())
-        total = GaugeMetricFamily(
-            "sluice_budget_cpu_allocated_total_cores",
-            "CPU of the budget allocated to all services together (cores).",
-        )
-        total.add_metric([], sum(d.allocated_cores for d in decisions.values()))
         applied = GaugeMetricFamily(
             "sluice_scaler_decision_applied",
             "1 when the scaler's decisions are applied, 0 when only recommended.",
         )
         applied.add_metric([], 1 if self._applied() else 0)
-        out = [replicas, cpu, allocated, budget, total, applied, rule, frozen, demand, clamped]
-        out.append(flows)
+        out: list[Metric] = [
+            *(replicas, cpu, allocated, budget, applied, rule, frozen, demand, clamped, flows)
+        ]
+        out += self._targets(decisions)
+        leader = GaugeMetricFamily(
+            "sluice_scaler_leader", "1 while this gateway is the scaler's leader, else 0."
+        )
+        leader.add_metric([], 1 if self._leader is None or self._leader() else 0)
+        out.append(leader)
         quotas = self._quotas() if self._quotas is not None else {}
         if quotas:
             in_force = GaugeMetricFamily(
@@ -285,18 +306,129 @@ class DecisionCollector(Collector):
             out.append(in_force)
         return out
 
+    def _targets(self, decisions: Mapping[str, Decision]) -> list[Metric]:
+        """Observed vs target, replica bounds, measured CPU: what each decision started from."""
+        policies = self._policies() if self._policies is not None else {}
+        target = GaugeMetricFamily(
+            "sluice_scaler_target",
+            "The policy's target value per replica of the scaling metric.",
+            labels=["service", "metric"],
+        )
+        observed = GaugeMetricFamily(
+            "sluice_scaler_observed",
+            "The scaling metric as the scaler saw it: the service's total over the stable and "
+            "panic windows (KPA), the per-replica average (HPA).",
+            labels=["service", "metric", "window"],
+        )
+        min_r = GaugeMetricFamily(
+            "sluice_scaler_min_replicas", "The policy's min_replicas.", labels=["service"]
+        )
+        max_r = GaugeMetricFamily(
+            "sluice_scaler_max_replicas", "The policy's max_replicas.", labels=["service"]
+        )
+        used = GaugeMetricFamily(
+            "sluice_scaler_cpu_used_cores",
+            "CPU the service's replicas used, as the scaler measured it (cores).",
+            labels=["service"],
+        )
+        throttled = GaugeMetricFamily(
+            "sluice_scaler_cpu_throttled_ratio",
+            "Seconds the service's replicas were throttled per second, as the scaler read it.",
+            labels=["service"],
+        )
+        for name, d in sorted(decisions.items()):
+            inputs = d.explanation.inputs
+            policy = policies.get(name)
+            if policy is not None:
+                target.add_metric([name, policy.metric], policy.target)
+                min_r.add_metric([name], policy.min_replicas)
+                max_r.add_metric([name], policy.max_replicas)
+                for window in ("stable", "panic", "average"):
+                    value = inputs.get(window)
+                    if value is not None and math.isfinite(value):
+                        observed.add_metric([name, policy.metric, window], value)
+            for family, key in ((used, "cpu_used_cores"), (throttled, "cpu_throttled_s_per_s")):
+                value = inputs.get(key)
+                if value is not None and math.isfinite(value):
+                    family.add_metric([name], value)
+        return [target, observed, min_r, max_r, used, throttled]
+
+
+class GatewayCollector(Collector):
+    """Build info, requests no route matched, and config reloads."""
+
+    def __init__(
+        self,
+        version: str,
+        unmatched: Callable[[], int] | None = None,
+        reloads: Callable[[], ReloadCounts | None] | None = None,
+    ) -> None:
+        self._version = version
+        self._unmatched = unmatched
+        self._reloads = reloads
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        info = GaugeMetricFamily(
+            "sluice_build_info",
+            "Always 1; the labels say which Sluice and Python run.",
+            labels=["version", "python_version"],
+        )
+        info.add_metric([self._version, platform.python_version()], 1)
+        out: list[Metric] = [info]
+        if self._unmatched is not None:
+            unmatched = CounterMetricFamily(
+                "sluice_unmatched_requests", "Requests that matched no route (answered 404)."
+            )
+            unmatched.add_metric([], self._unmatched())
+            out.append(unmatched)
+        counts = self._reloads() if self._reloads is not None else None
+        if counts is not None:
+            reloads = CounterMetricFamily(
+                "sluice_config_reloads",
+                "Config reloads by result (success: applied or unchanged; failure: rejected).",
+                labels=["result"],
+            )
+            reloads.add_metric(["success"], counts.succeeded_total)
+            reloads.add_metric(["failure"], counts.rejected_total)
+            last_ok = GaugeMetricFamily(
+                "sluice_config_last_reload_successful",
+                "1 when the last reload (or the start) succeeded, 0 when it was rejected.",
+            )
+            last_ok.add_metric([], 1 if counts.last_ok else 0)
+            last_at = GaugeMetricFamily(
+                "sluice_config_last_reload_success_timestamp_seconds",
+                "Unix time of the last successful reload (or of the start).",
+            )
+            last_at.add_metric([], counts.last_success_unix_s)
+            generation = GaugeMetricFamily(
+                "sluice_config_generation",
+                "The config version in force: 1 at start, +1 per change.",
+            )
+            generation.add_metric([], counts.generation)
+            out += [reloads, last_ok, last_at, generation]
+        return out
+
 
 def build_registry(
     services: Callable[[], Mapping[str, Service]],
     clock: Callable[[], float],
     decisions: DecisionCollector | None = None,
+    gateway: GatewayCollector | None = None,
 ) -> CollectorRegistry:
-    """A registry of its own (not the global one) holding the service collector (and the
-    decision collector when given)."""
+    """A registry of its own (not the global one) holding the service collector, the decision
+    and gateway collectors when given, and prometheus_client's process, platform and GC
+    collectors (``process_*``, ``python_*``)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ServiceCollector(services, clock))
     if decisions is not None:
         registry.register(decisions)
+    if gateway is not None:
+        registry.register(gateway)
+    for standard in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+        registry.register(standard)
     return registry
 
 

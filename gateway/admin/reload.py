@@ -20,9 +20,11 @@ import hashlib
 import logging
 import os
 import signal
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from gateway.settings import ConfigError, Settings, load_settings
 
@@ -62,6 +64,21 @@ def restart_only_changes(old: Settings, new: Settings, source: str) -> list[str]
     return problems
 
 
+class ReloadCounts(Protocol):
+    """What ``/metrics`` reports of reloads (a :class:`Reloader` is one)."""
+
+    @property
+    def generation(self) -> int: ...
+    @property
+    def succeeded_total(self) -> int: ...
+    @property
+    def rejected_total(self) -> int: ...
+    @property
+    def last_ok(self) -> bool: ...
+    @property
+    def last_success_unix_s(self) -> float: ...
+
+
 class Reloader:
     """Validates and applies new versions of one config file."""
 
@@ -71,13 +88,20 @@ class Reloader:
         current: Settings,
         apply: Callable[[Settings], None],
         load: Callable[[Path], Settings] = load_settings,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.path = path
         self.current = current
         self._apply = apply
         self._load = load
+        self._wall_clock = wall_clock
         self.generation = 1
         self.rejected_total = 0
+        self.succeeded_total = 0
+        """Reloads that applied a change or found the file unchanged."""
+        self.last_ok = True
+        self.last_success_unix_s = wall_clock()
+        """Unix time of the last successful reload (the start until one succeeds)."""
         self._digest = self._read_digest()
         self._stat = self._stat_key()
         self._task: asyncio.Task[None] | None = None
@@ -106,6 +130,7 @@ class Reloader:
         if problems:
             return self._reject(trigger, problems)
         if new == self.current:
+            self._succeeded()
             self._digest = digest
             log.info("config reload (%s): %s unchanged", trigger, self.path)
             return ReloadResult(True, self.generation, changed=False)
@@ -116,13 +141,20 @@ class Reloader:
         self.current = new
         self._digest = digest
         self.generation += 1
+        self._succeeded()
         log.info(
             "config reload (%s): applied %s (generation %d)", trigger, self.path, self.generation
         )
         return ReloadResult(True, self.generation)
 
+    def _succeeded(self) -> None:
+        self.succeeded_total += 1
+        self.last_ok = True
+        self.last_success_unix_s = self._wall_clock()
+
     def _reject(self, trigger: str, problems: list[str]) -> ReloadResult:
         self.rejected_total += 1
+        self.last_ok = False
         log.error(
             "config reload (%s) rejected, the running config keeps serving:\n  %s",
             trigger,

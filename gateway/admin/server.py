@@ -28,7 +28,7 @@ import asyncio
 import contextlib
 import dataclasses
 import socket
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
@@ -37,9 +37,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
 
+import gateway
 from gateway.admin.auth import AdminTokenMiddleware, LocalOriginMiddleware
 from gateway.admin.dashboard import dashboard_routes
-from gateway.admin.metrics import CONTENT_TYPE, DecisionCollector, build_registry, render
+from gateway.admin.metrics import (
+    CONTENT_TYPE,
+    DecisionCollector,
+    GatewayCollector,
+    build_registry,
+    render,
+)
 from gateway.admin.reload import Reloader
 
 if TYPE_CHECKING:
@@ -84,7 +91,10 @@ def service_view(runtime: Runtime, name: str, now: float) -> dict[str, Any]:
 
 
 def build_app(
-    runtime: Runtime, extra_routes: Sequence[BaseRoute] = (), reloader: Reloader | None = None
+    runtime: Runtime,
+    extra_routes: Sequence[BaseRoute] = (),
+    reloader: Reloader | None = None,
+    unmatched: Callable[[], int] | None = None,
 ) -> Starlette:
     registry = build_registry(
         lambda: runtime.services,
@@ -98,6 +108,15 @@ def build_app(
                 if runtime.platform is not None
                 else {}
             ),
+            policies=lambda: {n: c.scaling for n, c in runtime.settings.services.items()},
+            leader=lambda: (
+                bool(runtime.platform.report().get("leader", True))
+                if runtime.platform is not None
+                else True
+            ),
+        ),
+        GatewayCollector(
+            gateway.__version__, unmatched, None if reloader is None else (lambda: reloader)
         ),
     )
 
@@ -171,8 +190,11 @@ class AdminServer:
         runtime: Runtime,
         extra_routes: Sequence[BaseRoute] = (),
         reloader: Reloader | None = None,
+        unmatched: Callable[[], int] | None = None,
     ) -> None:
         self.runtime = runtime
+        self.unmatched = unmatched
+        """Requests no route matched so far (the data plane's count), for ``/metrics``."""
         self.extra_routes = tuple(extra_routes)
         self.reloader = reloader
         """``POST /api/reload`` reloads through it (None: not started from a config file)."""
@@ -187,7 +209,7 @@ class AdminServer:
         sock.listen(128)
         sock.setblocking(False)
         bound = sock.getsockname()
-        app: Any = build_app(self.runtime, self.extra_routes, self.reloader)
+        app: Any = build_app(self.runtime, self.extra_routes, self.reloader, self.unmatched)
         token = self.runtime.settings.admin.token
         if token is not None:
             app = AdminTokenMiddleware(app, token.get_secret_value())

@@ -193,6 +193,7 @@ class Exchange:
                 self._drop_client_traceparent()
         name = dp.route(head.host, path)
         if name is None:
+            dp.unmatched_total += 1
             self.reply_error(Cause.NO_ROUTE)
             return
         service = dp.routing.services.get(name)

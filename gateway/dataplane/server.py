@@ -604,6 +604,8 @@ class DataPlane:
         self.slow_heads: set[ClientConnection] = set()
         """Connections whose request head spans reads (checked against header_timeout_s)."""
         self.stopping = False
+        self.unmatched_total = 0
+        """Requests no route matched (answered 404 no-route)."""
         self._sweeps = 0
         self.loop = loop or asyncio.get_running_loop()
         self.date = HttpDate()
