@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from gateway.admin.decisions import decisions_route
 from gateway.admin.reload import Reloader
 from gateway.admin.server import AdminServer
+from gateway.dataplane.access_log import AccessLog
 from gateway.dataplane.limits import HeadLimits
 from gateway.dataplane.server import DataPlane
 from gateway.dataplane.updates import endpoints_from_settings, routes_from_settings
@@ -143,6 +144,13 @@ async def serve(
 ) -> int:
     """Run the data and admin planes until ``stop`` is set (or SIGINT/SIGTERM); return 0."""
     loop = asyncio.get_running_loop()
+    access_log: AccessLog | None = None
+    if settings.access_log.enabled:
+        try:
+            access_log = AccessLog(loop, settings.access_log.format, settings.access_log.path)
+        except OSError as e:
+            print(f"sluice: access_log.path: cannot open it: {e}", file=sys.stderr, flush=True)
+            return 2
     runtime = Runtime(settings)
     runtime.apply_routes(routes_from_settings(settings))
     for update in endpoints_from_settings(settings):
@@ -165,6 +173,9 @@ async def serve(
         limits=HeadLimits.from_settings(settings.limits),
         h2c=settings.listen.h2c,
     )
+    if access_log is not None:
+        dataplane.access_log = access_log
+        loop.add_signal_handler(signal.SIGUSR1, access_log.reopen)
     reloader: Reloader | None = None
     if config_path is not None:
 
@@ -188,6 +199,8 @@ async def serve(
     except OSError as e:
         print(f"sluice: cannot listen: {e}", file=sys.stderr, flush=True)
         await dataplane.stop(0)
+        if access_log is not None:
+            access_log.close()
         await scaling.stop()
         await asyncio.to_thread(telemetry.shutdown)
         return 1
@@ -218,6 +231,9 @@ async def serve(
     if reloader is not None:
         await reloader.stop()
     await dataplane.stop(drain_s)
+    if access_log is not None:
+        loop.remove_signal_handler(signal.SIGUSR1)
+        access_log.close()
     await runtime.stop_checkers()
     await scaling.stop()
     await admin.stop()

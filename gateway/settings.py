@@ -360,6 +360,21 @@ class ShutdownConfig(_Model):
     )
 
 
+class AccessLogConfig(_Model):
+    """One line per request (proxied, upgraded or refused), off by default."""
+
+    enabled: bool = Field(default=False, description="Write the access log.")
+    format: Literal["text", "json"] = Field(
+        default="text",
+        description="text: combined-like, key=value extras; json: one object per line, stable field names.",
+    )
+    path: str = Field(
+        default="-",
+        min_length=1,
+        description="File to append to ('-': standard output); reopened on SIGUSR1 (logrotate).",
+    )
+
+
 class ReloadConfig(_Model):
     """Hot reload of the config file (also SIGHUP and POST /api/reload)."""
 
@@ -697,6 +712,10 @@ class Settings(_Model):
     )
     reload: ReloadConfig = Field(
         default_factory=ReloadConfig, description="Hot reload of the config file."
+    )
+    access_log: AccessLogConfig = Field(
+        default_factory=AccessLogConfig,
+        description="Per-request access log (applied at start; reopened on SIGUSR1).",
     )
     services: dict[str, ServiceConfig] = Field(
         default_factory=dict, description="Services by name."

@@ -149,6 +149,11 @@ class Exchange:
     """The client's ``Upgrade`` value when it asked for one the service allows."""
     tunnel: Tunnel | None = None
     """Set once the upstream switched protocols (the exchange then lives as long as it)."""
+    # -- issue 16: access log
+    resp_bytes = 0
+    """Response body bytes from the upstream (as received, before any re-framing)."""
+    dispatched_at = 0.0
+    """When an endpoint was picked (loop time; only set while the access log is on)."""
 
     def __init__(  # noqa: PLR0917  (positional: one call per request, no keyword matching)
         self,
@@ -276,6 +281,9 @@ class Exchange:
         ep = service.balancer.pick(endpoints)
         ep.acquire()
         self.endpoint = ep
+        dp = self.client.dp
+        if dp.access_log is not None:
+            self.dispatched_at = dp.loop.time()
         if self.span is not None:
             self.attempt_span = self.span.attempt(ep.host, ep.port)
         pool: EndpointConnections | None = ep.pool  # type: ignore[assignment]  # (as _pool_of)
@@ -479,6 +487,7 @@ class Exchange:
     def on_upstream_body(self, body: bytes) -> None:
         if self.done or self.interim:
             return
+        self.resp_bytes += len(body)
         wbuf = self.wbuf
         if wbuf is None:
             wbuf = self.wbuf = []
@@ -760,6 +769,8 @@ class Exchange:
                 self.waiter = None
             if self.retried:
                 service.retry_budget.finish()
+        if dp.access_log is not None:
+            dp.access_log.exchange(self, status, now)
         client.exchange_done(self, now)
 
     def _end_spans(self, status: int, failed: bool) -> None:

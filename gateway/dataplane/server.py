@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, NoReturn, Protocol, cast
 
 import httptools
 
+from gateway.dataplane.access_log import AccessLog
 from gateway.dataplane.errors import Cause, HttpDate, error_response
 from gateway.dataplane.forward import PAUSE_BACKPRESSURE, PAUSE_BUFFER, Exchange
 from gateway.dataplane.h2server import PREFACE, H2Connection
@@ -511,6 +512,11 @@ class ClientConnection(asyncio.Protocol):
             self.error_cause = cause
 
     def _answer_and_close(self, cause: Cause) -> None:
+        access_log = self.dp.access_log
+        if access_log is not None:
+            # The method is known once the target began (else llhttp's default, not the client's).
+            method = self.parser.get_method() if self.url else b""
+            access_log.refused(self.peer_ip, cause, method, self.url)
         if not self.closed:
             self.dp.outbox.write(
                 self.transport, error_response(cause, self.dp.date_value, close=True)
@@ -619,6 +625,8 @@ class DataPlane:
         self._route_cache: dict[tuple[bytes, bytes], str | None] = {}
         self.networks = [ipaddress.ip_network(n, strict=False) for n in trusted_proxies]
         self.connections: set[ClientConnection | H2Connection] = set()
+        self.access_log: AccessLog | None = None
+        """The access log when on (set by the composition root); None costs one branch."""
         self.tunnels: set[Tunnel] = set()
         """Upgraded connections (WebSockets), swept for their service's idle timeout."""
         self.active: set[Exchange] = set()
