@@ -15,6 +15,8 @@ real ``kubernetes`` client), each size puts N Deployments with 2 pods each, then
   the same steady state: one watch per informer per 5-10 min (client-go's random watch
   timeout, 450 s on average) and one Lease update per 2 s retry period (the renewal fast
   path): ~0.507 requests/s, whatever N;
+* ``tick ms`` — the CPU time of one steady tick (``current()`` + ``apply()``) read from the
+  caches (median);
 * ``writes per change`` — after the steady window, 10 % of the services get a new replica
   count; the ``/scale`` patches and all writes (patches and their Events) made over 3 ticks,
   per change.
@@ -30,6 +32,7 @@ import asyncio
 import json
 import os
 import platform
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -95,9 +98,12 @@ async def measure(n: int, steady_s: float) -> dict[str, float]:
             await act.apply(decisions(targets, replicas))
             start, t0 = len(fake.requests), time.monotonic()
             ticks = 0
+            tick_ms = []
             while time.monotonic() - t0 < steady_s:
+                c0 = time.thread_time()
                 await act.current()
                 await act.apply(decisions(targets, replicas))
+                tick_ms.append((time.thread_time() - c0) * 1000)
                 ticks += 1
                 await asyncio.sleep(max(0.0, t0 + ticks - time.monotonic()))
             elapsed = time.monotonic() - t0
@@ -119,6 +125,7 @@ async def measure(n: int, steady_s: float) -> dict[str, float]:
             ]
             writes = len(made)
             scale_patches = sum(1 for c in made if c.resource == "deployments/scale")
+            lost = not elector.is_leader()
             elect.cancel()
             await asyncio.gather(elect, return_exceptions=True)
         finally:
@@ -133,6 +140,8 @@ async def measure(n: int, steady_s: float) -> dict[str, float]:
         "writes_per_change": writes / len(changed),
         "scale_patches_per_change": scale_patches / len(changed),
         "scale_patches": scale_patches,
+        "leadership_lost": lost,
+        "tick_ms_median": statistics.median(tick_ms),
     }
 
 
@@ -145,7 +154,8 @@ def main() -> None:
     rows = [asyncio.run(measure(int(n), args.steady_s)) for n in args.sizes.split(",")]
     print(
         f"{'services':>8} {'polling req/s':>14} {'sluice req/s':>13} {'budget req/s':>13} "
-        f"{'sluice/budget':>14} {'polling/sluice':>15} {'writes/change':>14}"
+        f"{'sluice/budget':>14} {'polling/sluice':>15} {'patches/change':>15} "
+        f"{'writes/change':>14} {'tick ms':>8} {'lead lost':>9}"
     )
     for r in rows:
         print(
@@ -153,7 +163,8 @@ def main() -> None:
             f"{r['sluice_requests_per_s']:>13.3f} {r['informer_budget_requests_per_s']:>13.3f} "
             f"{r['sluice_requests_per_s'] / r['informer_budget_requests_per_s']:>14.2f} "
             f"{r['polling_requests_per_s'] / max(r['sluice_requests_per_s'], 1e-9):>15.0f} "
-            f"{r['scale_patches_per_change']:>15.2f} {r['writes_per_change']:>14.2f}"
+            f"{r['scale_patches_per_change']:>15.2f} {r['writes_per_change']:>14.2f} "
+            f"{r['tick_ms_median']:>8.1f} {r['leadership_lost']!s:>9}"
         )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

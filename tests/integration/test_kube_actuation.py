@@ -272,6 +272,7 @@ async def test_share_on_guaranteed_pods_keeps_limits_equal_to_requests_and_says_
             await api.resize_pod("shop", "web-1", {"app": wanted})
         assert info.value.status == 422
         assert "Pod QOS Class may not change as a result of resizing" in info.value.message
+        assert 'Invalid value: "Guaranteed"' in info.value.message  # the pod's old class
 
         act = KubernetesActuator(
             api, lambda: {"shop/web": WEB}, enforcement="share", cpu_max=lambda: {"shop/web": 2.0}
@@ -376,3 +377,53 @@ async def test_every_write_names_sluice_as_its_field_manager(fake: FakeKube) -> 
     writes = [c for c in fake.requests if c.verb in ("create", "update", "patch")]
     assert {c.resource for c in writes} == {"deployments/scale", "pods/resize", "events"}
     assert {c.field_manager for c in writes} == {"sluice"}
+
+
+@pytest.mark.parametrize("refusal", ["node capacity", "no resize support"])
+async def test_a_refused_resize_blocks_that_pod_says_so_once_and_backs_off(
+    fake: FakeKube, refusal: str
+) -> None:
+    res = {"requests": {"cpu": "500m"}, "limits": {"cpu": "500m"}}
+    fake.put(deployment("web", 2))
+    fake.put(pod("web-1", "web", res, node="node-a"))
+    fake.put(pod("web-2", "web", res, node="node-b"))
+    if refusal == "node capacity":
+        fake.node_cpu["node-a"] = "1"  # web-1 alone fits up to 1 core; 2 cores do not
+    else:
+        # a node whose kubelet does not report container resources: no in-place resize
+        blocked = fake.get("pods", "shop", "web-1") or {}
+        del blocked["status"]["containerStatuses"][0]["resources"]
+        fake.put(blocked)
+    now = [100.0]
+    api = KubeApi.connect(host=fake.url)
+    try:
+        act = KubernetesActuator(api, lambda: {"shop/web": WEB}, clock=lambda: now[0])
+        await act.apply({"shop/web": decision(2, 2.0)})
+        assert act.errors == {}  # not a failure of the service
+        assert cpu_of(fake, "web-1")["limits"]["cpu"] == "500m"  # refused
+        assert cpu_of(fake, "web-2")["limits"]["cpu"] == "2000m"  # the other pod still resized
+        fake.kubelet_resize("shop", "web-2")
+        state = (await act.current())["shop/web"]
+        assert state.resize_blocked  # the scaler keeps CPU per replica and scales out instead
+        (blocked_event,) = events(fake, "ResizeBlocked")
+        assert blocked_event["type"] == "Warning"
+        assert "web-1" in blocked_event["message"] and "resize refused" in blocked_event["message"]
+        want = "403 NodeCapacity" if refusal == "node capacity" else "without support for resize"
+        assert want in blocked_event["message"]
+
+        # backing off: no new attempt, no new event, while the back-off lasts
+        resizes = sum(1 for c in fake.requests if c.resource == "pods/resize")
+        for _ in range(3):
+            await act.apply({"shop/web": decision(2, 2.0)})
+            await act.current()
+        assert sum(1 for c in fake.requests if c.resource == "pods/resize") == resizes
+        assert len(events(fake, "ResizeBlocked")) == 1
+        # after the back-off one more try; refused again, the next wait is twice as long
+        now[0] += 31.0
+        assert not (await act.current())["shop/web"].resize_blocked
+        await act.apply({"shop/web": decision(2, 2.0)})
+        assert sum(1 for c in fake.requests if c.resource == "pods/resize") == resizes + 1
+        assert act.refused["shop/web-1"].backoff_s == 60.0
+        assert len(events(fake, "ResizeBlocked")) == 1
+    finally:
+        await api.close()

@@ -11,6 +11,7 @@ import pytest
 from gateway.dataplane.updates import EndpointInfo, EndpointUpdate, RouteRule, RoutesUpdate
 from gateway.platforms.kubernetes.api import KubeApi
 from gateway.platforms.kubernetes.discovery import KubernetesDiscovery
+from gateway.platforms.kubernetes.model import ObjectRef
 from gateway.settings import Settings, parse_settings
 from tests.support.fake_kube import FakeKube
 from tests.support.kube_objects import endpoint_slice, ingress, service
@@ -300,3 +301,54 @@ async def test_an_unreadable_service_never_drains_its_endpoints(fake: FakeKube) 
             assert len(gets) >= 3  # first read, the failed one, the retry
     finally:
         await api.close()
+
+
+async def test_only_the_leader_records_an_ingress_problem_once_and_repeats_aggregate(
+    fake: FakeKube,
+) -> None:
+    bad = ingress(
+        "bad", [("bad.test", "/", "Prefix", "bad", 80)], annotations={"sluice.io/colour": "red"}
+    )
+    fake.put(bad)
+    fake.put(
+        service("sluice", [("http", 80), ("admin", 9901)], namespace="sluice", lb=["192.0.2.7"])
+    )
+    api_a, api_b = KubeApi.connect(host=fake.url), KubeApi.connect(host=fake.url)
+    leading = {"a": False, "b": False}
+    try:
+        async with (
+            KubernetesDiscovery(api_a, settings()) as a,
+            KubernetesDiscovery(api_b, settings()) as b,
+        ):
+            a.is_leader, b.is_leader = (lambda: leading["a"]), (lambda: leading["b"])
+            # both see the problem and write the Ingress status; neither leads: no Event
+            await wait_for(lambda: bool((fake.get("ingresses", "shop", "bad") or {}).get("status")))
+            await next_matching(a.routes(), lambda u: True)
+            await next_matching(b.routes(), lambda u: True)
+            await a.report_problems()
+            await b.report_problems()
+            assert fake.list("events") == []
+            # a becomes leader: one Event, not again after the status patch or an edit
+            leading["a"] = True
+            await a.report_problems()
+            await b.report_problems()
+            assert len(fake.list("events")) == 1
+            fake.put({**bad, "metadata": {**bad["metadata"], "labels": {"team": "x"}}})
+            await wait_for(lambda: any(i.meta.labels for i in a._ingresses[0].values()))
+            await a.report_problems()
+            (event,) = fake.list("events")
+            assert event["reason"] == "InvalidIngress" and event["count"] == 1
+
+            # the same Event recorded again updates the first one's count
+            ref = ObjectRef("Ingress", "networking.k8s.io/v1", "shop", "bad")
+            for _ in range(2):
+                await api_a.create_event(ref, "Warning", "Again", "the same thing")
+            (again,) = [e for e in fake.list("events") if e["reason"] == "Again"]
+            assert again["count"] == 2 and again["lastTimestamp"]
+            assert {c.verb for c in fake.requests if c.resource == "events"} == {
+                "create",
+                "patch",
+            }
+    finally:
+        await api_a.close()
+        await api_b.close()

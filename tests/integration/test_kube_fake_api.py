@@ -9,8 +9,10 @@ import kubernetes
 import pytest
 
 from gateway.platforms.kubernetes.api import KubeApi
+from gateway.platforms.kubernetes.model import ContainerResources, KubeError
 from tests.support.fake_kube import FakeKube
-from tests.support.kube_objects import deployment, ingress
+from tests.support.fake_kube_rules import ApiError
+from tests.support.kube_objects import deployment, endpoint_slice, ingress, pod
 
 
 @pytest.fixture
@@ -107,3 +109,46 @@ current-context: fake
         assert fake.requests[-1].authorization == "Bearer s3cr3t-token"
     finally:
         await api.close()
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1", "169.254.1.1", "0.0.0.0", "::1", "fe80::1"])
+def test_endpoint_slices_refuse_loopback_link_local_and_unspecified(
+    fake: FakeKube, address: str
+) -> None:
+    with pytest.raises(ApiError) as info:
+        fake.put(endpoint_slice("web-1", "web", [(address, {})], [("http", 80)]))
+    assert info.value.code == 422 and f'Invalid value: "{address}"' in info.value.message
+    fake.put(endpoint_slice("web-2", "web", [("192.0.2.1", {})], [("http", 80)]))
+    fake.put(endpoint_slice("web-3", "web", [("localhost", {})], [("http", 80)]))  # FQDN
+
+
+async def test_a_resize_bumps_generation_and_admission_refuses_what_does_not_fit(
+    fake: FakeKube, api: KubeApi
+) -> None:
+    fake.put(pod("web-1", "web", {"requests": {"cpu": "500m"}, "limits": {"cpu": "500m"}}))
+    fake.node_cpu["node-a"] = "1"
+    assert (fake.get("pods", "shop", "web-1") or {})["metadata"]["generation"] == 1
+    await api.resize_pod(
+        "shop", "web-1", {"app": ContainerResources("app", {"cpu": "1"}, {"cpu": "1"})}
+    )
+    assert (fake.get("pods", "shop", "web-1") or {})["metadata"]["generation"] == 2
+    with pytest.raises(KubeError) as info:
+        await api.resize_pod(
+            "shop", "web-1", {"app": ContainerResources("app", {"cpu": "2"}, {"cpu": "2"})}
+        )
+    assert info.value.status == 403 and info.value.reason == "Forbidden"
+    assert "didn't have enough allocatable resources" in info.value.message
+    await api.close()
+
+
+async def test_right_after_a_restart_requests_are_forbidden_then_served(
+    fake: FakeKube, api: KubeApi
+) -> None:
+    fake.put(deployment("web", 1))
+    fake.restart(forbidden_requests=2)
+    for _ in range(2):
+        with pytest.raises(KubeError) as info:
+            await api.read_scale("Deployment", "shop", "web")
+        assert info.value.status == 403
+    assert (await api.read_scale("Deployment", "shop", "web")).spec_replicas == 1
+    await api.close()

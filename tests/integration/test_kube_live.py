@@ -39,9 +39,10 @@ def port_of(u: Upstream) -> int:
 
 
 def web_slice(*eps: tuple[Upstream, dict[str, bool]]) -> list[dict[str, Any]]:
-    """One slice per upstream: they all listen on 127.0.0.1, on different ports."""
+    """One slice per upstream: they all listen on 127.0.0.1, on different ports; the slices
+    name them ``localhost`` (FQDN): the API server refuses loopback IPs in EndpointSlices."""
     return [
-        endpoint_slice(f"web-{u.name}", "web", [("127.0.0.1", cond)], [("http", port_of(u))])
+        endpoint_slice(f"web-{u.name}", "web", [("localhost", cond)], [("http", port_of(u))])
         for u, cond in eps
     ]
 
@@ -111,7 +112,7 @@ async def test_ingress_changes_route_live_traffic(
         for s in web_slice((web, READY)):
             fake.put(s)
         fake.put(
-            endpoint_slice("api-1", "api", [("127.0.0.1", READY)], [("http", port_of(api_up))])
+            endpoint_slice("api-1", "api", [("localhost", READY)], [("http", port_of(api_up))])
         )
         async with (
             live_gateway(fake, capsys, tmp_path) as (url, admin_url, _),
@@ -265,7 +266,7 @@ async def test_live_load_scales_the_deployment_through_the_runner(
                 endpoint_slice(
                     "sluice-x",
                     "sluice",
-                    [("127.0.0.1", READY)],
+                    [("localhost", READY)],
                     [("admin", admin_port)],
                     namespace="sluice",
                 )

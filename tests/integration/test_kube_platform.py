@@ -78,7 +78,7 @@ async def test_leader_scales_from_merged_signals_and_the_other_takes_over(fake: 
                 endpoint_slice(
                     name,
                     "sluice",
-                    [("127.0.0.1", {"ready": True})],
+                    [("localhost", {"ready": True})],
                     [("admin", peer.port)],
                     namespace="sluice",
                 )

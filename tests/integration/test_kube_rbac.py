@@ -70,6 +70,9 @@ async def test_every_call_is_covered_by_rbac_rules_and_every_rule_is_used() -> N
                     await asyncio.sleep(0.02)
             cached = KubernetesActuator(api, lambda: targets, leader=leader, cache=cache)
             await cached.current()
+            # a repeated Event updates the first one's count
+            for _ in range(2):
+                await api.create_event(targets["shop/web"].ref(), "Warning", "Same", "again")
         finally:
             await api.close()
         used = {(c.api_group, c.resource, c.verb) for c in fake.requests}

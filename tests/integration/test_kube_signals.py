@@ -79,7 +79,7 @@ async def test_two_gateways_one_leader_merges_signals_from_peers(fake: FakeKube)
                 endpoint_slice(
                     name,
                     "sluice",
-                    [("127.0.0.1", {"ready": True})],
+                    [("localhost", {"ready": True})],
                     [("admin", peer.port), ("http", 8080)],
                     namespace="sluice",
                 )
@@ -139,12 +139,12 @@ async def test_a_leader_without_peers_scales_on_its_own_signals(fake: FakeKube) 
                 assert control.signal_source == "own"
 
                 # a replica is listed but has never answered: own signals still
-                down_host, down_port = closed_port_address().rsplit(":", 1)
+                down_port = closed_port_address().rsplit(":", 1)[1]
                 fake.put(
                     endpoint_slice(
                         "sluice-down",
                         "sluice",
-                        [(down_host, {"ready": True})],
+                        [("localhost", {"ready": True})],
                         [("admin", int(down_port))],
                         namespace="sluice",
                     )
@@ -160,7 +160,7 @@ async def test_a_leader_without_peers_scales_on_its_own_signals(fake: FakeKube) 
                     endpoint_slice(
                         "sluice-up",
                         "sluice",
-                        [(peer.address.rsplit(":", 1)[0], {"ready": True})],
+                        [("localhost", {"ready": True})],
                         [("admin", peer.port)],
                         namespace="sluice",
                     )

@@ -86,3 +86,24 @@ async def test_watches_that_end_at_once_back_off_instead_of_spinning() -> None:
             await snapshots.aclose()
         finally:
             await api.close()
+
+
+async def test_a_watch_survives_an_api_server_restart_that_answers_403_at_first() -> None:
+    with FakeKube() as fake:
+        fake.put(ingress("a", [("a.test", "/", "Prefix", "a", 80)]))
+        api = KubeApi.connect(host=fake.url)
+        try:
+            reflector = api.watch_ingresses("shop")
+            snapshots = reflector.snapshots()
+            async with asyncio.timeout(10):
+                assert list(await anext(snapshots)) == ["shop/a"]
+            await watch_open(fake, "ingresses")
+            fake.restart(forbidden_requests=3)
+            fake.put(ingress("b", [("b.test", "/", "Prefix", "b", 80)]))
+            async with asyncio.timeout(15):
+                while "shop/b" not in reflector.items():
+                    await asyncio.sleep(0.02)
+            assert reflector.last_error is not None and "403" in reflector.last_error
+            assert len(reflector.backoffs_s) >= 3  # it backed off, it did not spin
+        finally:
+            await api.close()

@@ -39,6 +39,8 @@ from tests.support.fake_kube_rules import (
     Obj,
     check_pod_update,
     check_resize,
+    check_resize_admission,
+    cpu_millis,
     json_patch,
     labels_match,
     merge_patch,
@@ -86,7 +88,7 @@ class Call:
 class FakeKube:
     """The fake API server's state plus its test control API.  Use as a context manager."""
 
-    def __init__(self, bookmark_interval_s: float = 0.5) -> None:
+    def __init__(self, bookmark_interval_s: float = 60.0) -> None:
         self.cond = threading.Condition()
         self.rv = 100
         self.objects: dict[tuple[str, str | None, str], Obj] = {}
@@ -98,6 +100,10 @@ class FakeKube:
         self.requests: list[Call] = []
         self.failures: dict[tuple[str, str], list[ApiError]] = {}
         self.streaming: dict[str, int] = {}
+        self.node_cpu: dict[str, str] = {}
+        """Allocatable CPU per node name: a resize that does not fit is refused with 403."""
+        self.forbidden_left = 0
+        """Requests still answered 403 (as right after an API-server restart)."""
         self.watch_lifetime_s: float | None = None
         """When set, every watch ends cleanly after this long (0: at once, with no events)."""
         handler = type("Handler", (_Handler,), {"fake": self})
@@ -128,6 +134,7 @@ class FakeKube:
         plural = _plural_of(obj)
         meta = obj.setdefault("metadata", {})
         key = (plural, meta.get("namespace"), meta["name"])
+        validate(plural, obj)
         with self.cond:
             old = self.objects.get(key)
             return self._store(key, copy.deepcopy(obj), "MODIFIED" if old else "ADDED", old)
@@ -155,6 +162,13 @@ class FakeKube:
             self.failures.setdefault((verb, resource), []).extend(
                 ApiError(code, reason, f"injected failure {code}") for _ in range(times)
             )
+
+    def restart(self, forbidden_requests: int = 3) -> None:
+        """Play an API-server restart: every watch is cut, and the next ``forbidden_requests``
+        requests get 403 Forbidden (the authorizer's caches are not warm yet)."""
+        with self.cond:
+            self.forbidden_left = forbidden_requests
+        self.drop_watches()
 
     def drop_watches(self) -> None:
         """Cut every open watch connection without a clean end (as a network failure does)."""
@@ -219,6 +233,14 @@ class FakeKube:
         )
         if key[1] is not None:
             meta["namespace"] = key[1]
+        if key[0] in _GENERATION:
+            old_gen = int((old or {}).get("metadata", {}).get("generation") or 0)
+            if old is None:
+                meta["generation"] = int(meta.get("generation") or 1)
+            elif old.get("spec") != obj.get("spec"):
+                meta["generation"] = old_gen + 1  # a spec change (a resize too) bumps it
+            else:
+                meta["generation"] = old_gen
         self.objects[key] = obj
         self._record(kind, key[0], obj, bump=False)
         return copy.deepcopy(obj)
@@ -230,6 +252,10 @@ class FakeKube:
             obj["metadata"]["resourceVersion"] = str(self.rv)
         self.history.append((self.rv, plural, kind, copy.deepcopy(obj)))
         self.cond.notify_all()
+
+
+_GENERATION = ("pods", "deployments", "statefulsets", "ingresses")
+"""Kinds whose metadata.generation counts spec changes."""
 
 
 def _plural_of(obj: Obj) -> str:
@@ -309,6 +335,15 @@ class _Handler(BaseHTTPRequestHandler):
             fake.requests.append(call)
             queued = fake.failures.get((verb, call.resource))
             injected = queued.pop(0) if queued else None
+            if injected is None and fake.forbidden_left > 0:
+                fake.forbidden_left -= 1
+                injected = ApiError(
+                    403,
+                    "Forbidden",
+                    f'{call.resource} is forbidden: User "system:serviceaccount:sluice:sluice" '
+                    "cannot "
+                    f'{verb} resource "{call.resource}" in API group "{group}"',
+                )
         try:
             if injected:
                 raise injected
@@ -398,6 +433,17 @@ class _Handler(BaseHTTPRequestHandler):
                 if plural != "pods":
                     raise ApiError(404, "NotFound", "resize is a pod subresource")
                 check_resize(current, new)
+                node = (current.get("spec") or {}).get("nodeName")
+                allocatable = fake.node_cpu.get(node) if node else None
+                others = sum(
+                    cpu_millis(((c.get("resources") or {}).get("requests") or {}).get("cpu", "0"))
+                    for (p, _, n), o in fake.objects.items()
+                    if p == "pods" and n != name and (o.get("spec") or {}).get("nodeName") == node
+                    for c in (o.get("spec") or {}).get("containers", [])
+                )
+                check_resize_admission(
+                    current, new, cpu_millis(allocatable) if allocatable else None, others
+                )
                 new = {**copy.deepcopy(current), "spec": new["spec"]}
             elif sub is None:
                 if "status" in current:

@@ -4,6 +4,7 @@ what a Pod update and a resize may change, and field validation (pure functions)
 from __future__ import annotations
 
 import copy
+import ipaddress
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -14,14 +15,17 @@ _CPU = re.compile(r"^(\d+(\.\d+)?)(m|u|n)?$")
 
 
 class ApiError(Exception):
-    def __init__(self, code: int, reason: str, message: str) -> None:
+    def __init__(
+        self, code: int, reason: str, message: str, causes: list[Obj] | None = None
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.reason = reason
         self.message = message
+        self.causes = causes
 
     def status(self) -> Obj:
-        return {
+        out: Obj = {
             "kind": "Status",
             "apiVersion": "v1",
             "metadata": {},
@@ -30,6 +34,47 @@ class ApiError(Exception):
             "reason": self.reason,
             "code": self.code,
         }
+        if self.causes:
+            out["details"] = {"causes": self.causes}
+        return out
+
+
+def check_resize_admission(
+    old: Obj, new: Obj, node_cpu_millis: float | None, others_on_node_millis: float
+) -> None:
+    """What pods/resize admission refuses before the kubelet sees the resize (v1.36):
+
+    * a running container whose status reports no resources: the node's kubelet does not
+      support in-place resize (422);
+    * the pod's new CPU requests do not fit the node's allocatable with the other pods'
+      requests (403 Forbidden, cause ``NodeCapacity``)."""
+    name = old["metadata"]["name"]
+    status = old.get("status") or {}
+    if status.get("phase") == "Running" and any(
+        cs.get("resources") is None for cs in status.get("containerStatuses") or []
+    ):
+        raise ApiError(
+            422,
+            "Invalid",
+            f'Pod "{name}" is invalid: spec: Forbidden: Pod running on node without support '
+            "for resize",
+        )
+    if node_cpu_millis is None:
+        return
+    wanted = sum(
+        cpu_millis(((c.get("resources") or {}).get("requests") or {}).get("cpu", "0"))
+        for c in _containers(new)
+    )
+    if wanted + others_on_node_millis > node_cpu_millis:
+        node = (old.get("spec") or {}).get("nodeName")
+        raise ApiError(
+            403,
+            "Forbidden",
+            f'pods "{name}" is forbidden: Pod resize rejected: node {node} didn\'t have enough '
+            f"allocatable resources: cpu, requested: {wanted:g}m, used: "
+            f"{others_on_node_millis:g}m, capacity: {node_cpu_millis:g}m",
+            [{"reason": "NodeCapacity", "message": "Node didn't have enough capacity: cpu"}],
+        )
 
 
 def cpu_millis(q: Any) -> float:
@@ -195,16 +240,56 @@ def check_resize(old: Obj, new: Obj) -> None:
                 )
     if qos_class(old) != qos_class(new):
         # ValidatePodResize: the stored QoS class against the one computed from the new spec
-        # (field.Invalid on "spec"), e.g. a Guaranteed pod resized to requests < limits.
+        # (field.Invalid on "spec"), e.g. a Guaranteed pod resized to requests < limits; the
+        # message quotes the pod's *old* class (seen on a real kube-apiserver v1.36).
         raise ApiError(
             422,
             "Invalid",
-            f'Pod "{name}" is invalid: spec: Invalid value: "{qos_class(new)}": '
+            f'Pod "{name}" is invalid: spec: Invalid value: "{qos_class(old)}": '
             "Pod QOS Class may not change as a result of resizing",
         )
 
 
+def _bad_slice_address(address: str, address_type: str) -> str | None:
+    """Why an EndpointSlice address is refused (ValidateEndpointIP): loopback, link-local,
+    unspecified and multicast IPs may not be endpoints; FQDN addresses must be DNS names."""
+    if address_type == "FQDN":
+        ok = re.fullmatch(
+            r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", address
+        )
+        return None if ok and len(address) <= 253 else "must be a valid DNS subdomain"
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return "must be a valid IP address"
+    if (ip.version == 4) != (address_type == "IPv4"):
+        return f"must be an {address_type} address"
+    if ip.is_unspecified:
+        return "may not be unspecified (0.0.0.0)"
+    if ip.is_loopback:
+        return "may not be in the loopback range (127.0.0.0/8, ::1/128)"
+    if ip.is_link_local:
+        return "may not be in the link-local range (169.254.0.0/16, fe80::/10)"
+    if ip.is_multicast:
+        return "may not be in the multicast range"
+    return None
+
+
 def validate(plural: str, obj: Obj) -> None:
+    if plural == "endpointslices":
+        address_type = obj.get("addressType") or ""
+        if address_type not in ("IPv4", "IPv6", "FQDN"):
+            raise ApiError(422, "Invalid", f"addressType: Unsupported value: {address_type!r}")
+        for i, e in enumerate(obj.get("endpoints") or []):
+            for j, a in enumerate(e.get("addresses") or []):
+                why = _bad_slice_address(str(a), address_type)
+                if why:
+                    raise ApiError(
+                        422,
+                        "Invalid",
+                        f'EndpointSlice.discovery.k8s.io "{obj["metadata"]["name"]}" is '
+                        f'invalid: endpoints[{i}].addresses[{j}]: Invalid value: "{a}": {why}',
+                    )
     if plural == "leases":
         spec = obj.get("spec") or {}
         for field in ("acquireTime", "renewTime"):

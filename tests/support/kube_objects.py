@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Any
 
 Obj = dict[str, Any]
+
+
+def _is_ip(address: str) -> bool:
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return True
 
 
 def ingress(
@@ -54,7 +63,11 @@ def endpoint_slice(
     ports: list[tuple[str, int]],
     namespace: str = "shop",
 ) -> Obj:
-    """``endpoints``: (ip, conditions); ``ports``: (name, port)."""
+    """``endpoints``: (address, conditions); ``ports``: (name, port).  Like the real API
+    server, the fake refuses loopback, link-local and unspecified IPs: a test that needs the
+    gateway to reach a local process uses the name ``localhost`` (an FQDN slice); others use
+    192.0.2.x (TEST-NET-1)."""
+    fqdn = any(not _is_ip(a) for a, _ in endpoints)
     return {
         "kind": "EndpointSlice",
         "apiVersion": "discovery.k8s.io/v1",
@@ -63,7 +76,9 @@ def endpoint_slice(
             "namespace": namespace,
             "labels": {"kubernetes.io/service-name": service},
         },
-        "addressType": "IPv4",
+        "addressType": "FQDN"
+        if fqdn
+        else ("IPv6" if any(":" in a for a, _ in endpoints) else "IPv4"),
         "ports": [{"name": n, "port": p, "protocol": "TCP"} for n, p in ports],
         "endpoints": [{"addresses": [ip], "conditions": c} for ip, c in endpoints],
     }
@@ -102,6 +117,7 @@ def pod(
     namespace: str = "shop",
     ready: bool = True,
     container: str = "app",
+    node: str = "node-a",
 ) -> Obj:
     """A running pod whose status shows ``resources`` in force."""
     return {
@@ -109,6 +125,7 @@ def pod(
         "apiVersion": "v1",
         "metadata": {"name": name, "namespace": namespace, "labels": {"app": app}},
         "spec": {
+            "nodeName": node,
             "containers": [
                 {
                     "name": container,
@@ -116,7 +133,7 @@ def pod(
                     "resources": resources,
                     "resizePolicy": [{"resourceName": "cpu", "restartPolicy": "NotRequired"}],
                 }
-            ]
+            ],
         },
         "status": {
             "phase": "Running",

@@ -63,6 +63,9 @@ log = logging.getLogger(__name__)
 
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+EVENT_AGGREGATION_S = 600.0
+"""A repeated Event within this long updates the first one's count (client-go: 10 min)."""
+EVENT_CACHE_SIZE = 4096
 FIELD_MANAGER = "sluice"
 """``fieldManager`` of every write: ``managedFields`` name Sluice, not the client library."""
 
@@ -83,7 +86,7 @@ RBAC_RULES: tuple[RbacRule, ...] = (
     RbacRule("", "services", ("get",)),
     RbacRule("", "pods", ("list", "watch")),
     RbacRule("", "pods/resize", ("patch",)),
-    RbacRule("", "events", ("create",)),
+    RbacRule("", "events", ("create", "patch")),
     RbacRule("apps", "deployments", ("list", "watch")),
     RbacRule("apps", "statefulsets", ("list", "watch")),
     RbacRule("apps", "deployments/scale", ("get", "patch")),
@@ -142,6 +145,8 @@ class KubeApi:
         self.discovery = k8s.DiscoveryV1Api(api_client)
         self.coordination = k8s.CoordinationV1Api(api_client)
         self._reflectors: list[Reflector[Any]] = []
+        self._events: dict[tuple[str, ...], tuple[str, int, float]] = {}
+        """Recent Events: (object, type, reason, message) -> (name, count, first seen)."""
 
     @classmethod
     def connect(
@@ -339,12 +344,35 @@ class KubeApi:
         message: str,
         component: str = "sluice",
     ) -> None:
+        """Record an Event; the same event again (object, type, reason, message) within
+        ``EVENT_AGGREGATION_S`` updates the first one's ``count`` and ``lastTimestamp`` (as
+        client-go's event correlator does) instead of piling up new objects."""
         now = datetime.now(UTC)
+        key = (target.kind, target.namespace, target.name, type_, reason, message[:1024])
+        seen = self._events.get(key)
+        if seen is not None and time.monotonic() - seen[2] < EVENT_AGGREGATION_S:
+            name, count, _ = seen
+            body = {
+                "count": count + 1,
+                "lastTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            }
+            try:
+                await self._call(
+                    self.core.patch_namespaced_event,
+                    name,
+                    target.namespace,
+                    body,
+                    _content_type=MERGE_PATCH,
+                    field_manager=FIELD_MANAGER,
+                )
+            except NotFound:
+                pass  # expired (events live about an hour): record a new one
+            else:
+                self._events[key] = (name, count + 1, seen[2])
+                return
+        name = f"{target.name}.{int(time.time() * 1e9):x}{random.getrandbits(16):04x}"
         event = k8s.CoreV1Event(
-            metadata=k8s.V1ObjectMeta(
-                name=f"{target.name}.{int(time.time() * 1e9):x}{random.getrandbits(16):04x}",
-                namespace=target.namespace,
-            ),
+            metadata=k8s.V1ObjectMeta(name=name, namespace=target.namespace),
             involved_object=k8s.V1ObjectReference(
                 kind=target.kind,
                 api_version=target.api_version,
@@ -367,6 +395,9 @@ class KubeApi:
             event,
             field_manager=FIELD_MANAGER,
         )
+        self._events[key] = (name, 1, time.monotonic())
+        while len(self._events) > EVENT_CACHE_SIZE:
+            self._events.pop(next(iter(self._events)))
 
     async def get_lease(self, namespace: str, name: str) -> Lease | None:
         try:
@@ -621,6 +652,11 @@ class Reflector(Generic[T]):
         self._resp = resp
         events = 0
         try:
+            # stop() sets the flag, then shuts down the response it sees: checking the flag
+            # after publishing the response closes the race with a watch being opened (a real
+            # API server may stay silent for minutes: no bookmark would wake this thread)
+            if self._stop.is_set():
+                return events
             buffer = b""
             for chunk in resp.stream(amt=None, decode_content=False):
                 buffer += chunk

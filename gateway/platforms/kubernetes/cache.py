@@ -25,6 +25,7 @@ class WorkloadCache:
         self._pods = [api.watch_pods(ns) for ns in scopes]
         self._pods_seen = -1
         self._pods_by_ns: dict[str, list[Pod]] = {}
+        self._pods_by_label: dict[tuple[str, str, str], list[Pod]] = {}
 
     def __repr__(self) -> str:
         return f"WorkloadCache(synced={self.synced()}, watches={len(self._all())})"
@@ -57,15 +58,25 @@ class WorkloadCache:
             return []
         version = sum(r.version for r in self._pods)
         if version != self._pods_seen:
+            index: dict[tuple[str, str, str], list[Pod]] = {}
             by_ns: dict[str, list[Pod]] = {}
             for r in self._pods:
                 for p in r.items().values():
                     by_ns.setdefault(p.meta.namespace, []).append(p)
-            for pods in by_ns.values():
-                pods.sort(key=lambda p: p.meta.name)
-            self._pods_by_ns, self._pods_seen = by_ns, version
-        return [
-            p
-            for p in self._pods_by_ns.get(namespace, ())
-            if selector_matches(selector, p.meta.labels)
-        ]
+                    for k, v in p.meta.labels.items():
+                        index.setdefault((p.meta.namespace, k, v), []).append(p)
+            self._pods_by_ns, self._pods_by_label, self._pods_seen = by_ns, index, version
+        # the pods carrying one of the selector's ``k=v`` labels, else the namespace's, then
+        # the whole selector on those: no scan of every pod per workload
+        candidates: Sequence[Pod] = self._pods_by_ns.get(namespace, ())
+        for term in selector.split(","):
+            key, eq, value = term.partition("=")
+            if eq and not key.endswith("!") and "(" not in term:
+                candidates = self._pods_by_label.get(
+                    (namespace, key.strip(), value.lstrip("=").strip()), ()
+                )
+                break
+        return sorted(
+            (p for p in candidates if selector_matches(selector, p.meta.labels)),
+            key=lambda p: p.meta.name,
+        )

@@ -4,7 +4,8 @@
 watches (through :mod:`gateway.platforms.kubernetes.api`): Ingresses and EndpointSlices in the configured
 namespaces (or all), and the gateway's own EndpointSlices (its peers).  Each change rebuilds
 the :class:`~gateway.platforms.kubernetes.ingress_rules.IngressTable`; problems (bad paths, bad
-``sluice.io/`` annotations) are logged and recorded once as Warning Events on the Ingress;
+``sluice.io/`` annotations) are logged and recorded once, by the leader, as Warning Events on
+the Ingress;
 the gateway's address is written into each served Ingress's ``status.loadBalancer``.
 """
 
@@ -110,6 +111,9 @@ class KubernetesDiscovery:
         self._service_ports: dict[tuple[str, str], dict[int, str]] = {}
         self._peer_slices: dict[str, EndpointSlice] = {}
         self._reported: set[tuple[str, str, str]] = set()
+        self._problems: tuple[tuple[Problem, ...], Mapping[str, Ingress]] = ((), {})
+        self.is_leader: Callable[[], bool] = lambda: True
+        """Only the leader records InvalidIngress Events (the platform sets its elector's)."""
         self._version = 0
         self._changed = asyncio.Condition()
         self._tasks: list[asyncio.Task[None]] = []
@@ -276,9 +280,20 @@ class KubernetesDiscovery:
             self._peer_slices = snapshot
 
     async def _report(self, problems: tuple[Problem, ...], by_key: Mapping[str, Ingress]) -> None:
+        self._problems = (problems, by_key)
+        await self.report_problems()
+
+    async def report_problems(self) -> None:
+        """Log each Ingress problem and record it as one ``InvalidIngress`` Warning Event: once
+        per (Ingress, problem) for the Ingress's lifetime (a status patch, Sluice's own
+        included, does not repeat it), and only on the leader; a replica that becomes leader
+        records what was not recorded yet on its next call."""
+        problems, by_key = self._problems
+        if not self.is_leader():
+            return
         for p in problems:
             ing = by_key.get(p.ingress)
-            ident = (p.ingress, ing.meta.resource_version if ing else "", p.message)
+            ident = (p.ingress, ing.meta.uid if ing else "", p.message)
             if ident in self._reported:
                 continue
             self._reported.add(ident)

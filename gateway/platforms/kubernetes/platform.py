@@ -63,6 +63,7 @@ class KubernetesControl:
             retry_period_s=cfg.lease.retry_period_s,
             clock=clock,
         )
+        self.discovery.is_leader = self.elector.is_leader
         self.cache = WorkloadCache(self.api, cfg.namespaces)
         self.actuator = KubernetesActuator(
             self.api,
@@ -98,6 +99,7 @@ class KubernetesControl:
         if not self.elector.is_leader():
             return {}
         at = asyncio.get_running_loop().time() if now is None else now
+        await self.discovery.report_problems()  # what a previous leader had not recorded
         if not self.discovery.peer_admin_addresses():
             return self._own(
                 at,
