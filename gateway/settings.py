@@ -348,6 +348,12 @@ class GatewayLimits(_Model):
     idle_timeout_s: float = Field(
         default=60.0, gt=0, description="A keep-alive connection idle this long is closed."
     )
+    underscores_in_headers: bool = Field(
+        default=False,
+        description="Forward request header fields whose name has an underscore (like nginx's "
+        "underscores_in_headers); off: they are dropped, since CGI/WSGI stacks map X_Real_IP "
+        "and X-Real-IP to the same HTTP_X_REAL_IP.",
+    )
 
 
 class ShutdownConfig(_Model):

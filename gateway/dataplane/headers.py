@@ -6,6 +6,9 @@
 * ``Via: 1.1 sluice`` is appended (RFC 9110 §7.6.3) in both directions.
 * ``X-Forwarded-For`` / ``-Proto`` / ``-Host``: a client in ``trusted_proxies`` has its
   values kept (its address appended to ``X-Forwarded-For``); anyone else's are replaced.
+  ``Forwarded`` and ``X-Real-IP`` are kept from a trusted client, removed from anyone else.
+* Request fields whose name has an underscore are dropped unless ``underscores`` is set;
+  a client's ``Connection`` cannot drop the fields in :data:`END_TO_END`.
 * Responses: no second ``Date`` or ``Server`` is added when the upstream sent one; a
   ``Date`` is added only when missing (RFC 9110 §6.6.1).
 
@@ -32,6 +35,26 @@ HOP_BY_HOP = frozenset(
         b"trailer",
     }
 )
+END_TO_END = frozenset(
+    {
+        b"authorization",
+        b"cookie",
+        b"host",
+        b"content-length",
+        b"content-type",
+        b"content-encoding",
+        b"forwarded",
+        b"x-forwarded-for",
+        b"x-forwarded-proto",
+        b"x-forwarded-host",
+        b"x-real-ip",
+        b"via",
+        b"traceparent",
+        b"tracestate",
+    }
+)
+"""Request fields a client's ``Connection`` cannot make hop-by-hop (they are never dropped
+because ``Connection`` names them): credentials, routing, framing and provenance."""
 VIA_TOKEN = b"1.1 sluice"
 CRLF = b"\r\n"
 
@@ -49,6 +72,7 @@ _XFH = 9
 _DATE = 10
 _TRACEPARENT = 11
 _TRACESTATE = 12
+_UNTRUSTED = 13
 
 _REQUEST_ACTIONS = {
     **dict.fromkeys(HOP_BY_HOP, _DROP),
@@ -63,6 +87,8 @@ _REQUEST_ACTIONS = {
     b"x-forwarded-host": _XFH,
     b"traceparent": _TRACEPARENT,
     b"tracestate": _TRACESTATE,
+    b"forwarded": _UNTRUSTED,
+    b"x-real-ip": _UNTRUSTED,
 }
 _RESPONSE_ACTIONS = {
     **dict.fromkeys(HOP_BY_HOP, _DROP),
@@ -159,8 +185,10 @@ def request_fields(
     trusted: bool,
     proto: bytes = b"http",
     drop: frozenset[bytes] | set[bytes] = frozenset(),
+    underscores: bool = False,
 ) -> RequestFields:
-    """Rewrite a client request's header fields for the upstream (see the module docstring)."""
+    """Rewrite a client request's header fields for the upstream (see the module docstring);
+    ``underscores``: keep fields whose name has an underscore (else dropped)."""
     out: list[bytes] = []
     host = via = xff = xfp = xfh = b""
     expect_continue = chunked = has_body = False
@@ -175,10 +203,12 @@ def request_fields(
         if action is None:
             if drop and lname in drop:
                 continue
+            if not underscores and lname.find(b"_") != -1:
+                continue  # X_Forwarded_For would become HTTP_X_FORWARDED_FOR behind CGI/WSGI
         elif action == _DROP:
             continue
         elif action == _CONNECTION:
-            extra = _tokens(value) - HOP_BY_HOP
+            extra = _tokens(value) - HOP_BY_HOP - END_TO_END
             if extra:
                 named = extra if named is None else named | extra
             continue
@@ -186,6 +216,9 @@ def request_fields(
             chunked = _is_chunked(value)
             has_body = True
             continue
+        elif action == _UNTRUSTED:
+            if not trusted:
+                continue  # Forwarded / X-Real-IP from a peer outside trusted_proxies
         elif action == _HOST:
             host = value
         elif action == _CONTENT_LENGTH:
@@ -224,7 +257,9 @@ def request_fields(
             continue
         out += (name, b": ", value, CRLF)
     if named is not None and not drop:
-        return request_fields(headers, trusted=trusted, proto=proto, drop=named)
+        return request_fields(
+            headers, trusted=trusted, proto=proto, drop=named, underscores=underscores
+        )
     if chunked:
         out.append(b"Transfer-Encoding: chunked\r\n")
     out += (b"Via: ", via + b", " + VIA_TOKEN if via else VIA_TOKEN, CRLF)
@@ -282,9 +317,12 @@ def rewrite_request(
     trusted: bool,
     proto: bytes = b"http",
     drop: frozenset[bytes] | set[bytes] = frozenset(),
+    underscores: bool = False,
 ) -> RequestHead:
     """The head to send upstream for a client request (``target`` in origin-form)."""
-    fields = request_fields(headers, trusted=trusted, proto=proto, drop=drop)
+    fields = request_fields(
+        headers, trusted=trusted, proto=proto, drop=drop, underscores=underscores
+    )
     return request_head(method, target, fields, peer_ip)
 
 
@@ -455,10 +493,13 @@ class HeadCache:
         "_requests",
         "_responses",
         "max_entries",
+        "underscores",
     )
 
-    def __init__(self, max_entries: int = 1024) -> None:
+    def __init__(self, max_entries: int = 1024, underscores: bool = False) -> None:
         self.max_entries = max_entries
+        self.underscores = underscores
+        """Request fields with an underscore in their name are kept (else dropped)."""
         self._requests: dict[tuple[object, ...], CheckedFields] = {}
         self._responses: dict[tuple[object, ...], ResponseHead] = {}
         self._raw_requests: dict[tuple[bytes, bool], CheckedFields] = {}
@@ -506,7 +547,8 @@ class HeadCache:
         checked = cache.get(key)
         if checked is None:
             checked = CheckedFields(
-                request_fields(headers, trusted=trusted, drop=drop), _names_keep_alive(headers)
+                request_fields(headers, trusted=trusted, drop=drop, underscores=self.underscores),
+                _names_keep_alive(headers),
             )
             if len(cache) >= self.max_entries:
                 cache.clear()
@@ -526,7 +568,9 @@ class HeadCache:
         if checked is None:
             headers = request_fields_raw(raw_fields)
             checked = CheckedFields(
-                request_fields(headers, trusted=trusted), _names_keep_alive(headers), headers
+                request_fields(headers, trusted=trusted, underscores=self.underscores),
+                _names_keep_alive(headers),
+                headers,
             )
             if len(cache) >= self.max_entries:
                 cache.clear()

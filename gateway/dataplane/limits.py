@@ -52,6 +52,8 @@ class HeadLimits:
     max_uri_bytes: int = 8192
     header_timeout_s: float = 10.0
     idle_timeout_s: float = 60.0
+    underscores_in_headers: bool = False
+    """Forward header fields with an underscore in their name (else dropped)."""
 
     @classmethod
     def from_settings(cls, limits: GatewayLimits) -> HeadLimits:
@@ -61,6 +63,7 @@ class HeadLimits:
             limits.max_uri_bytes,
             limits.header_timeout_s,
             limits.idle_timeout_s,
+            limits.underscores_in_headers,
         )
 
 

@@ -619,7 +619,7 @@ class DataPlane:
         """The ``Date`` header value, refreshed by the sweep (every ``SWEEP_S``)."""
         self.outbox = Outbox(self.loop)
         """Writes of one loop round, sent together at its end (fewer cross-CPU wake-ups)."""
-        self.heads = HeadCache()
+        self.heads = HeadCache(underscores=self.limits.underscores_in_headers)
         """Memoised header rewriting (a repeated header set costs one dict lookup)."""
         self._route_table: RouteTable | None = None
         self._route_cache: dict[tuple[bytes, bytes], str | None] = {}
@@ -692,6 +692,8 @@ class DataPlane:
     def configure(self, trusted_proxies: Sequence[str], limits: HeadLimits) -> None:
         """Hot reload: new trusted networks (for new connections) and head limits."""
         self.networks = [ipaddress.ip_network(n, strict=False) for n in trusted_proxies]
+        if limits.underscores_in_headers != self.heads.underscores:
+            self.heads = HeadCache(underscores=limits.underscores_in_headers)
         self.limits = limits
 
     def is_trusted(self, ip: str) -> bool:

@@ -413,6 +413,47 @@ GOOD = [
         [("POST", "/p")],
         check=header_seen("Content-Length", "0"),
     ),
+    # Issue 20, item 5: what a client could spoof or strip through header names.
+    Case(
+        "underscore-xff-dropped",
+        req(headers=H + b"X_Forwarded_For: 6.6.6.6\r\n"),
+        [200],
+        False,
+        [("GET", "/")],
+        check=header_seen("X_Forwarded_For", None),
+    ),
+    Case(
+        "forwarded-from-untrusted-dropped",
+        req(headers=H + b"Forwarded: for=6.6.6.6\r\n"),
+        [200],
+        False,
+        [("GET", "/")],
+        check=header_seen("Forwarded", None),
+    ),
+    Case(
+        "x-real-ip-from-untrusted-dropped",
+        req(headers=H + b"X-Real-IP: 6.6.6.6\r\n"),
+        [200],
+        False,
+        [("GET", "/")],
+        check=header_seen("X-Real-IP", None),
+    ),
+    Case(
+        "connection-cannot-strip-authorization",
+        req(headers=H + b"Connection: Authorization\r\nAuthorization: Bearer abc\r\n"),
+        [200],
+        False,
+        [("GET", "/")],
+        check=header_seen("Authorization", "Bearer abc"),
+    ),
+    Case(
+        "connection-cannot-strip-cookie",
+        req(headers=H + b"Cookie: s=1\r\nConnection: cookie\r\n"),
+        [200],
+        False,
+        [("GET", "/")],
+        check=header_seen("Cookie", "s=1"),
+    ),
 ]
 
 

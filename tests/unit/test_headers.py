@@ -353,3 +353,35 @@ def test_head_cache_raw_fields_match_the_per_field_rewrite() -> None:
     for i in range(10):  # bounded: it starts over instead of growing
         cache.raw_fields(b"X-N: %d\r\n" % i, False)
     assert len(cache._raw_requests) <= 4
+
+
+# -- issue 20, item 5: spoofing and stripping through header names -------------------------
+
+
+def test_underscore_names_are_dropped_by_default_and_kept_on_request() -> None:
+    spoof = [(b"Host", b"h"), (b"X_Forwarded_For", b"6.6.6.6"), (b"X_Custom", b"1")]
+    _, fields = request(spoof)
+    assert "x_forwarded_for" not in names(fields) and "x_custom" not in names(fields)
+    kept = rewrite_request(b"GET", b"/", spoof, b"192.0.2.9", trusted=False, underscores=True)
+    assert "x_custom" in names(parse(kept.head)[1])
+    assert HeadCache(underscores=True).fields(spoof, False).fields.middle.count(b"X_Custom") == 1
+    assert HeadCache().fields(spoof, False).fields.middle.count(b"X_Custom") == 0
+
+
+@pytest.mark.parametrize("name", [b"Forwarded", b"X-Real-IP", b"x-real-ip"])
+def test_forwarded_and_x_real_ip_only_from_trusted_peers(name: bytes) -> None:
+    headers = [(b"Host", b"h"), (name, b"for=6.6.6.6")]
+    assert name.lower().decode() not in names(request(headers, trusted=False)[1])
+    assert name.lower().decode() in names(request(headers, trusted=True)[1])
+
+
+@pytest.mark.parametrize(
+    "name", [b"Authorization", b"Cookie", b"Host", b"Content-Type", b"X-Real-IP", b"Forwarded"]
+)
+def test_connection_cannot_strip_end_to_end_fields(name: bytes) -> None:
+    headers = [(b"Host", b"h"), (b"Connection", name), (b"X-Named", b"1")]
+    if name.lower() != b"host":
+        headers.append((name, b"v"))
+    _, fields = request([*headers, (b"Connection", b"x-named")], trusted=True)
+    assert name.lower().decode() in names(fields)
+    assert "x-named" not in names(fields)
