@@ -20,6 +20,7 @@ import httpx
 from tests.support.localpool import ROOT, needs_cgroups
 from tests.support.processes import Gateway
 from tests.support.procs import MARKER_VAR, pids_with_marker, wait_until
+from tests.support.strict_json import ADMIN_JSON_PATHS, strict_json
 
 
 def zero_config(marker: str) -> dict[str, Any]:
@@ -109,3 +110,22 @@ def test_scale_from_zero_and_back_answers_every_held_request(tmp_path: Path) -> 
         code = gw.wait(30)
     assert code == 0, gw.output()[-3000:]
     assert wait_until(lambda: pids_with_marker(marker) == [], timeout_s=10)
+
+
+@needs_cgroups
+def test_admin_json_is_finite_before_any_request(tmp_path: Path) -> None:
+    """platform local, a service at zero that never had a request: every admin JSON endpoint
+    parses strictly (no NaN / Infinity)."""
+    marker = uuid.uuid4().hex
+    gw = Gateway(zero_config(marker), tmp_path / "zero.yaml")
+    try:
+        assert wait_until(lambda: decisions(gw)["ticks"] >= 2, timeout_s=20)
+        assert "reports" in decisions(gw)["latest"]
+        for path in ADMIN_JSON_PATHS:
+            answer = httpx.get(f"{gw.admin_url}{path}", timeout=10)
+            assert answer.status_code == 200, (path, answer.text[:200])
+            strict_json(answer.text)
+    finally:
+        gw.signal(signal.SIGTERM)
+        code = gw.wait(30)
+    assert code == 0, gw.output()[-3000:]

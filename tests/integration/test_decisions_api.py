@@ -9,6 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.processes import gateway, upstreams
 from tests.support.procs import wait_until
+from tests.support.strict_json import ADMIN_JSON_PATHS, strict_json
 
 
 def test_static_platform_computes_logs_and_exposes_decisions_without_applying_them(
@@ -34,6 +35,11 @@ def test_static_platform_computes_logs_and_exposes_decisions_without_applying_th
             )
             body = admin.get("/api/decisions").json()
             assert body["platform"] == "static" and body["applied"] is False
+            # 'idle' has had no traffic: no admin endpoint emits NaN or Infinity for it
+            for path in ADMIN_JSON_PATHS:
+                answer = admin.get(path)
+                assert answer.status_code == 200, (path, answer.text[:200])
+                strict_json(answer.text)
             assert set(body["latest"]) == {"api", "idle"}
             api = body["latest"]["api"]
             assert api["replicas"] >= 1 and api["rule"] and api["reasons"]

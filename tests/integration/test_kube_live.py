@@ -22,6 +22,7 @@ from gateway.settings import parse_settings
 from tests.support.fake_kube import FakeKube
 from tests.support.kube_objects import deployment, endpoint_slice, ingress
 from tests.support.processes import Upstream, upstreams
+from tests.support.strict_json import ADMIN_JSON_PATHS, strict_json
 
 TIMEOUT_S = 20
 READY = {"ready": True, "serving": True, "terminating": False}
@@ -304,3 +305,33 @@ async def test_live_load_scales_the_deployment_through_the_runner(
 
 async def served(client: httpx.AsyncClient) -> bool:
     return (await client.get("/echo")).status_code == 200
+
+
+async def test_admin_json_is_finite_for_a_service_without_traffic(
+    fake: FakeKube, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A scaled service that never had a request: every admin JSON endpoint still parses
+    strictly (no NaN / Infinity), on the kubernetes platform."""
+    fake.put(
+        ingress(
+            "quiet",
+            [(None, "/", "Prefix", "quiet", "http")],
+            annotations={"sluice.io/target": "2", "sluice.io/max-replicas": "3"},
+        )
+    )
+    fake.put(deployment("quiet", 1))
+    fake.put(endpoint_slice("quiet-1", "quiet", [("192.0.2.10", READY)], [("http", 8080)]))
+    async with (
+        live_gateway(fake, capsys, tmp_path) as (_, admin_url, _runner),
+        httpx.AsyncClient(base_url=admin_url, timeout=30) as admin,
+    ):
+
+        async def ticked() -> bool:
+            body = (await admin.get("/api/decisions")).json()
+            return body["ticks"] >= 2 and "shop/quiet" in body["latest"]
+
+        await until(ticked)
+        for path in ADMIN_JSON_PATHS:
+            answer = await admin.get(path)
+            assert answer.status_code == 200, (path, answer.text[:200])
+            strict_json(answer.text)
