@@ -3,6 +3,7 @@
     python benchmarks/proxy.py                 # full run (a few minutes)
     python benchmarks/proxy.py --rounds 1 --duration-s 3 --latency-duration-s 2   # quick look
     python benchmarks/proxy.py --skip-sluice   # direct + nginx only
+    python benchmarks/proxy.py --h2-only       # HTTP/2 and unary gRPC rows (proxy_h2.py)
     python benchmarks/proxy.py --trace-ratio 0.01   # also Sluice with 1 % of requests traced
 
 What runs (all on 127.0.0.1, ports picked free, everything stopped at the end):
@@ -673,6 +674,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="also run the gateway from this checkout (e.g. a `git worktree` of main) in the "
         "same rounds, as target 'baseline': before/after in the same conditions",
     )
+    parser.add_argument(
+        "--h2",
+        action="store_true",
+        help="also run the HTTP/2 (h2load) and unary gRPC rows against nginx (proxy_h2.py)",
+    )
+    parser.add_argument("--h2-only", action="store_true", help="run only the HTTP/2 and gRPC rows")
     parser.add_argument("--out", type=Path, default=None, help="JSON output file")
     return parser
 
@@ -687,6 +694,23 @@ def main(argv: list[str] | None = None) -> int:
     if (os.cpu_count() or 1) < 2:
         parser.error("needs 2 cores: the proxy on core 0, upstream and wrk on core 1")
     ensure_tools()
+    if args.h2 or args.h2_only:
+        if shutil.which("h2load") is None:
+            parser.error("--h2 needs h2load (apt-get install nghttp2-client)")
+        sys.path.insert(0, str(ROOT))
+        from benchmarks import proxy_h2
+
+        with tempfile.TemporaryDirectory(prefix="sluice-bench-h2-") as tmp:
+            h2_result = proxy_h2.run(args.rounds, args.duration_s, Path(tmp))
+        proxy_h2.print_h2(h2_result)
+        if args.h2_only:
+            now = dt.datetime.now(dt.UTC)
+            out = args.out or Path(tempfile.gettempdir()) / f"proxy-h2-{now:%Y-%m-%dT%H%MZ}.json"
+            h2_doc = {"benchmark": "proxy-h2", "date": now.isoformat(timespec="seconds")}
+            h2_doc |= {"machine": machine(), **h2_result}
+            out.write_text(json.dumps(h2_doc, indent=2) + "\n")
+            print(f"\nwrote {out}")
+            return 0
     result = run(args)
     table = summarise(result.samples)
     rat = ratios(table)
@@ -703,6 +727,7 @@ def main(argv: list[str] | None = None) -> int:
         **asdict(result),
         "median": table,
         "ratios": rat,
+        **({"h2": h2_result} if args.h2 else {}),
         "targets": {
             "rps_sluice_over_nginx": f">= {REQS_TARGET}",
             "c1_added_p50_sluice_over_nginx": f"<= {ADDED_LATENCY_TARGET}",

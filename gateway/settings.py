@@ -428,6 +428,12 @@ class ServiceConfig(_Model):
     timeouts: TimeoutsConfig = Field(
         default_factory=TimeoutsConfig, description="Upstream timeouts."
     )
+    protocol: Literal["http1", "h2c"] = Field(
+        default="http1",
+        description="How requests reach the endpoints: http1 (pooled keep-alive HTTP/1.1) or "
+        "h2c (HTTP/2 over plain TCP, one multiplexed connection per endpoint; needed for "
+        "gRPC trailers end to end).",
+    )
     scaling: ScalingPolicy = Field(
         default_factory=ScalingPolicy, description="How this service scales."
     )

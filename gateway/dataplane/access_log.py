@@ -147,7 +147,7 @@ class AccessLog:
             ex.head.host.decode("latin-1"),
             path,
             query if _ else None,
-            "HTTP/1.1" if ex.http11 else "HTTP/1.0",
+            "HTTP/2" if ex.client_h2 else "HTTP/1.1" if ex.http11 else "HTTP/1.0",
             status,
             bytes_in,
             bytes_out,

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 from gateway.dataplane.admission import AdmissionError, QueueFull, RateLimited
 from gateway.dataplane.endpoints import Endpoint
 from gateway.dataplane.errors import Cause, error_response
+from gateway.dataplane.h2upstream import H2Upstream
 from gateway.dataplane.headers import (
     HOP_BY_HOP,
     RequestHead,
@@ -154,6 +155,10 @@ class Exchange:
     """Response body bytes from the upstream (as received, before any re-framing)."""
     dispatched_at = 0.0
     """When an endpoint was picked (loop time; only set while the access log is on)."""
+    h2up: H2Upstream | None = None
+    """The upstream HTTP/2 stream when the service's protocol is h2c (else None)."""
+    client_h2 = False
+    """The client speaks HTTP/2 (``h2server.StreamExchange``)."""
 
     def __init__(  # noqa: PLR0917  (positional: one call per request, no keyword matching)
         self,
@@ -206,6 +211,8 @@ class Exchange:
             self.reply_error(Cause.UNKNOWN_SERVICE)
             return
         self.service = service
+        if service.upstream_h2:
+            self.h2up = H2Upstream(self)
         if tracing is not None and self.span is not None:
             self.span.routed(name)
         if self.upgrade is not None and not service.allows_upgrade(self.upgrade):
@@ -286,6 +293,9 @@ class Exchange:
             self.dispatched_at = dp.loop.time()
         if self.span is not None:
             self.attempt_span = self.span.attempt(ep.host, ep.port)
+        if self.h2up is not None:
+            self.h2up.open(ep)
+            return
         pool: EndpointConnections | None = ep.pool  # type: ignore[assignment]  # (as _pool_of)
         if pool is None:
             pool = _pool_of(ep)
@@ -391,6 +401,9 @@ class Exchange:
             self.keep_alive = False
             self.fail(Cause.BODY_TOO_LARGE)
             return
+        if self.h2up is not None:
+            self.h2up.body(body)
+            return
         up = self.upstream
         if up is not None:
             if up.closed:
@@ -422,6 +435,9 @@ class Exchange:
         self.req_done = True
         if self.done:
             return
+        if self.h2up is not None:
+            self.h2up.end()
+            return
         up = self.upstream
         if up is not None and not up.closed:
             if self.head.chunked:
@@ -437,6 +453,21 @@ class Exchange:
             self.body_buf.append(LAST_CHUNK)
 
     # -- flow control ---------------------------------------------------------------------
+
+    def pause_upstream_reading(self) -> None:
+        """The client cannot take more response bytes now."""
+        up = self.upstream
+        if up is not None:
+            up.pause_reading()
+        elif self.h2up is not None:
+            self.h2up.pause()
+
+    def resume_upstream_reading(self) -> None:
+        up = self.upstream
+        if up is not None:
+            up.resume_reading()
+        elif self.h2up is not None:
+            self.h2up.resume()
 
     def upstream_write_paused(self) -> None:
         self.client.pause(PAUSE_BACKPRESSURE)
@@ -517,6 +548,9 @@ class Exchange:
         up = self.upstream
         reusable = up is not None and self.req_sent and up.parser.should_keep_alive()
         self._finish(self.resp_status, False, reusable)
+
+    def on_upstream_trailers(self, trailers: list[tuple[bytes, bytes]]) -> None:
+        """Trailer fields from an HTTP/2 upstream (an HTTP/1.1 client does not get them)."""
 
     def on_upstream_body_end(self) -> None:
         if self.wbuf is None:
@@ -722,6 +756,8 @@ class Exchange:
             self.connect_task = None
             task.cancel()
         now = dp.loop.time()
+        if self.h2up is not None:
+            self.h2up.release()
         up = self.upstream
         if up is not None:
             self.upstream = None
@@ -820,6 +856,8 @@ class Exchange:
         ep = self.endpoint
         if service is None or ep is None or self.done or self.client.closed:
             return False
+        if self.h2up is not None:
+            return False  # not yet for HTTP/2 upstreams
         failure = _FAILURE_OF[cause]
         tried = self.tried = [*(self.tried or ()), ep]
         never_sent = failure is Failure.CONNECT

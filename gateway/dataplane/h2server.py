@@ -99,8 +99,10 @@ def http1_fields(
             has_host = True
         elif name == b"content-type":
             grpc = value.startswith(b"application/grpc")
-        elif name in {b"te", b"expect"}:
-            continue  # hop-by-hop (te: trailers) / no 100-continue over h2
+        elif name == b"expect":
+            continue  # no 100-continue over HTTP/2
+        elif name == b"te" and value != b"trailers":
+            continue  # (h2 allows only "trailers"; kept for HTTP/2 upstreams, gRPC needs it)
         out.append((name, value))
     if not method or not path or method == b"CONNECT":
         raise RequestRejected(Cause.BAD_REQUEST)
@@ -125,6 +127,7 @@ class StreamExchange(Exchange):
 
     grpc = False
     grpc_timeout: float | None = None
+    client_h2 = True
 
     def start(self) -> None:
         super().start()
@@ -152,14 +155,21 @@ class StreamExchange(Exchange):
             if low.find(b"\r\ncontent-length:") == -1 and low.find(b"\r\ntransfer-encoding:") == -1:
                 self.resp_close_delimited = True  # the body ends when the upstream closes
         stream = cast(H2Stream, self.client)
-        stream.send_headers([(b":status", b"%d" % status), *h2_response_fields(raw_head)])
+        fields = [(b":status", b"%d" % status), *h2_response_fields(raw_head)]
+        h2up = self.h2up
+        stream.send_headers(fields, end=h2up is not None and h2up.head_ends)
         if head_only:
             self._finish(status)
 
     def on_upstream_body(self, body: bytes) -> None:
         if self.done or self.interim:
             return
+        self.resp_bytes += len(body)
         cast(H2Stream, self.client).send_body(body)
+
+    def on_upstream_trailers(self, trailers: list[tuple[bytes, bytes]]) -> None:
+        if not self.done:
+            cast(H2Stream, self.client).send_trailers(trailers)
 
     def reply_error(self, cause: Cause, retry_after_s: int | None = None) -> None:
         if self.span is not None and cause.status >= 500:
@@ -187,6 +197,7 @@ class H2Stream:
         "pending",
         "pending_end",
         "stream_id",
+        "trailers",
         "trusted",
         "unacked",
         "write_paused",
@@ -210,6 +221,7 @@ class H2Stream:
         self.pending: list[bytes] = []
         """Response bytes the client's flow-control window cannot take yet."""
         self.pending_end = False
+        self.trailers: list[tuple[bytes, bytes]] | None = None
 
     @property
     def transport(self) -> asyncio.Transport:
@@ -229,6 +241,9 @@ class H2Stream:
 
     def exchange_done(self, exchange: Exchange, now: float) -> None:
         self.exchange = None
+        if self.unacked:  # the connection's window gets these bytes back
+            n, self.unacked = self.unacked, 0
+            self.conn.acknowledge(self.stream_id, n)
         self.conn.last_active = now
         if not self.closed and not self.ended:
             if exchange.cause is None and exchange.resp_state == 1:
@@ -267,6 +282,18 @@ class H2Stream:
             self.conn.blocked.add(self)
             self._pause_upstream()
 
+    def send_trailers(self, fields: list[tuple[bytes, bytes]]) -> None:
+        """End the response with trailer fields (after any data still pending)."""
+        if self.closed:
+            return
+        self.ended = True
+        if self.pending:
+            self.trailers = fields
+            self.pending_end = True
+            return
+        self.conn.send_headers(self.stream_id, fields, True)
+        self.closed = True
+
     def end(self) -> None:
         self.ended = True
         if self.pending:
@@ -285,17 +312,20 @@ class H2Stream:
                 return False
             pending.pop(0)
         if self.pending_end and not self.closed:
-            self.conn.end_stream(self.stream_id)
+            if self.trailers is not None:
+                self.conn.send_headers(self.stream_id, self.trailers, True)
+            else:
+                self.conn.end_stream(self.stream_id)
             self.closed = True
         ex = self.exchange
-        if ex is not None and ex.upstream is not None and not self.conn.write_paused:
-            ex.upstream.resume_reading()
+        if ex is not None and not self.conn.write_paused:
+            ex.resume_upstream_reading()
         return True
 
     def _pause_upstream(self) -> None:
         ex = self.exchange
-        if ex is not None and ex.upstream is not None:
-            ex.upstream.pause_reading()
+        if ex is not None:
+            ex.pause_upstream_reading()
 
     def send_error(
         self, cause: Cause, retry_after_s: int | None, grpc: bool, head_only: bool
@@ -549,8 +579,8 @@ class H2Connection(asyncio.Protocol):
         for stream in self.streams.values():
             stream.write_paused = False
             ex = stream.exchange
-            if ex is not None and ex.upstream is not None and not stream.pending:
-                ex.upstream.resume_reading()
+            if ex is not None and not stream.pending:
+                ex.resume_upstream_reading()
 
     # -- sending (h2 queues frames; one write per call site) ------------------------------
 
@@ -597,6 +627,7 @@ class H2Connection(asyncio.Protocol):
         if n:
             with contextlib.suppress(h2.exceptions.ProtocolError):
                 self.h2.acknowledge_received_data(n, sid)
+            self._send()
 
     # -- stream lifetimes -----------------------------------------------------------------
 

@@ -282,14 +282,14 @@ class ClientConnection(asyncio.Protocol):
     def pause_writing(self) -> None:
         self.write_paused = True
         current = self.current
-        if current is not None and current.upstream is not None:
-            current.upstream.pause_reading()
+        if current is not None:
+            current.pause_upstream_reading()
 
     def resume_writing(self) -> None:
         self.write_paused = False
         current = self.current
-        if current is not None and current.upstream is not None:
-            current.upstream.resume_reading()
+        if current is not None:
+            current.resume_upstream_reading()
 
     # -- httptools callbacks ---------------------------------------------------------------
 

@@ -35,6 +35,7 @@ class Service:
         "stats",
         "total_s",
         "upgrade_protocols",
+        "upstream_h2",
     )
 
     def __init__(
@@ -53,6 +54,8 @@ class Service:
         self.connect_s = t.connect_s
         self.response_header_s = t.response_header_s
         self.total_s = t.total_s
+        self.upstream_h2 = False
+        """Requests go upstream over HTTP/2 (``protocol: h2c``), one stream each."""
         self.rng = rng
         self.config = ServiceConfig(balancer=balancer, timeouts=t)  # type: ignore[arg-type]
         self.admission = Admission(name, self.config.limits, gauge=self.stats)
@@ -86,6 +89,13 @@ class Service:
         self.retry_budget.configure(config.retries)
         self.outlier.configure(config.outlier_detection)
         self.upgrade_protocols = frozenset(p.lower().encode() for p in config.upgrades.protocols)
+        upstream_h2 = config.protocol == "h2c"
+        if upstream_h2 != self.upstream_h2:  # the endpoints' pools are of the other kind
+            self.upstream_h2 = upstream_h2
+            for ep in self.endpoints.endpoints:
+                if ep.pool is not None:
+                    ep.pool.close()
+                    ep.pool = None
         self.config = config
 
     def allows_upgrade(self, upgrade: bytes) -> bool:

@@ -128,6 +128,19 @@ class WsUpstream(Process):
         self.url = f"ws://{self.address}"
 
 
+class GrpcUpstream(Process):
+    """``tests.support.grpc_upstream`` (a grpcio server, h2c) in its own process."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(
+            [sys.executable, "-m", "tests.support.grpc_upstream", "--name", name],
+            re.compile(r"listening (\S+)"),
+        )
+        assert self.match is not None
+        self.address = self.match.group(1)
+
+
 class Gateway(Process):
     """``python -m gateway run --config FILE`` with the config written to ``path``."""
 

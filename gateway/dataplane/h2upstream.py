@@ -1,0 +1,558 @@
+"""Outbound HTTP/2 (``protocol: h2c``): one multiplexed connection per endpoint, one stream per exchange.
+
+An :class:`H2Upstream` is an exchange's side of one upstream stream: it sends the request
+(headers from the exchange's fields, the body as the stream's window allows, pausing the
+client while it cannot) and hands the response to the exchange through the same calls an
+HTTP/1.1 upstream makes (``on_upstream_headers`` with an HTTP/1.1-shaped head,
+``on_upstream_body``, ``on_upstream_complete``, ``upstream_lost``) plus
+``on_upstream_trailers``.  Response DATA is acknowledged only while the client takes it, so
+a slow client is bounded by the upstream stream's window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections import deque
+from typing import TYPE_CHECKING, cast
+
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import h2.exceptions
+import h2.settings
+
+from gateway.dataplane.errors import Cause
+from gateway.dataplane.headers import HOP_BY_HOP, connection_tokens
+from gateway.dataplane.upstream import WRITE_BUFFER_HIGH, WRITE_BUFFER_LOW
+
+if TYPE_CHECKING:
+    from gateway.dataplane.endpoints import Endpoint
+    from gateway.dataplane.forward import Exchange
+    from gateway.dataplane.server import DataPlane
+
+BUFFER_LIMIT = 64 * 1024
+"""Request body buffered before the stream opens, before reading from the client pauses."""
+STREAM_WINDOW = 256 * 1024
+"""SETTINGS_INITIAL_WINDOW_SIZE toward upstreams: response bytes in flight per stream."""
+_DROP_REQUEST = HOP_BY_HOP | {b"host", b"expect", b"http2-settings"}
+
+
+class H2EndpointConnections:
+    """The endpoint's ``pool`` for an h2c service: one multiplexed connection (reconnected
+    when it closes or goes away) and the streams waiting for it to connect or for a free
+    stream slot."""
+
+    __slots__ = ("address", "closed", "conn", "connecting", "dp", "host", "port", "waiting")
+
+    def __init__(self, dp: DataPlane, host: str, port: int, address: str) -> None:
+        self.dp = dp
+        self.host = host
+        self.port = port
+        self.address = address
+        self.conn: H2UpstreamConnection | None = None
+        self.connecting: asyncio.Task[object] | None = None
+        self.waiting: deque[H2Upstream] = deque()
+        self.closed = False
+
+    def open(self, stream: H2Upstream, connect_s: float) -> None:
+        conn = self.conn
+        if conn is not None and conn.usable and conn.has_room():
+            conn.start(stream)
+            return
+        self.waiting.append(stream)
+        if (conn is None or not conn.usable) and self.connecting is None:
+            self._connect(connect_s)
+
+    def _connect(self, connect_s: float) -> None:
+        loop = self.dp.loop
+        coro = asyncio.wait_for(
+            loop.create_connection(lambda: H2UpstreamConnection(self), self.host, self.port),
+            connect_s,
+        )
+        task = self.connecting = loop.create_task(coro)
+        task.add_done_callback(self._connected)
+
+    def _connected(self, task: asyncio.Task[object]) -> None:
+        self.connecting = None
+        if task.cancelled():
+            self._fail_waiting(Cause.CONNECT_FAILED)
+            return
+        exc = task.exception()
+        if exc is not None:
+            timed_out = isinstance(exc, TimeoutError)
+            self._fail_waiting(Cause.CONNECT_TIMEOUT if timed_out else Cause.CONNECT_FAILED)
+            return
+        _transport, conn = cast(tuple[asyncio.BaseTransport, H2UpstreamConnection], task.result())
+        if self.closed:
+            conn.close()
+            return
+        self.conn = conn
+        self.drain_waiting()
+
+    def _fail_waiting(self, cause: Cause) -> None:
+        waiting, self.waiting = self.waiting, deque()
+        for stream in waiting:
+            stream.connect_failed(cause)
+
+    def drain_waiting(self) -> None:
+        """Start waiting streams while the connection has room."""
+        conn = self.conn
+        while self.waiting and conn is not None and conn.usable and conn.has_room():
+            stream = self.waiting.popleft()
+            if not stream.cancelled:
+                conn.start(stream)
+
+    def lost(self, conn: H2UpstreamConnection) -> None:
+        if self.conn is conn:
+            self.conn = None
+        if self.waiting and not self.closed and self.connecting is None:
+            self._connect(self.waiting[0].connect_s)
+
+    def close(self) -> None:
+        self.closed = True
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+        if self.connecting is not None:
+            self.connecting.cancel()
+
+    def __repr__(self) -> str:
+        return f"H2EndpointConnections({self.address}, {self.conn!r})"
+
+
+class H2UpstreamConnection(asyncio.Protocol):
+    """One HTTP/2 client connection to an endpoint, carrying many exchanges' streams."""
+
+    def __init__(self, pool: H2EndpointConnections) -> None:
+        self.pool = pool
+        self.dp = pool.dp
+        self.h2 = h2.connection.H2Connection(
+            h2.config.H2Configuration(client_side=True, header_encoding=None)
+        )
+        self.transport: asyncio.Transport | None = None
+        self.streams: dict[int, H2Upstream] = {}
+        self.blocked: set[H2Upstream] = set()
+        """Streams with request bytes waiting for the upstream's window."""
+        self.usable = True
+        """Not closed and no GOAWAY received: new streams may start here."""
+        self.closed = False
+
+    def has_room(self) -> bool:
+        return len(self.streams) < self.h2.remote_settings.max_concurrent_streams
+
+    # -- asyncio.Protocol -----------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport = cast(asyncio.Transport, transport)
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        transport.set_write_buffer_limits(WRITE_BUFFER_HIGH, WRITE_BUFFER_LOW)
+        conn = self.h2
+        conn.local_settings = h2.settings.Settings(
+            client=True,
+            initial_values={
+                h2.settings.SettingCodes.ENABLE_PUSH: 0,
+                h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
+            },
+        )
+        conn.initiate_connection()
+        conn.increment_flow_control_window(4 * STREAM_WINDOW)
+        self._send()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            events = self.h2.receive_data(data)
+        except h2.exceptions.ProtocolError:
+            self._send()
+            self.abort()
+            return
+        for event in events:
+            self._event(event)
+        self._send()
+
+    def _event(self, event: h2.events.Event) -> None:
+        if isinstance(event, h2.events.ResponseReceived):
+            stream = self.streams.get(event.stream_id)
+            if stream is not None:
+                stream.on_headers(event.headers, event.stream_ended is not None)
+        elif isinstance(event, h2.events.DataReceived):
+            stream = self.streams.get(event.stream_id)
+            if stream is None:
+                self.ack(event.stream_id, event.flow_controlled_length)
+            else:
+                stream.on_data(event.data, event.flow_controlled_length)
+                if event.stream_ended is not None:
+                    stream.on_end()
+        elif isinstance(event, h2.events.TrailersReceived):
+            stream = self.streams.get(event.stream_id)
+            if stream is not None:
+                stream.on_trailers(event.headers)
+        elif isinstance(event, h2.events.StreamEnded):
+            stream = self.streams.get(event.stream_id)
+            if stream is not None and not stream.response_ended:
+                stream.on_end()
+        elif isinstance(event, h2.events.StreamReset):
+            stream = self.streams.pop(event.stream_id, None)
+            if stream is not None:
+                self.blocked.discard(stream)
+                stream.on_reset()
+                self.pool.drain_waiting()
+        elif isinstance(event, h2.events.WindowUpdated):
+            self._window_opened()
+        elif isinstance(event, h2.events.RemoteSettingsChanged):
+            self._window_opened()
+            self.pool.drain_waiting()
+        elif isinstance(event, h2.events.ConnectionTerminated):
+            self.usable = False
+            last = event.last_stream_id if event.last_stream_id is not None else 0
+            for sid in [s for s in self.streams if s > last]:
+                stream = self.streams.pop(sid)
+                stream.on_reset()  # never processed: the exchange may retry it
+            self.pool.lost(self)
+            if not self.streams:
+                self.close()
+
+    def _window_opened(self) -> None:
+        for stream in list(self.blocked):
+            if stream.window_opened():
+                self.blocked.discard(stream)
+
+    def eof_received(self) -> bool | None:
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.usable = False
+        streams, self.streams = self.streams, {}
+        self.blocked.clear()
+        for stream in streams.values():
+            stream.on_reset()
+        self.pool.lost(self)
+
+    def pause_writing(self) -> None:
+        for stream in self.streams.values():
+            stream.ex.client.pause(PAUSE_BACKPRESSURE)
+
+    def resume_writing(self) -> None:
+        for stream in self.streams.values():
+            stream.ex.client.unpause(PAUSE_BACKPRESSURE)
+
+    # -- used by H2Upstream ----------------------------------------------------------------
+
+    def _send(self) -> None:
+        data = self.h2.data_to_send()
+        if data and self.transport is not None and not self.closed:
+            self.dp.outbox.write(self.transport, data)
+
+    def start(self, stream: H2Upstream) -> None:
+        sid = self.h2.get_next_available_stream_id()
+        self.streams[sid] = stream
+        stream.bound(self, sid)
+        self._send()
+
+    def send_data(self, sid: int, data: bytes) -> bytes:
+        """Send what the windows allow; return the rest."""
+        conn = self.h2
+        sent = 0
+        try:
+            window = conn.local_flow_control_window(sid)
+            size = conn.max_outbound_frame_size
+            while sent < len(data) and window > 0:
+                n = min(window, size, len(data) - sent)
+                conn.send_data(sid, data[sent : sent + n])
+                sent += n
+                window -= n
+        except h2.exceptions.ProtocolError:
+            return b""
+        self._send()
+        return data[sent:]
+
+    def end_stream(self, sid: int) -> None:
+        with contextlib.suppress(h2.exceptions.ProtocolError):
+            self.h2.end_stream(sid)
+        self._send()
+
+    def ack(self, sid: int, n: int) -> None:
+        if n:
+            with contextlib.suppress(h2.exceptions.ProtocolError):
+                self.h2.acknowledge_received_data(n, sid)
+
+    def release(self, stream: H2Upstream) -> None:
+        """The exchange is done with its stream: reset it if the response is not complete."""
+        sid = stream.sid
+        if self.streams.pop(sid, None) is None:
+            return
+        self.blocked.discard(stream)
+        if not stream.response_ended:
+            with contextlib.suppress(h2.exceptions.ProtocolError):
+                self.h2.reset_stream(sid, error_code=h2.errors.ErrorCodes.CANCEL)
+            self._send()
+        if self.usable:
+            self.pool.drain_waiting()
+        elif not self.streams:
+            self.close()
+
+    def close(self) -> None:
+        self.usable = False
+        if self.transport is not None and not self.closed:
+            with contextlib.suppress(h2.exceptions.ProtocolError):
+                self.h2.close_connection()
+            self._send()
+            self.closed = True
+            self.transport.close()
+
+    def abort(self) -> None:
+        self.usable = False
+        if self.transport is not None:
+            self.closed = True
+            self.transport.abort()
+
+    def __repr__(self) -> str:
+        return f"H2UpstreamConnection({self.pool.address}, {len(self.streams)} streams)"
+
+
+# Client-reading pause reasons (see forward.py; repeated here to avoid an import cycle).
+PAUSE_BUFFER = 1
+PAUSE_BACKPRESSURE = 2
+
+
+class H2Upstream:
+    """One exchange's upstream HTTP/2 stream (``Exchange.h2up``)."""
+
+    __slots__ = (
+        "buf",
+        "buf_bytes",
+        "cancelled",
+        "conn",
+        "connect_s",
+        "ex",
+        "got_bytes",
+        "head_ends",
+        "pending",
+        "read_paused",
+        "req_end",
+        "response_ended",
+        "sid",
+        "unacked",
+    )
+
+    def __init__(self, ex: Exchange) -> None:
+        self.ex = ex
+        self.conn: H2UpstreamConnection | None = None
+        self.sid = 0
+        self.buf: list[bytes] = []
+        self.buf_bytes = 0
+        self.pending: list[bytes] = []
+        """Request bytes waiting for the upstream's window."""
+        self.req_end = False
+        self.response_ended = False
+        self.got_bytes = False
+        self.head_ends = False
+        """The response head came with END_STREAM (gRPC's trailers-only responses)."""
+        self.read_paused = False
+        self.unacked = 0
+        self.cancelled = False
+        self.connect_s = 1.0
+
+    def open(self, ep: Endpoint) -> None:
+        ex = self.ex
+        service = ex.service
+        assert service is not None
+        dp = ex.client.dp
+        pool = ep.pool
+        if not isinstance(pool, H2EndpointConnections):
+            pool = ep.pool = H2EndpointConnections(dp, ep.host, ep.port, ep.address)
+        self.connect_s = service.connect_s
+        ex.attempts += 1
+        pool.open(self, service.connect_s)
+
+    # -- the request -----------------------------------------------------------------------
+
+    def bound(self, conn: H2UpstreamConnection, sid: int) -> None:
+        self.conn = conn
+        self.sid = sid
+        ex = self.ex
+        end = self.req_end and not self.buf
+        conn.h2.send_headers(sid, self._request_headers(), end_stream=end)
+        if self.buf:
+            buf, self.buf = self.buf, []
+            self.buf_bytes = 0
+            ex.client.unpause(PAUSE_BUFFER)
+            for piece in buf:
+                self._send_body(piece)
+            if self.req_end:
+                self._end()
+        elif end:
+            ex._request_sent()
+
+    def _request_headers(self) -> list[tuple[bytes, bytes]]:
+        ex = self.ex
+        client = ex.client
+        head = ex.head
+        fields: list[tuple[bytes, bytes]] = [
+            (b":method", ex.method),
+            (b":scheme", b"http"),
+            (b":authority", head.host),
+            (b":path", ex.target),
+        ]
+        drop = _DROP_REQUEST | connection_tokens(ex.headers)
+        xff = b""
+        for name, value in ex.headers:
+            low = name.lower()
+            if low in drop:
+                if low == b"te" and value.strip().lower() == b"trailers":
+                    fields.append((b"te", b"trailers"))
+                continue
+            if low[:12] == b"x-forwarded-":
+                if not client.trusted:
+                    continue
+                if low == b"x-forwarded-for":
+                    xff = value + b", "
+                    continue
+            if low == b"traceparent" and ex.attempt_span is not None:
+                continue
+            fields.append((low, value))
+        fields.append((b"x-forwarded-for", xff + client.peer_ip))
+        fields.append((b"via", b"2 sluice"))
+        if ex.attempt_span is not None:
+            fields.append((b"traceparent", ex.attempt_span.traceparent))
+        return fields
+
+    def body(self, data: bytes) -> None:
+        if self.conn is None:
+            self.buf.append(data)
+            self.buf_bytes += len(data)
+            if self.buf_bytes > BUFFER_LIMIT:
+                self.ex.client.pause(PAUSE_BUFFER)
+            return
+        self._send_body(data)
+
+    def _send_body(self, data: bytes) -> None:
+        conn = self.conn
+        assert conn is not None
+        if self.pending:
+            self.pending.append(data)
+            return
+        rest = conn.send_data(self.sid, data)
+        if rest:
+            self.pending.append(rest)
+            conn.blocked.add(self)
+            self.ex.client.pause(PAUSE_BACKPRESSURE)
+
+    def end(self) -> None:
+        self.req_end = True
+        if self.conn is not None:
+            self._end()
+
+    def _end(self) -> None:
+        if self.pending:
+            return  # sent when the window opens (window_opened)
+        conn = self.conn
+        assert conn is not None
+        conn.end_stream(self.sid)
+        self.ex._request_sent()
+
+    def window_opened(self) -> bool:
+        conn = self.conn
+        assert conn is not None
+        pending = self.pending
+        while pending:
+            rest = conn.send_data(self.sid, pending[0])
+            if rest:
+                pending[0] = rest
+                return False
+            pending.pop(0)
+        self.ex.client.unpause(PAUSE_BACKPRESSURE)
+        if self.req_end:
+            self._end()
+        return True
+
+    def connect_failed(self, cause: Cause) -> None:
+        if not self.cancelled:
+            self.ex.fail(cause)
+
+    # -- the response ----------------------------------------------------------------------
+
+    def on_headers(self, headers: list[tuple[bytes, bytes]], ended: bool) -> None:
+        status = 502
+        lines = []
+        has_length = False
+        for name, value in headers:
+            if name == b":status":
+                status = int(value) if value.isdigit() else 502
+            elif name[:1] != b":":
+                if name == b"content-length":
+                    has_length = True
+                lines.append(b"%s: %s\r\n" % (name, value))
+        ex = self.ex
+        if not has_length and not ended and status >= 200 and ex.method != b"HEAD":
+            lines.append(b"transfer-encoding: chunked\r\n")  # (for HTTP/1.1 clients)
+        elif ended and not has_length and status >= 200:
+            lines.append(b"content-length: 0\r\n")
+        raw_head = b"HTTP/1.1 %d -\r\n%s\r\n" % (status, b"".join(lines))
+        self.got_bytes = True
+        self.head_ends = ended
+        ex.on_upstream_headers(status, raw_head[:-2])
+        if ended:
+            self.on_end()
+
+    def on_data(self, data: bytes, flow_len: int) -> None:
+        self.got_bytes = True
+        if self.read_paused:
+            self.unacked += flow_len
+        else:
+            conn = self.conn
+            assert conn is not None
+            conn.ack(self.sid, flow_len)
+        ex = self.ex
+        if data:
+            ex.on_upstream_body(data)
+            ex.flush(len(data))
+
+    def on_trailers(self, trailers: list[tuple[bytes, bytes]]) -> None:
+        self.ex.on_upstream_trailers(trailers)
+        self.on_end()
+
+    def on_end(self) -> None:
+        if self.response_ended:
+            return
+        self.response_ended = True
+        self.ex.on_upstream_complete()
+
+    def on_reset(self) -> None:
+        """The stream was reset or its connection lost."""
+        self.conn = None
+        if not self.response_ended:
+            self.response_ended = True
+            self.ex.upstream_lost(self.got_bytes)
+
+    # -- flow control toward the client -----------------------------------------------------
+
+    def pause(self) -> None:
+        self.read_paused = True
+
+    def resume(self) -> None:
+        self.read_paused = False
+        if self.unacked and self.conn is not None:
+            n, self.unacked = self.unacked, 0
+            self.conn.ack(self.sid, n)
+            self.conn._send()
+
+    def release(self) -> None:
+        self.cancelled = True
+        conn = self.conn
+        if conn is not None:
+            self.conn = None
+            if self.unacked:  # the connection's window gets these bytes back
+                conn.ack(self.sid, self.unacked)
+                self.unacked = 0
+            conn.release(self)
+
+    def __repr__(self) -> str:
+        return f"H2Upstream(stream {self.sid}, {self.conn!r})"
