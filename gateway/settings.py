@@ -242,7 +242,9 @@ class RetryPolicy(_Model):
         default=2,
         ge=1,
         le=10,
-        description="Attempts per request including the first (1 = never retry).",
+        description="Attempts that reach an upstream per request, including the first (1 = never "
+        "retry a reset); connect failures are retried on every other endpoint within timeouts.total_s "
+        "without counting here or against the budget.",
     )
     retry_on: list[RetryOn] = Field(
         default_factory=_default_retry_on,

@@ -142,6 +142,9 @@ class Exchange:
     cause: Cause | None = None
     tried: list[Endpoint] | None = None
     retried = False
+    """A retry holds a reservation in the service's retry budget (released when done)."""
+    unreached = 0
+    """Attempts that failed to connect (they count against no attempt limit or budget)."""
     replay: list[bytes] | None = None
     """A copy of the framed body sent so far (idempotent requests; dropped once too big)."""
     replay_bytes = 0
@@ -861,19 +864,26 @@ class Exchange:
         failure = _FAILURE_OF[cause]
         tried = self.tried = [*(self.tried or ()), ep]
         never_sent = failure is Failure.CONNECT
+        if never_sent:
+            self.unreached += 1
         replayable = (
             not self.head.has_body or never_sent or (self.replay is not None and self.req_done)
         )
-        if retry_reason(service.retry_policy, failure, len(tried), self.method, replayable) is None:
+        reached = len(tried) - self.unreached
+        if retry_reason(service.retry_policy, failure, reached, self.method, replayable) is None:
             return False
         candidates = untried(service.endpoints.routable, tried)
         if not candidates:
             return False
-        if not self.retried:
+        now = self.client.dp.loop.time()
+        if never_sent:  # reached no upstream: bounded by the endpoints left and the deadline
+            if now >= self.deadline_total:
+                return False
+            service.retry_budget.start_unbudgeted()
+        elif not self.retried:
             if not service.retry_budget.try_start(service.stats.in_flight):
                 return False
             self.retried = True
-        now = self.client.dp.loop.time()
         service.outlier.failure(ep.address, now)
         service.balancer.observe(ep, now - self.started_at, now)
         ep.release()

@@ -12,10 +12,15 @@ The rules (``services.<name>.retries``):
     most ``replay_body_bytes``.  A POST (or PATCH) that reached an upstream is never retried;
 
 * never after any response byte arrived, never after a response-header or total timeout;
-* at most ``max_attempts`` attempts in all, each to an endpoint not tried before;
-* a per-service **retry budget**: retries in progress may be at most ``budget_percent`` of
-  the service's active requests, but ``budget_min`` at once are always allowed — so when
-  every endpoint fails, retries add at most a fifth to the load instead of multiplying it.
+* each attempt to an endpoint not tried before;
+* a connect failure (the request reached no upstream: it costs no upstream any work) is
+  retried on every endpoint left, within the request's total deadline, without counting
+  against ``max_attempts`` or the budget;
+* a reset is retried at most up to ``max_attempts`` attempts that reached an upstream, and
+  within a per-service **retry budget**: retries in progress may be at most
+  ``budget_percent`` of the service's active requests, but ``budget_min`` at once are always
+  allowed — so when every endpoint fails, retries add at most a fifth to the load instead
+  of multiplying it.
 
 Pure: no I/O, no clock.  The data plane asks :func:`retry_reason` and
 :meth:`RetryBudget.try_start` / :meth:`RetryBudget.finish` around a retried attempt.
@@ -54,17 +59,18 @@ def retry_reason(
 ) -> str | None:
     """The reason to retry (``"connect-failure"`` or ``"reset"``), or ``None`` when unsafe.
 
-    ``attempt`` is the number of the attempt that just failed (1 = the first);
+    ``attempt`` is the number of the attempt that just failed, counting only attempts that
+    reached an upstream (1 = the first);
     ``body_replayable``: the request has no body, or all of it is buffered and at most
     ``policy.replay_body_bytes``.
     """
-    if attempt >= policy.max_attempts:
-        return None
     reason = failure.value
     if reason not in policy.retry_on:
         return None
     if failure is Failure.CONNECT:
-        return reason
+        return reason  # bounded by the endpoints not tried yet and the deadline, not here
+    if attempt >= policy.max_attempts:
+        return None
     if failure is Failure.RESET_BEFORE_RESPONSE:
         if method in IDEMPOTENT_METHODS and body_replayable:
             return reason
@@ -114,6 +120,10 @@ class RetryBudget:
         self.active += 1
         self.started_total += 1
         return True
+
+    def start_unbudgeted(self) -> None:
+        """Count a retry that needs no reservation (a connect failure's)."""
+        self.started_total += 1
 
     def finish(self) -> None:
         """A retried attempt ended (whatever the outcome)."""

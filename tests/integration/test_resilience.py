@@ -236,6 +236,26 @@ def test_connect_failures_are_retried_on_another_endpoint(
     assert retries is not None and int(retries.group(1)) >= 5
 
 
+def test_connect_failures_are_retried_without_spending_the_budget(
+    ups: list[Upstream], tmp_path: Path
+) -> None:
+    """Issue 20, item 6: replicas killed under POST load gave 502 "connect failed" with
+    ``retries_denied``.  A request that reached no upstream goes to every endpoint left,
+    whatever ``max_attempts`` and the budget say (here: no budgeted retry at all)."""
+    dead = [f"127.0.0.1:{free_port()}" for _ in range(3)]
+    cfg = service(
+        [*dead, ups[0].address],
+        balancer="round_robin",
+        retries={"max_attempts": 2, "budget_percent": 0, "budget_min": 0},
+    )
+    with gateway(cfg, tmp_path / "s.yaml") as g, httpx.Client(base_url=g.url, timeout=30) as c:
+        statuses = Counter(c.post("/echo", content=b"body").status_code for _ in range(12))
+        metrics = httpx.get(g.admin_url + "/metrics", timeout=10).text
+    assert statuses == {200: 12}
+    denied = re.search(r'sluice_retries_denied_total\{service="svc"\} (\d+)', metrics)
+    assert denied is not None and int(denied.group(1)) == 0
+
+
 def test_reset_get_is_retried_but_a_post_that_reached_an_upstream_is_not(
     recorder: Recorder, tmp_path: Path
 ) -> None:
@@ -275,8 +295,8 @@ def test_retried_requests_are_counted_when_everything_fails(tmp_path: Path) -> N
     assert statuses == {502: 10}
     started = re.search(r'sluice_retries_total\{service="svc"\} (\d+)', metrics)
     assert started is not None
-    # Sequential requests: the single allowed retry slot is free each time.
-    assert int(started.group(1)) == 10
+    # Connect failures: each request tries every endpoint once (two retries each).
+    assert int(started.group(1)) == 20
 
 
 # -- outlier detection and health checks --------------------------------------------------

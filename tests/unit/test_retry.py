@@ -33,10 +33,21 @@ def test_only_safe_failures_are_retried(
 
 def test_attempts_are_capped() -> None:
     policy = RetryPolicy(max_attempts=3)
-    assert retry_reason(policy, Failure.CONNECT, 1, b"GET", True) == "connect-failure"
-    assert retry_reason(policy, Failure.CONNECT, 2, b"GET", True) == "connect-failure"
-    assert retry_reason(policy, Failure.CONNECT, 3, b"GET", True) is None
-    assert retry_reason(RetryPolicy(max_attempts=1), Failure.CONNECT, 1, b"GET", True) is None
+    assert retry_reason(policy, Failure.RESET_BEFORE_RESPONSE, 1, b"GET", True) == "reset"
+    assert retry_reason(policy, Failure.RESET_BEFORE_RESPONSE, 2, b"GET", True) == "reset"
+    assert retry_reason(policy, Failure.RESET_BEFORE_RESPONSE, 3, b"GET", True) is None
+    one = RetryPolicy(max_attempts=1)
+    assert retry_reason(one, Failure.RESET_BEFORE_RESPONSE, 1, b"GET", True) is None
+
+
+@pytest.mark.parametrize("attempt", [1, 2, 10])
+def test_connect_failures_are_not_capped_by_max_attempts(attempt: int) -> None:
+    """Issue 20, item 6: a request that reached no upstream is always safe to send elsewhere
+    (the data plane bounds it by the endpoints left and the request's deadline)."""
+    for policy in (RetryPolicy(max_attempts=1), RetryPolicy(max_attempts=2)):
+        assert retry_reason(policy, Failure.CONNECT, attempt, b"POST", False) == "connect-failure"
+    off = RetryPolicy(retry_on=["reset"])
+    assert retry_reason(off, Failure.CONNECT, attempt, b"GET", True) is None
 
 
 def test_retry_on_selects_the_failures() -> None:
