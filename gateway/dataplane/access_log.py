@@ -8,11 +8,12 @@ closes and reopens the file for logrotate.  Field names are stable (see docs/dat
 
 from __future__ import annotations
 
-import json
 import logging
 import os
+import re
 import time
 from collections.abc import Callable
+from json.encoder import encode_basestring_ascii as _json_quote  # the C encoder
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
@@ -37,24 +38,29 @@ _TEXT = (
     '%s - - [%s] "%s %s %s" %d %d in=%d dur=%.6f host=%s svc=%s up=%s up_s=%s retries=%d '
     "cause=%s trace=%s%s\n"
 )
-_SAFE_JSON = frozenset(map(chr, range(0x20, 0x7F))) - {'"', "\\"}
+_JSON_SLOTS = _JSON.replace("%d", "%s").replace("%.6f", "%s")
+_TEXT_SLOTS = _TEXT.replace("%d", "%s").replace("%.6f", "%s")
+_TEXT_UNSAFE = re.compile(r'[^\x21-\x7e]|["\\]')
+MEMO_MAX = 4096
+"""Distinct encoded values (methods, hosts, services, upstreams, causes) kept per log."""
 
 
 def _json_str(value: str | None) -> str:
-    if value is None:
-        return "null"
-    if _SAFE_JSON.issuperset(value):
-        return '"' + value + '"'
-    return json.dumps(value)
+    """A JSON string (``null`` when absent); non-ASCII escaped, so any input is valid JSON."""
+    return "null" if value is None else _json_quote(value)
+
+
+def _escape(match: re.Match[str]) -> str:
+    return f"\\x{ord(match.group()) & 0xFF:02x}"
 
 
 def _text(value: str | None) -> str:
-    """A text field: ``-`` when absent; spaces, quotes and controls escaped as ``\\xNN``."""
+    """A text field: ``-`` when absent; spaces, quotes, backslashes and controls as ``\\xNN``."""
     if not value:
         return "-"
-    if _SAFE_JSON.issuperset(value) and " " not in value:
+    if _TEXT_UNSAFE.search(value) is None:
         return value
-    return "".join(c if c in _SAFE_JSON and c != " " else f"\\x{ord(c) & 0xFF:02x}" for c in value)
+    return _TEXT_UNSAFE.sub(_escape, value)
 
 
 class AccessLog:
@@ -78,6 +84,10 @@ class AccessLog:
         self._scheduled = False
         self._second = -1
         self._stamp = ""
+        self._ms = -1
+        self._ms_text = ""
+        self._memo: dict[str | None, str] = {}
+        self._templates: dict[tuple[object, ...], str] = {}
         self._fd = self._open()
 
     def _open(self) -> int:
@@ -107,21 +117,134 @@ class AccessLog:
     # -- lines -----------------------------------------------------------------------------
 
     def _time(self) -> str:
+        """The wall-clock time, formatted once per millisecond."""
         now = self.wall_clock()
-        sec = int(now)
+        ms_total = int(now * 1000)
+        if ms_total == self._ms:
+            return self._ms_text
+        self._ms = ms_total
+        sec, ms = divmod(ms_total, 1000)
         if sec != self._second:
             self._second = sec
             fmt = "%Y-%m-%dT%H:%M:%S" if self.json else "%d/%b/%Y:%H:%M:%S"
             self._stamp = time.strftime(fmt, time.gmtime(sec))
-        ms = int((now - sec) * 1000)
-        if self.json:
-            return f"{self._stamp}.{ms:03d}Z"
-        return f"{self._stamp}.{ms:03d} +0000"
+        text = self._ms_text = (
+            f"{self._stamp}.{ms:03d}Z" if self.json else f"{self._stamp}.{ms:03d} +0000"
+        )
+        return text
+
+    def _enc(self, value: str | None) -> str:
+        """A field of few distinct values (method, host, service, upstream, cause), encoded
+        once and remembered."""
+        memo = self._memo
+        try:
+            return memo[value]
+        except KeyError:
+            pass
+        if len(memo) >= MEMO_MAX:
+            memo.clear()
+        encoded = memo[value] = _json_str(value) if self.json else _text(value)
+        return encoded
 
     def exchange(self, ex: Exchange, status: int, now: float) -> None:
-        """The line of an exchange that ended with ``status`` at loop time ``now``."""
+        """The line of an exchange that ended with ``status`` at loop time ``now``.
+
+        The common request (no retry, no trace context, not upgraded) is formatted from a
+        template per (client, method, host, status, service, endpoint, cause), so only the
+        time, target, sizes and durations are formatted per line."""
+        if ex.tunnel is not None or ex.tried or ex.span is not None or ex.head.traceparent:
+            self._exchange_line(ex, status, now)
+            return
+        service = ex.service
+        ep = ex.endpoint
+        key = (
+            ex.client.peer_ip,
+            ex.method,
+            ex.head.host,
+            status,
+            service,
+            ep,
+            ex.cause,
+            ex.http11,
+            ex.client_h2,
+        )
+        template = self._templates.get(key)
+        if template is None:
+            template = self._template(ex, status)
+        started = ex.started_at
+        dispatched = ex.dispatched_at
         target = ex.target.decode("latin-1")
-        path, _, query = target.partition("?")
+        if self.json:
+            path, sep, query = target.partition("?")
+            line = template % (
+                self._time(),
+                _json_quote(path),
+                _json_quote(query) if sep else "null",
+                ex.body_bytes,
+                ex.resp_bytes,
+                now - started if started else 0.0,
+                now - dispatched if dispatched and ep is not None else -1.0,
+            )
+        else:
+            line = template % (
+                self._time(),
+                _text(target),
+                ex.resp_bytes,
+                ex.body_bytes,
+                now - started if started else 0.0,
+                now - dispatched if dispatched and ep is not None else -1.0,
+            )
+        self._add(line)
+
+    def _template(self, ex: Exchange, status: int) -> str:
+        """The line of requests like ``ex``, with %-slots for what varies per request."""
+        service = ex.service
+        ep = ex.endpoint
+        cause = ex.cause
+        enc = self._enc
+
+        def fixed(value: str | None) -> str:
+            return enc(value).replace("%", "%%")
+
+        method = fixed(ex.method.decode("latin-1"))
+        host = fixed(ex.head.host.decode("latin-1"))
+        upstream = fixed(None if ep is None else ep.address)
+        name = fixed(None if service is None else service.name)
+        code = fixed(None if cause is None else cause.code)
+        client = ex.client.peer_ip.decode("latin-1").replace("%", "%%")
+        timed = ep is not None and bool(ex.dispatched_at)
+        if self.json:
+            template = _JSON_SLOTS % (
+                "%s", client, method, host, "%s", "%s", status, "%d", "%d", "%.6f",
+                upstream, "%.6f" if timed else "null%.0s", name, 0, code, "null", "false",
+            )  # fmt: skip
+        else:
+            version = "HTTP/2" if ex.client_h2 else "HTTP/1.1" if ex.http11 else "HTTP/1.0"
+            template = _TEXT_SLOTS % (
+                client, "%s", method, "%s", version, status, "%d", "%d", "%.6f", host, name,
+                upstream, "%.6f" if timed else "-%.0s", 0, code, "-", "",
+            )  # fmt: skip
+        templates = self._templates
+        if len(templates) >= MEMO_MAX:
+            templates.clear()
+        key = (
+            ex.client.peer_ip,
+            ex.method,
+            ex.head.host,
+            status,
+            service,
+            ep,
+            cause,
+            ex.http11,
+            ex.client_h2,
+        )
+        templates[key] = template
+        return template
+
+    def _exchange_line(self, ex: Exchange, status: int, now: float) -> None:
+        """Any exchange's line, field by field (retried, traced or upgraded ones)."""
+        target = ex.target.decode("latin-1")
+        path, sep, query = target.partition("?")
         service = ex.service
         ep = ex.endpoint
         tunnel = ex.tunnel
@@ -131,9 +254,7 @@ class AccessLog:
             bytes_in += tunnel.bytes_in
             bytes_out += tunnel.bytes_out
         started = ex.started_at
-        upstream_s = (
-            None if ep is None or not ex.dispatched_at else round(now - ex.dispatched_at, 6)
-        )
+        upstream_s = None if ep is None or not ex.dispatched_at else now - ex.dispatched_at
         cause = ex.cause
         span = ex.span
         if span is not None:
@@ -146,7 +267,7 @@ class AccessLog:
             ex.method.decode("latin-1"),
             ex.head.host.decode("latin-1"),
             path,
-            query if _ else None,
+            query if sep else None,
             "HTTP/2" if ex.client_h2 else "HTTP/1.1" if ex.http11 else "HTTP/1.0",
             status,
             bytes_in,
@@ -204,24 +325,25 @@ class AccessLog:
         trace_id: str | None,
         upgraded: bool,
     ) -> None:
+        enc = self._enc
         if self.json:
             line = _JSON % (
                 self._time(),
                 client,
-                _json_str(method),
-                _json_str(host),
+                enc(method),
+                enc(host),
                 _json_str(path),
                 _json_str(query),
                 status,
                 bytes_in,
                 bytes_out,
                 duration_s,
-                _json_str(upstream),
+                enc(upstream),
                 "null" if upstream_s is None else f"{upstream_s:.6f}",
-                _json_str(service),
+                enc(service),
                 retries,
-                _json_str(cause),
-                _json_str(trace_id),
+                enc(cause),
+                "null" if trace_id is None else _json_quote(trace_id),
                 "true" if upgraded else "false",
             )
         else:
@@ -231,22 +353,25 @@ class AccessLog:
             line = _TEXT % (
                 client,
                 self._time(),
-                _text(method),
+                enc(method),
                 _text(target),
                 version,
                 status,
                 bytes_out,
                 bytes_in,
                 duration_s,
-                _text(host),
-                _text(service),
-                _text(upstream),
+                enc(host),
+                enc(service),
+                enc(upstream),
                 "-" if upstream_s is None else f"{upstream_s:.6f}",
                 retries,
-                _text(cause),
+                enc(cause),
                 _text(trace_id),
                 " upgraded" if upgraded else "",
             )
+        self._add(line)
+
+    def _add(self, line: str) -> None:
         self.lines.append(line)
         self.held_bytes += len(line)
         if self.held_bytes >= FLUSH_BYTES:
