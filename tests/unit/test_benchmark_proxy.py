@@ -145,3 +145,15 @@ def test_saturation_is_reported(bench: ModuleType) -> None:
     assert bench.ratios(bench.summarise(samples))["both_proxies_saturated"] is True
     samples[1].proxy_core_utilisation = 0.25  # something else ran on core 0
     assert bench.ratios(bench.summarise(samples))["both_proxies_saturated"] is False
+
+
+def test_access_log_ratio(bench: ModuleType) -> None:
+    samples = [
+        _sample(bench, "direct", 90_000, 0.02, None),
+        _sample(bench, "nginx", 40_000, 0.07, 25.0),
+        _sample(bench, "sluice", 20_000, 0.12, 50.0),
+        _sample(bench, "logged", 19_000, 0.12, 52.5),
+    ]
+    ratios = bench.ratios(bench.summarise(samples))
+    assert ratios["rps_logged_over_sluice"] == pytest.approx(0.95)
+    assert ratios["cpu_per_request_logged_over_sluice"] == pytest.approx(1.05)
