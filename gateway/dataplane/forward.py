@@ -200,10 +200,12 @@ class Exchange:
         tracing = dp.tracing
         if tracing is not None:
             self.span = tracing.start(
-                head.traceparent, head.tracestate, self.method, path, head.host, client.peer_ip
+                head.traceparent, head.tracestate, self.method, target, head.host, client.peer_ip
             )
-            if self.span is not None and head.traceparent is not None:
-                self._drop_client_traceparent()
+            if self.span is not None:
+                self.span.client_headers(self.headers)
+                if head.traceparent is not None:
+                    self._drop_client_traceparent()
         name = dp.route(head.host, path)
         if name is None:
             dp.unmatched_total += 1

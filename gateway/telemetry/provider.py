@@ -21,7 +21,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+from opentelemetry.sdk.resources import SERVICE_NAME, SERVICE_VERSION, Resource
 from opentelemetry.sdk.trace import SpanProcessor, SynchronousMultiSpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import (
     BatchSpanProcessor,
@@ -32,6 +32,7 @@ from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Tracer
 
+import gateway
 from gateway.settings import ExporterName, TracesConfig
 from gateway.telemetry.buffer import RecentTraces
 
@@ -158,6 +159,8 @@ def _resource() -> Resource:
     name = resource.attributes.get(SERVICE_NAME)
     if not isinstance(name, str) or name.startswith("unknown_service"):
         resource = resource.merge(Resource({SERVICE_NAME: SERVICE}))
+    if SERVICE_VERSION not in resource.attributes:
+        resource = resource.merge(Resource({SERVICE_VERSION: gateway.__version__}))
     return resource
 
 

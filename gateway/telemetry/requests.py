@@ -46,6 +46,14 @@ _SAMPLED_FLAGS = TraceFlags(SAMPLED)
 _EMPTY_STATE = TraceState()
 
 
+KNOWN_METHODS = frozenset(
+    ("GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH")
+)
+"""HTTP semantic conventions: any other method is recorded as ``_OTHER`` (with
+``http.request.method_original``) and the span is named ``HTTP``."""
+OTHER_METHOD = "_OTHER"
+
+
 def _text(value: bytes | str) -> str:
     return value if isinstance(value, str) else value.decode("latin-1")
 
@@ -92,7 +100,7 @@ class RequestTracing:
     ) -> RequestSpan | None:
         """Sample this request; return its SERVER span, or None when it is not recorded.
 
-        ``path`` is the request target (a query string after '?' is cut off); ``host`` the
+        ``path`` is the request target (``url.path``, and ``url.query`` after '?'); ``host`` the
         Host header (``name[:port]``); ``start_ns`` the arrival time on ``time.time_ns()``
         (default: now).
         """
@@ -137,6 +145,7 @@ class RequestSpan:
         "_events",
         "_method",
         "_name",
+        "_target",
         "_tracing",
         "attributes",
         "context",
@@ -167,24 +176,40 @@ class RequestSpan:
             trace_state=_EMPTY_STATE if parent is None else parent.trace_state,
         )
         self.start_ns = time.time_ns() if start_ns is None else start_ns
-        self._method = _text(method)
-        self._name = self._method
+        original = _text(method)
+        known = original in KNOWN_METHODS
+        self._method = original if known else OTHER_METHOD
+        self._name = original if known else "HTTP"
         self._events: list[Event] = []
-        url_path = _text(path).partition("?")[0]
+        self._target = _text(path)
+        url_path, has_query, query = self._target.partition("?")
         attributes: dict[str, str | int | float] = {
             "http.request.method": self._method,
             "url.path": url_path,
             "url.scheme": "http",
             "network.protocol.version": "1.1",
         }
+        if not known:
+            attributes["http.request.method_original"] = original
+        if has_query:
+            attributes["url.query"] = query
         if host:
             name, port = _split_host(_text(host))
             attributes["server.address"] = name
             if port is not None:
                 attributes["server.port"] = port
         if client_address:
-            attributes["client.address"] = _text(client_address)
+            peer = _text(client_address)
+            attributes["client.address"] = peer
+            attributes["network.peer.address"] = peer
         self.attributes = attributes
+
+    def client_headers(self, headers: list[tuple[bytes, bytes]]) -> None:
+        """Record what the span needs from the client's header fields (``user_agent.original``)."""
+        for name, value in headers:
+            if name.lower() == b"user-agent":
+                self.attributes["user_agent.original"] = _text(value)
+                return
 
     def __repr__(self) -> str:
         return (
@@ -200,15 +225,17 @@ class RequestSpan:
         self.attributes["sluice.service"] = service
         if route is not None:
             self.attributes["http.route"] = route
-            self._name = f"{self._method} {route}"
+            if self._method != OTHER_METHOD:
+                self._name = f"{self._method} {route}"
 
     def queued(self, wait_s: float, end_ns: int | None = None) -> None:
         """The request waited ``wait_s`` seconds for an admission slot, ending at ``end_ns``.
 
         Recorded as a child INTERNAL span ``sluice.admission.queue`` (so the waterfall shows
-        it) plus the ``sluice.admission.queue_wait_ms`` attribute on the SERVER span.
+        it) plus the ``sluice.admission.queue_wait_s`` attribute (seconds, to the microsecond)
+        on the SERVER span.
         """
-        self.attributes["sluice.admission.queue_wait_ms"] = wait_s * 1e3
+        self.attributes["sluice.admission.queue_wait_s"] = round(wait_s, 6)
         if wait_s <= 0:
             return
         end = time.time_ns() if end_ns is None else end_ns
@@ -219,7 +246,7 @@ class RequestSpan:
                 context=self._child_context(),
                 parent=self.context,
                 resource=tracing._resource,
-                attributes={"sluice.admission.queue_wait_ms": wait_s * 1e3},
+                attributes={"sluice.admission.queue_wait_s": round(wait_s, 6)},
                 kind=SpanKind.INTERNAL,
                 start_time=end - int(wait_s * 1e9),
                 end_time=end,
@@ -277,8 +304,9 @@ class RequestSpan:
             attributes["http.request.resend_count"] = attempt - 1
         if retry_reason is not None:
             attributes["sluice.retry.reason"] = retry_reason
-        if path is not None:
-            attributes["url.full"] = f"http://{host}:{port}{_text(path)}"
+        target = self._target if path is None else _text(path)
+        if target.startswith("/"):
+            attributes["url.full"] = f"http://{host}:{port}{target}"
         return AttemptSpan(
             self._tracing,
             self._method,

@@ -1,8 +1,9 @@
 """Scaler tick spans, added from outside the pure scaler: ``TracedEngine`` wraps ``Engine.tick``.
 
-One root span ``sluice.scaler.tick`` per tick, with a child ``sluice.scaler.decision`` for each
-service whose decision changed since the previous tick (replicas, CPU per replica or rule; every
-service on the first tick).  The child carries what a person needs to trust the decision:
+One root span ``sluice.scaler.tick`` per tick that changed a decision (or failed), with a child
+``sluice.scaler.decision`` for each service whose decision changed since the previous tick
+(replicas, CPU per replica or rule; every service on the first tick).  A tick that changed
+nothing records no span, so an idle scaler does not push request traces out of the buffer.  The child carries what a person needs to trust the decision:
 
 * ``sluice.service``, ``sluice.decision.rule``, ``sluice.decision.frozen``;
 * ``sluice.decision.replicas`` / ``.previous_replicas``, ``sluice.decision.cpu_per_replica_cores`` /
@@ -23,12 +24,13 @@ The scaler never imports ``gateway``; the composition root hands the scaler loop
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any, Protocol
 
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.trace import SpanKind, Tracer
+from opentelemetry.trace import Span, SpanKind, Tracer
 
 from scaler.decision import Decision, ServiceState
 from scaler.explanation import FLOW_KINDS, render_part
@@ -96,39 +98,45 @@ class TracedEngine:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.engine, name)
 
+    def _tick_span(self, now: float, services: int, start_ns: int) -> Span:
+        return self._tracer.start_span(
+            "sluice.scaler.tick",
+            context=_EMPTY,
+            kind=SpanKind.INTERNAL,
+            attributes={"sluice.scaler.now_s": now, "sluice.scaler.services": services},
+            start_time=start_ns,
+        )
+
     def tick(
         self,
         now: float,
         signals: Mapping[str, ServiceSignals],
         states: Mapping[str, ServiceState],
     ) -> dict[str, Decision]:
-        span = self._tracer.start_span(
-            "sluice.scaler.tick",
-            context=_EMPTY,
-            kind=SpanKind.INTERNAL,
-            attributes={"sluice.scaler.now_s": now, "sluice.scaler.services": len(states)},
-        )
+        start_ns = time.time_ns()
         try:
             decisions = self.engine.tick(now, signals, states)
         except BaseException as e:
+            span = self._tick_span(now, len(states), start_ns)
             span.record_exception(e)
             span.set_status(trace.Status(trace.StatusCode.ERROR, type(e).__name__))
             span.end()
             raise
         moved = [d for name, d in decisions.items() if changed(d, self._last.get(name))]
-        span.set_attribute("sluice.scaler.services", len(decisions))
-        span.set_attribute("sluice.scaler.changed", len(moved))
-        span.set_attribute("sluice.scaler.changed_services", [d.service for d in moved])
-        if span.is_recording() and moved:
-            context = trace.set_span_in_context(span, _EMPTY)
-            for decision in moved:
-                child = self._tracer.start_span(
-                    "sluice.scaler.decision",
-                    context=context,
-                    kind=SpanKind.INTERNAL,
-                    attributes=decision_attributes(decision, self._last.get(decision.service)),
-                )
-                child.end()
+        if moved:  # a tick that changed nothing leaves no trace (the buffer keeps requests)
+            span = self._tick_span(now, len(decisions), start_ns)
+            span.set_attribute("sluice.scaler.changed", len(moved))
+            span.set_attribute("sluice.scaler.changed_services", [d.service for d in moved])
+            if span.is_recording():
+                context = trace.set_span_in_context(span, _EMPTY)
+                for decision in moved:
+                    child = self._tracer.start_span(
+                        "sluice.scaler.decision",
+                        context=context,
+                        kind=SpanKind.INTERNAL,
+                        attributes=decision_attributes(decision, self._last.get(decision.service)),
+                    )
+                    child.end()
+            span.end()
         self._last = dict(decisions)
-        span.end()
         return decisions

@@ -111,10 +111,10 @@ def details(span: Mapping[str, Any]) -> str:
             parts.append(f"retry: {a['sluice.retry.reason']}")
     elif span.get("kind") == "SERVER" and "url.path" in a:
         parts.append(f"path={a['url.path']}")
-    if "sluice.admission.queue_wait_ms" in a and span.get("kind") == "SERVER":
-        wait = a["sluice.admission.queue_wait_ms"]
+    if "sluice.admission.queue_wait_s" in a and span.get("kind") == "SERVER":
+        wait = a["sluice.admission.queue_wait_s"]
         if isinstance(wait, int | float) and wait > 0:
-            parts.append(f"queued {_duration(wait)}")
+            parts.append(f"queued {_duration(wait * 1e3)}")
     if "http.response.status_code" in a:
         parts.append(f"status={a['http.response.status_code']}")
     if "error.type" in a:

@@ -12,12 +12,13 @@ from collections.abc import Iterator
 
 import pytest
 
+import gateway
 from gateway.settings import TracesConfig
 from gateway.telemetry.propagation import format_traceparent
 from gateway.telemetry.provider import Telemetry
 from gateway.telemetry.requests import RequestTracing
-from gateway.telemetry.scaler import TracedEngine
-from scaler.decision import ServiceState
+from gateway.telemetry.scaler import TracedEngine, changed
+from scaler.decision import Decision, ServiceState
 from scaler.engine import Engine
 from scaler.policy import BudgetConfig, ScalingPolicy
 from scaler.signals import ServiceSignals
@@ -67,15 +68,18 @@ def proxy_once(
     tracestate: bytes | None = None,
 ) -> dict[str, object] | None:
     """What the data plane does per request, with a real upstream; returns what it saw."""
-    span = tracing.start(traceparent, tracestate, b"GET", b"/api/items?x=1", b"gw.local:8080")
+    span = tracing.start(
+        traceparent, tracestate, b"GET", b"/api/items?x=1", b"gw.local:8080", b"127.0.0.9"
+    )
     headers = {}
     if span is None:
         if traceparent is not None:
             headers["traceparent"] = traceparent.decode()
     else:
+        span.client_headers([(b"Accept", b"*/*"), (b"User-Agent", b"probe/1.0")])
         span.routed("api", "/api")
         span.queued(0.002)
-        attempt = span.attempt(upstream[0], upstream[1], 1, path=b"/api/items?x=1")
+        attempt = span.attempt(upstream[0], upstream[1], 1)  # url.full from the request target
         headers["traceparent"] = attempt.traceparent.decode()
     if tracestate is not None:
         headers["tracestate"] = tracestate.decode()
@@ -128,23 +132,46 @@ def test_ratio_one_exports_every_request_as_a_complete_tree(
         assert server.attributes == {
             "http.request.method": "GET",
             "url.path": "/api/items",
+            "url.query": "x=1",
             "url.scheme": "http",
             "network.protocol.version": "1.1",
             "server.address": "gw.local",
             "server.port": 8080,
+            "client.address": "127.0.0.9",
+            "network.peer.address": "127.0.0.9",
+            "user_agent.original": "probe/1.0",
             "sluice.service": "api",
             "http.route": "/api",
-            "sluice.admission.queue_wait_ms": pytest.approx(2.0),
+            "sluice.admission.queue_wait_s": pytest.approx(0.002),
             "http.response.status_code": 200,
             "http.request.body.size": 0,
             "http.response.body.size": server.attributes["http.response.body.size"],
         }
+        assert client.attributes["url.full"] == f"http://{upstream[0]}:{upstream[1]}/api/items?x=1"
         assert client.attributes["server.address"] == upstream[0]
         assert client.attributes["server.port"] == upstream[1]
         assert client.attributes["sluice.upstream.attempt"] == 1
         assert client.attributes["http.response.status_code"] == 200
         assert server.resource["service.name"] == "sluice"
+        assert server.resource["service.version"] == gateway.__version__
         assert server.status == "UNSET"
+
+
+def test_an_unknown_method_is_other_with_the_original_kept(receiver: OtlpReceiver) -> None:
+    telemetry = start(receiver, 1.0)
+    try:
+        assert telemetry.requests is not None
+        span = telemetry.requests.start(None, None, b"PURGE", b"/cache/x", b"gw.local")
+        assert span is not None
+        span.routed("api", "/cache")
+        span.end(200, 0, 0)
+        telemetry.force_flush()
+        (server,) = receiver.wait_for(lambda s: len(s) >= 1)
+    finally:
+        telemetry.shutdown()
+    assert server.name == "HTTP"  # the semantic conventions' name for an unknown method
+    assert server.attributes["http.request.method"] == "_OTHER"
+    assert server.attributes["http.request.method_original"] == "PURGE"
 
 
 def test_ratio_zero_exports_nothing_but_a_sampled_caller_is_still_followed(
@@ -251,13 +278,16 @@ def test_scaler_ticks_are_spans_with_a_child_per_changed_decision(receiver: Otlp
             telemetry.tracer,
         )
         states: dict[str, ServiceState] = {}
-        ticks = 6
-        for t in range(ticks):
+        previous: dict[str, Decision] = {}
+        ticks = 0  # ticks that changed a decision: only those are spans
+        for t in range(6):
             signals = {
                 "api": ServiceSignals("api", float(t), in_flight=100),
                 "idle": ServiceSignals("idle", float(t)),
             }
             decisions = engine.tick(float(t), signals, states)
+            ticks += any(changed(d, previous.get(n)) for n, d in decisions.items())
+            previous = decisions
             states = {
                 n: ServiceState(n, d.replicas, d.replicas, d.cpu_per_replica_cores)
                 for n, d in decisions.items()
@@ -267,6 +297,7 @@ def test_scaler_ticks_are_spans_with_a_child_per_changed_decision(receiver: Otlp
     finally:
         telemetry.shutdown()
     ticks_spans = [s for s in spans if s.name == "sluice.scaler.tick"]
+    assert 1 <= ticks < 6  # the load is steady: later ticks change nothing
     assert len(ticks_spans) == ticks
     children = [s for s in spans if s.name == "sluice.scaler.decision"]
     tick_ids = {s.span_id: s for s in ticks_spans}
