@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from gateway.dataplane.endpoints import Endpoint
+from gateway.dataplane.endpoints import Endpoint, EndpointState
 from gateway.dataplane.outlier import HealthChecker
 from gateway.dataplane.routing import RouteTable
 from gateway.dataplane.service import Service
@@ -74,7 +74,14 @@ class Runtime:
     # -- what platforms call ------------------------------------------------------------------
 
     def apply_endpoints(self, update: EndpointUpdate) -> None:
-        self.add_service(update.service).endpoints.apply(update)
+        service = self.add_service(update.service)
+        down = {
+            ep.address for ep in service.endpoints.endpoints if ep.state is not EndpointState.READY
+        }
+        service.endpoints.apply(update)
+        for ep in service.endpoints.endpoints:
+            if ep.ejected and ep.address in down and ep.state is EndpointState.READY:
+                service.outlier.readmit(ep.address)  # restarted: its failures are old news
 
     def apply_routes(self, update: RoutesUpdate) -> None:
         table = RouteTable.from_update(update)  # validates before anything changes

@@ -12,7 +12,8 @@ Active (optional ``health_check``): a checker GETs ``path`` on every endpoint ea
 
 Never more than ``max_ejection_percent`` of the service's endpoints are ejected at once
 (rounded down), and never the last endpoint in rotation: an ejection that would break that
-is skipped (counted in ``skipped_total``), the endpoint stays in rotation.
+is skipped (counted in ``skipped_total``), the endpoint stays in rotation.  An endpoint the
+platform reports ready again after it was not (a restarted replica) is readmitted at once.
 
 State changes are synchronous and take ``now``; the detector applies them through the
 endpoint set's ``eject(address, ejected)`` and schedules returns with ``loop.call_at``.
@@ -219,6 +220,23 @@ class OutlierDetector:
     def _restore(self, address: str) -> None:
         if any(ep.address == address for ep in self.table.endpoints):
             self.table.eject(address, False)
+
+    def readmit(self, address: str) -> None:
+        """The platform saw ``address`` become ready again (a restarted replica): fresher
+        evidence than its failures, so a passive ejection ends now — an ejected-but-restarted
+        replica must not hold a ``max_ejection_percent`` slot that a dead one needs."""
+        h = self._health.get(address)
+        if h is None or h.ejected_until is None:
+            return
+        if h.timer is not None:
+            h.timer.cancel()
+            h.timer = None
+        h.ejected_until = None
+        h.consecutive = 0
+        h.returned_at = self._loop_now().time()
+        if not h.check_unhealthy:
+            self._restore(address)
+            log.info("%s: endpoint %s is ready again: back in rotation", self.service, address)
 
     def forget(self, address: str) -> None:
         """``address`` left the service: drop its state and timer."""

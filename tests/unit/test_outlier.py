@@ -155,3 +155,18 @@ def test_forget_cancels_the_return_timer(loop: SteppedLoop) -> None:
     loop.advance(100)
     assert table.log == [("a:1", True)]
     det.close()
+
+
+def test_a_restarted_endpoint_is_readmitted_and_frees_its_ejection_slot(loop: SteppedLoop) -> None:
+    """Issue 20, item 6: with one ejection allowed, an ejected replica that came back must not
+    keep a dead one in rotation."""
+    table = Table("a:1", "b:1", "c:1")
+    det = OutlierDetector("api", CFG, table, loop=loop)  # 50 % of 3: one at a time
+    assert fail(det, loop, "a:1", 3)[-1] is True
+    assert fail(det, loop, "b:1", 3)[-1] is False  # the cap: a holds the only slot
+    det.readmit("a:1")
+    assert table.routable() == ["a:1", "b:1", "c:1"]
+    assert fail(det, loop, "b:1", 3)[-1] is True
+    assert table.routable() == ["a:1", "c:1"]
+    loop.advance(60)  # a's cancelled return timer does nothing
+    assert table.routable() == ["a:1", "b:1", "c:1"]

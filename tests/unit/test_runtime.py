@@ -97,3 +97,26 @@ def test_signals_snapshot_every_service() -> None:
         1,
     )
     assert s.concurrency == 1
+
+
+def test_an_ejected_endpoint_that_turns_ready_again_is_readmitted() -> None:
+    """A replica restarted by its platform (not ready, then ready) is back in rotation at once,
+    so it does not hold a max_ejection_percent slot a dead replica needs (issue 20, item 6)."""
+
+    async def scenario() -> None:
+        rt = runtime()
+        eps = ("10.0.0.1:80", "10.0.0.2:80", "10.0.0.3:80")
+        rt.apply_endpoints(EndpointUpdate("api", tuple(EndpointInfo(a) for a in eps)))
+        s = rt.services["api"]
+        loop = asyncio.get_running_loop()
+        assert any(s.outlier.failure(eps[0], loop.time()) for _ in range(100))
+        assert [ep.address for ep in s.endpoints.routable] == list(eps[1:])
+        down = (EndpointInfo(eps[0], ready=False), *(EndpointInfo(a) for a in eps[1:]))
+        rt.apply_endpoints(EndpointUpdate("api", down))
+        assert s.endpoints.get(eps[0]).ejected  # type: ignore[union-attr]  # not ready: stays out
+        rt.apply_endpoints(EndpointUpdate("api", tuple(EndpointInfo(a) for a in eps)))
+        assert [ep.address for ep in s.endpoints.routable] == list(eps)
+        assert any(s.outlier.failure(eps[1], loop.time()) for _ in range(100))
+        assert [ep.address for ep in s.endpoints.routable] == [eps[0], eps[2]]
+
+    asyncio.run(scenario())
