@@ -85,7 +85,11 @@ class AccessLog:
         self._second = -1
         self._stamp = ""
         self._ms = -1
+        """The loop-clock millisecond whose stamp is ``_ms_text``."""
         self._ms_text = ""
+        self._loop_second = -1
+        self._offset = 0.0
+        """Wall clock minus loop clock, re-read once per loop-clock second."""
         self._memo: dict[str | None, str] = {}
         self._templates: dict[tuple[object, ...], str] = {}
         self._fd = self._open()
@@ -117,17 +121,25 @@ class AccessLog:
     # -- lines -----------------------------------------------------------------------------
 
     def _time(self) -> str:
-        """The wall-clock time, formatted once per millisecond."""
-        now = self.wall_clock()
+        return self._time_at(self.loop.time())
+
+    def _time_at(self, now: float) -> str:
+        """The wall-clock time of loop time ``now``, formatted once per millisecond (the
+        wall clock is read once per second: lines are stamped from the loop's clock)."""
         ms_total = int(now * 1000)
         if ms_total == self._ms:
             return self._ms_text
         self._ms = ms_total
-        sec, ms = divmod(ms_total, 1000)
-        if sec != self._second:
-            self._second = sec
+        sec = int(now)
+        if sec != self._loop_second:
+            self._loop_second = sec
+            self._offset = self.wall_clock() - now
+        wall_ms = int((now + self._offset) * 1000)
+        wall_sec, ms = divmod(wall_ms, 1000)
+        if wall_sec != self._second:
+            self._second = wall_sec
             fmt = "%Y-%m-%dT%H:%M:%S" if self.json else "%d/%b/%Y:%H:%M:%S"
-            self._stamp = time.strftime(fmt, time.gmtime(sec))
+            self._stamp = time.strftime(fmt, time.gmtime(wall_sec))
         text = self._ms_text = (
             f"{self._stamp}.{ms:03d}Z" if self.json else f"{self._stamp}.{ms:03d} +0000"
         )
@@ -174,10 +186,11 @@ class AccessLog:
         started = ex.started_at
         dispatched = ex.dispatched_at
         target = ex.target.decode("latin-1")
+        stamp = self._ms_text if int(now * 1000) == self._ms else self._time_at(now)
         if self.json:
             path, sep, query = target.partition("?")
             line = template % (
-                self._time(),
+                stamp,
                 _json_quote(path),
                 _json_quote(query) if sep else "null",
                 ex.body_bytes,
@@ -187,14 +200,20 @@ class AccessLog:
             )
         else:
             line = template % (
-                self._time(),
+                stamp,
                 _text(target),
                 ex.resp_bytes,
                 ex.body_bytes,
                 now - started if started else 0.0,
                 now - dispatched if dispatched and ep is not None else -1.0,
             )
-        self._add(line)
+        self.lines.append(line)  # _add, inlined
+        self.held_bytes += len(line)
+        if self.held_bytes >= FLUSH_BYTES:
+            self.flush()
+        elif not self._scheduled:
+            self._scheduled = True
+            self.loop.call_soon(self._round_end)
 
     def _template(self, ex: Exchange, status: int) -> str:
         """The line of requests like ``ex``, with %-slots for what varies per request."""

@@ -13,10 +13,14 @@ from gateway.dataplane.errors import Cause
 
 
 class RecordingLoop:
-    """What AccessLog asks of the loop: call_soon (recorded, run by hand)."""
+    """What AccessLog asks of the loop: call_soon (recorded, run by hand) and a clock."""
 
     def __init__(self) -> None:
         self.soon: list[Callable[[], None]] = []
+        self.now = 5.0
+
+    def time(self) -> float:
+        return self.now
 
     def call_soon(self, fn: Callable[[], None], *args: Any) -> None:
         self.soon.append(fn)
@@ -68,6 +72,16 @@ def test_lines_wait_for_the_round_end_or_the_size_bound(tmp_path: Path) -> None:
         assert n < FLUSH_BYTES  # bounded: the size bound writes them
     assert len(path.read_text().splitlines()) == n
     assert len(loop.soon) == 1  # one write scheduled per round, not per line
+
+
+def test_lines_are_stamped_from_the_loop_clock(tmp_path: Path) -> None:
+    access, loop, path = make(tmp_path, "json")
+    access.refused(b"10.0.0.1", Cause.BAD_REQUEST, b"GET", b"/")
+    loop.now += 0.5  # the wall clock is read once per loop second: 0.25 + 0.5
+    access.refused(b"10.0.0.1", Cause.BAD_REQUEST, b"GET", b"/")
+    loop.run_round()
+    times = [json.loads(line)["time"] for line in path.read_text().splitlines()]
+    assert times == ["2025-11-25T12:00:00.250Z", "2025-11-25T12:00:00.750Z"]
 
 
 def test_reopen_writes_to_a_new_file(tmp_path: Path) -> None:
