@@ -54,7 +54,7 @@ from scaler.hpa import (
 )
 from scaler.kpa_batch import RULES, Bools, Floats, Ints, KpaBatch, reference_max
 from scaler.policy import BudgetConfig, ScalingPolicy, check_floors
-from scaler.signals import BucketedWindow, ServiceSignals
+from scaler.signals import ServiceSignals
 
 _EPS = 1e-9
 _THROTTLED_S_PER_S = 0.01
@@ -132,12 +132,11 @@ def invalid_fields(signals: ServiceSignals) -> list[str]:
 class _HpaTrack:
     """One HPA-mode service's memory (the HPA calculation is per service, not batched)."""
 
-    __slots__ = ("behavior", "max_replicas", "tolerances", "window")
+    __slots__ = ("behavior", "max_replicas", "tolerances")
 
     def __init__(self, policy: ScalingPolicy) -> None:
         self.max_replicas = reference_max(policy)
         self.behavior = HpaBehaviorState(policy.behavior)
-        self.window = BucketedWindow(policy.panic_window_s)
         down, up = policy.behavior.scale_down.tolerance, policy.behavior.scale_up.tolerance
         self.tolerances = Tolerances(
             policy.tolerance if down is None else down, policy.tolerance if up is None else up
@@ -196,6 +195,9 @@ class Engine:
         )
         self.kpa = KpaBatch([pols[i] for i in self.kpa_index])
         self.hpa = {i: _HpaTrack(p) for i, p in enumerate(pols) if p.mode == "hpa"}
+        self.hpa_index = np.array(list(self.hpa), dtype=np.int64)
+        self.hpa_windows = KpaBatch([pols[i] for i in self.hpa_index])
+        """HPA-mode services' metric windows (the panic window's average is the HPA's)."""
         self._by_name = {name: i for i, name in enumerate(self.names)}
         nan = np.full(n, np.nan)
         self._last_at = nan.copy()
@@ -271,18 +273,33 @@ class Engine:
             hold[ki] = kpa_tick.hold
             valid[ki] = kpa_tick.active
         hpa_notes: dict[int, tuple[str, Trace, dict[str, float]]] = {}
-        for i, track in self.hpa.items():
-            if active[i]:
-                r, rule, notes, inputs = self._recommend_hpa(
-                    i,
-                    track,
-                    now,
-                    (float(value[i]), bool(fresh[i])),
-                    (cur_r[i], ready[i], cur_cpu[i]),
-                )
-                wanted[i] = load[i] = r
-                valid[i] = rule != "no-data"
-                hpa_notes[i] = (rule, notes, inputs)
+        hi = self.hpa_index
+        if len(hi):
+            observed_value = value[hi]
+            recorded = fresh[hi] & np.isfinite(observed_value)
+            self.hpa_windows.observe(now, np.where(recorded, observed_value, 0.0), recorded)
+            _, averages = self.hpa_windows.averages(now)
+            columns = zip(
+                hi.tolist(),
+                active[hi].tolist(),
+                averages.tolist(),
+                cur_r[hi].tolist(),
+                ready[hi].tolist(),
+                cur_cpu[hi].tolist(),
+                strict=True,
+            )
+            for i, on, average, replicas_now, ready_now, cpu_now in columns:
+                if on:
+                    r, rule, notes, inputs = self._recommend_hpa(
+                        i,
+                        self.hpa[i],
+                        now,
+                        None if math.isnan(average) else average,
+                        (replicas_now, ready_now, cpu_now),
+                    )
+                    wanted[i] = load[i] = r
+                    valid[i] = rule != "no-data"
+                    hpa_notes[i] = (rule, notes, inputs)
 
         frozen_code = np.where(
             ~present,
@@ -512,15 +529,13 @@ class Engine:
         i: int,
         track: _HpaTrack,
         now: float,
-        observed: tuple[float, bool],
+        average: float | None,
         current_state: tuple[int, float, float],
     ) -> tuple[int, str, Trace, dict[str, float]]:
+        """One HPA-mode service's recommendation from its metric's panic-window ``average``
+        (None: no data in the window)."""
         policy = self._pols[i]
-        value, fresh = observed
         replicas, ready, cpu = current_state
-        if fresh and math.isfinite(value):
-            track.window.record(now, value)
-        average = track.window.average(now)
         notes = Trace()
         if average is None:
             notes.step("hpa.no_metric")
