@@ -13,22 +13,32 @@ import asyncio
 import contextlib
 import logging
 import signal
+import ssl
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gateway.admin.decisions import decisions_route
+from gateway.admin.metrics import TlsCollector
 from gateway.admin.reload import Reloader
 from gateway.admin.server import AdminServer
 from gateway.dataplane.access_log import AccessLog
 from gateway.dataplane.limits import HeadLimits
 from gateway.dataplane.server import DataPlane
+from gateway.dataplane.tls import (
+    TlsError,
+    TlsListener,
+    check_upstream_tls,
+    expiry_warnings,
+    load_certificates,
+)
 from gateway.dataplane.updates import endpoints_from_settings, routes_from_settings
 from gateway.platforms import Platform
 from gateway.platforms.static import StaticPlatform
 from gateway.runtime import Runtime
-from gateway.settings import Settings, load_runtime_settings
+from gateway.settings import ConfigError, Settings, load_runtime_settings
 from gateway.telemetry.api import traces_route
 from gateway.telemetry.provider import Telemetry, TelemetryError
 from gateway.telemetry.scaler import TracedEngine
@@ -42,8 +52,47 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def _url(host: str, port: int) -> str:
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+def _url(host: str, port: int, scheme: str = "http") -> str:
+    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
+
+
+class TlsTermination:
+    """The TLS listener's certificates across reloads (files re-read on every reload)."""
+
+    def __init__(self, dataplane: DataPlane, settings: Settings) -> None:
+        assert settings.tls is not None
+        self.dataplane = dataplane
+        self.config = settings.tls
+        alpn = list(dataplane.tls_protocols)
+        certificates = load_certificates(settings.tls, alpn)  # TlsError: refuse to start
+        for line in expiry_warnings(certificates.certificates, time.time()):
+            log.warning("tls: %s", line)
+        self.listener = TlsListener(certificates, settings.tls.min_version, alpn)
+        self.port = settings.tls.listen.port
+
+    def expiries(self) -> list[tuple[str, float]]:
+        """(host, notAfter) per host served, for ``sluice_tls_certificate_expiry_seconds``."""
+        return [(h, c.not_after_s) for h, c in self.listener.certificates.hosts()]
+
+    def reload(self, new: Settings, source: str) -> None:
+        """Re-read the certificate files (new handshakes use them); ConfigError if any fails
+        or the listener itself changed (restart-only)."""
+        if new.tls is None or new.tls.listen != self.config.listen:
+            raise ConfigError(
+                [f"{source}: tls.listen: cannot change while running (restart Sluice)"]
+            )
+        try:
+            certificates = load_certificates(new.tls, self.listener.alpn)
+        except TlsError as e:
+            raise ConfigError(
+                [f"{source}: tls.certificates: {line}" for line in str(e).splitlines()]
+            ) from None
+        for line in expiry_warnings(certificates.certificates, time.time()):
+            log.warning("tls: %s", line)
+        self.listener.update(certificates, new.tls.min_version)
+        self.config = new.tls
+        self.dataplane.redirect_to_https(self.port if new.tls.redirect_http else None)
+        log.info("tls: %d certificate(s) loaded", len(certificates.certificates))
 
 
 def open_platform(settings: Settings, runtime: Runtime) -> Platform:
@@ -144,6 +193,11 @@ async def serve(
 ) -> int:
     """Run the data and admin planes until ``stop`` is set (or SIGINT/SIGTERM); return 0."""
     loop = asyncio.get_running_loop()
+    problems = check_upstream_tls(settings, str(config_path or "<config>"))
+    if problems:
+        for line in problems:
+            print(f"sluice: {line}", file=sys.stderr, flush=True)
+        return 2
     access_log: AccessLog | None = None
     if settings.access_log.enabled:
         try:
@@ -176,14 +230,39 @@ async def serve(
     if access_log is not None:
         dataplane.access_log = access_log
         loop.add_signal_handler(signal.SIGUSR1, access_log.reopen)
+    tls: TlsTermination | None = None
+    if settings.tls is not None:
+        try:
+            tls = TlsTermination(dataplane, settings)
+        except (TlsError, ssl.SSLError, OSError) as e:
+            print(f"sluice: tls: {e}", file=sys.stderr, flush=True)
+            await scaling.stop()
+            await asyncio.to_thread(telemetry.shutdown)
+            return 2
     reloader: Reloader | None = None
     if config_path is not None:
+        source = str(config_path)
 
         def apply(new: Settings) -> None:
+            problems = check_upstream_tls(new, source)
+            if problems:
+                raise ConfigError(problems)
+            if tls is not None:
+                tls.reload(new, source)  # first: a bad certificate rejects the whole reload
+            elif new.tls is not None:
+                raise ConfigError(
+                    [f"{source}: tls: cannot be added while running (restart Sluice)"]
+                )
             runtime.apply_settings(new)
             dataplane.configure(new.trusted_proxies, HeadLimits.from_settings(new.limits))
 
-        reloader = Reloader(config_path, settings, apply, load=load_runtime_settings)
+        def refresh(new: Settings) -> None:
+            if tls is not None:
+                tls.reload(new, source)
+
+        reloader = Reloader(
+            config_path, settings, apply, load=load_runtime_settings, refresh=refresh
+        )
     admin = AdminServer(
         runtime,
         extra_routes=[
@@ -192,9 +271,18 @@ async def serve(
         ],
         reloader=reloader,
         unmatched=lambda: dataplane.unmatched_total,
+        collectors=[] if tls is None else [TlsCollector(tls.expiries, time.time)],
     )
+    tls_url = ""
     try:
         data_host, data_port = await dataplane.start(settings.listen.host, settings.listen.port)
+        if tls is not None and settings.tls is not None:
+            tls_host, tls.port = await dataplane.start_tls(
+                settings.tls.listen.host, settings.tls.listen.port, tls.listener
+            )
+            tls_url = " tls=" + _url(tls_host, tls.port, "https")
+            if settings.tls.redirect_http:
+                dataplane.redirect_to_https(tls.port)
         admin_host, admin_port = await admin.start(settings.admin.host, settings.admin.port)
     except OSError as e:
         print(f"sluice: cannot listen: {e}", file=sys.stderr, flush=True)
@@ -210,7 +298,8 @@ async def serve(
     runtime.ready = True
     # One parseable line (tests and scripts read the bound ports from it; port 0 works).
     print(
-        f"sluice listening data={_url(data_host, data_port)} admin={_url(admin_host, admin_port)}",
+        f"sluice listening data={_url(data_host, data_port)} admin={_url(admin_host, admin_port)}"
+        f"{tls_url}",
         flush=True,
     )
     log.info(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -67,12 +68,26 @@ def cmd_check(args: argparse.Namespace) -> int:
         for line in e.problems:
             print(line, file=sys.stderr)
         return 2
+    from gateway.dataplane.tls import check_tls
+
+    problems, warnings = check_tls(settings, str(args.config), time.time())
+    for line in problems:
+        print(line, file=sys.stderr)
+    if problems:
+        return 2
+    for line in warnings:
+        print(f"warning: {line}", file=sys.stderr)
     print(
         f"{args.config}: ok: platform {settings.platform}, {len(settings.services)} service(s), "
         f"budget {settings.budget.cpu:g} CPU ({settings.budget.arbitration})"
     )
     for name, service in settings.services.items():
         print(f"  {_summary(name, service)}")
+    if settings.tls is not None:
+        print(
+            f"  tls: {len(settings.tls.certificates)} certificate(s) on "
+            f"{settings.tls.listen.host}:{settings.tls.listen.port}"
+        )
     return 0
 
 

@@ -409,6 +409,66 @@ class UpgradesConfig(_Model):
     )
 
 
+class TlsCertificateConfig(_Model):
+    """One certificate and its key (PEM files); the hosts it serves come from its SANs."""
+
+    cert_file: str = Field(
+        min_length=1,
+        description="PEM certificate chain (leaf first); a relative path is taken from the "
+        "config file's directory.",
+    )
+    key_file: str = Field(
+        min_length=1,
+        description="PEM private key of the leaf certificate (unencrypted); relative paths as "
+        "for cert_file.",
+    )
+
+
+class TlsConfig(_Model):
+    """The TLS (HTTPS) listener, beside the plain one."""
+
+    listen: ListenConfig = Field(
+        default_factory=lambda: ListenConfig(port=8443), description="Where HTTPS is served."
+    )
+    certificates: list[TlsCertificateConfig] = Field(
+        min_length=1,
+        description="Certificates chosen by SNI against each one's subjectAltName DNS names "
+        "(exact, or '*.example.com' for one label); the first is the default certificate.",
+    )
+    min_version: Literal["1.2", "1.3"] = Field(
+        default="1.2", description="Oldest TLS version accepted."
+    )
+    redirect_http: bool = Field(
+        default=False,
+        description="Answer every request on the plain listener with 308 to the same URL on "
+        "https (the TLS listener's port).",
+    )
+    unknown_sni: Literal["default", "reject"] = Field(
+        default="default",
+        description="A client naming a host no certificate covers: default = served the "
+        "default (first) certificate; reject = the handshake fails (unrecognized_name alert). "
+        "A client sending no SNI always gets the default certificate.",
+    )
+
+
+class UpstreamTlsConfig(_Model):
+    """HTTPS to a service's endpoints (off by default)."""
+
+    enabled: bool = Field(default=False, description="Connect to the endpoints over TLS.")
+    ca_file: str | None = Field(
+        default=None,
+        description="PEM CA bundle the endpoints' certificates are verified against "
+        "(default: the system's trust store); relative to the config file's directory.",
+    )
+    server_name: str | None = Field(
+        default=None,
+        description="SNI and the name the certificate must match (default: the endpoint's host).",
+    )
+    verify: bool = Field(
+        default=True, description="Verify the endpoint's certificate chain and name."
+    )
+
+
 class ServiceConfig(_Model):
     """A named backend with routes, endpoints and a scaling policy."""
 
@@ -453,6 +513,10 @@ class ServiceConfig(_Model):
     upgrades: UpgradesConfig = Field(
         default_factory=UpgradesConfig,
         description="Protocol upgrades (WebSockets) proxied to this service.",
+    )
+    upstream_tls: UpstreamTlsConfig = Field(
+        default_factory=UpstreamTlsConfig,
+        description="HTTPS to the endpoints (CA bundle, SNI); off by default.",
     )
 
 
@@ -704,6 +768,9 @@ class Settings(_Model):
     admin: AdminConfig = Field(
         default_factory=lambda: AdminConfig(port=9901), description="The admin plane listener."
     )
+    tls: TlsConfig | None = Field(
+        default=None, description="The TLS (HTTPS) listener; omitted = plain HTTP only."
+    )
     platform: PlatformName = Field(
         default="static",
         description="static: endpoints from this file, decisions not applied; local: Sluice runs the replicas; "
@@ -827,7 +894,35 @@ def load_settings(path: str | Path) -> Settings:
         raise ConfigError([f"{where}: invalid YAML: {e.problem or e.context}"]) from None
     except yaml.YAMLError as e:
         raise ConfigError([f"{source}: invalid YAML: {e}"]) from None
-    return parse_settings(data, source)
+    return with_files_from(parse_settings(data, source), Path(path).parent)
+
+
+def with_files_from(settings: Settings, base: Path) -> Settings:
+    """``settings`` with its relative file paths (TLS certificates and keys, upstream CA
+    bundles) taken from ``base`` (the config file's directory)."""
+
+    def absolute(name: str) -> str:
+        return name if os.path.isabs(name) else str(base / name)
+
+    update: dict[str, Any] = {}
+    if settings.tls is not None:
+        certificates = [
+            c.model_copy(
+                update={"cert_file": absolute(c.cert_file), "key_file": absolute(c.key_file)}
+            )
+            for c in settings.tls.certificates
+        ]
+        update["tls"] = settings.tls.model_copy(update={"certificates": certificates})
+    services = {}
+    for name, service in settings.services.items():
+        ca_file = service.upstream_tls.ca_file
+        if ca_file is not None and not os.path.isabs(ca_file):
+            upstream_tls = service.upstream_tls.model_copy(update={"ca_file": absolute(ca_file)})
+            services[name] = service.model_copy(update={"upstream_tls": upstream_tls})
+        else:
+            services[name] = service
+    update["services"] = services
+    return settings.model_copy(update=update)
 
 
 def resolve_admin_token(

@@ -412,19 +412,49 @@ class GatewayCollector(Collector):
         return out
 
 
+class TlsCollector(Collector):
+    """``sluice_tls_certificate_expiry_seconds{host}``: seconds until each served host's
+    certificate expires (negative once expired), from the certificates in force."""
+
+    def __init__(
+        self,
+        expiries: Callable[[], Iterable[tuple[str, float]]],
+        wall_clock: Callable[[], float],
+    ) -> None:
+        self._expiries = expiries
+        self._wall_clock = wall_clock
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        now_s = self._wall_clock()
+        expiry = GaugeMetricFamily(
+            "sluice_tls_certificate_expiry_seconds",
+            "Seconds until the certificate serving this host expires (negative: expired).",
+            labels=["host"],
+        )
+        for host, not_after_s in self._expiries():
+            expiry.add_metric([host], not_after_s - now_s)
+        return [expiry]
+
+
 def build_registry(
     services: Callable[[], Mapping[str, Service]],
     clock: Callable[[], float],
     decisions: DecisionCollector | None = None,
     gateway: GatewayCollector | None = None,
+    extra: Iterable[Collector] = (),
 ) -> CollectorRegistry:
-    """A registry of its own (not the global one) holding the service collector, the decision
-    and gateway collectors when given, and prometheus_client's process, platform and GC
+    """A registry of its own (not the global one) holding the service collector, the decision,
+    gateway and ``extra`` collectors when given, and prometheus_client's process, platform and GC
     collectors (``process_*``, ``python_*``)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ServiceCollector(services, clock))
     if decisions is not None:
         registry.register(decisions)
+    for collector in extra:
+        registry.register(collector)
     if gateway is not None:
         registry.register(gateway)
     for standard in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):

@@ -89,12 +89,17 @@ class Reloader:
         apply: Callable[[Settings], None],
         load: Callable[[Path], Settings] = load_settings,
         wall_clock: Callable[[], float] = time.time,
+        *,
+        refresh: Callable[[Settings], None] | None = None,
     ) -> None:
         self.path = path
         self.current = current
         self._apply = apply
         self._load = load
         self._wall_clock = wall_clock
+        self._refresh = refresh
+        """Called when the file is unchanged: re-reads the files it names (TLS certificates);
+        raises ConfigError to report a problem."""
         self.generation = 1
         self.rejected_total = 0
         self.succeeded_total = 0
@@ -130,6 +135,11 @@ class Reloader:
         if problems:
             return self._reject(trigger, problems)
         if new == self.current:
+            if self._refresh is not None:
+                try:
+                    self._refresh(new)
+                except ConfigError as e:
+                    return self._reject(trigger, e.problems)
             self._succeeded()
             self._digest = digest
             log.info("config reload (%s): %s unchanged", trigger, self.path)

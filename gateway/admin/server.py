@@ -32,6 +32,7 @@ from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
+from prometheus_client.registry import Collector
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
@@ -95,6 +96,7 @@ def build_app(
     extra_routes: Sequence[BaseRoute] = (),
     reloader: Reloader | None = None,
     unmatched: Callable[[], int] | None = None,
+    collectors: Sequence[Collector] = (),
 ) -> Starlette:
     registry = build_registry(
         lambda: runtime.services,
@@ -118,6 +120,7 @@ def build_app(
         GatewayCollector(
             gateway.__version__, unmatched, None if reloader is None else (lambda: reloader)
         ),
+        collectors,
     )
 
     async def healthz(request: Request) -> Response:
@@ -191,12 +194,15 @@ class AdminServer:
         extra_routes: Sequence[BaseRoute] = (),
         reloader: Reloader | None = None,
         unmatched: Callable[[], int] | None = None,
+        collectors: Sequence[Collector] = (),
     ) -> None:
         self.runtime = runtime
         self.unmatched = unmatched
         """Requests no route matched so far (the data plane's count), for ``/metrics``."""
         self.extra_routes = tuple(extra_routes)
         self.reloader = reloader
+        self.collectors = tuple(collectors)
+        """Extra Prometheus collectors for ``/metrics`` (e.g. the TLS certificates' expiry)."""
         """``POST /api/reload`` reloads through it (None: not started from a config file)."""
         self._server: _Server | None = None
         self._task: asyncio.Task[None] | None = None
@@ -209,7 +215,9 @@ class AdminServer:
         sock.listen(128)
         sock.setblocking(False)
         bound = sock.getsockname()
-        app: Any = build_app(self.runtime, self.extra_routes, self.reloader, self.unmatched)
+        app: Any = build_app(
+            self.runtime, self.extra_routes, self.reloader, self.unmatched, self.collectors
+        )
         token = self.runtime.settings.admin.token
         if token is not None:
             app = AdminTokenMiddleware(app, token.get_secret_value())

@@ -133,3 +133,21 @@ def error_response(
     if retry_after_s is not None:
         tail = b"\r\nRetry-After: %d" % retry_after_s + tail
     return before_date + date + tail + (b"" if head_only else body)
+
+
+_REDIRECT_BODY = b"moved to https\n"
+
+
+def redirect_response(location: bytes, date: bytes, close: bool, head_only: bool = False) -> bytes:
+    """A 308 Permanent Redirect to ``location`` (``redirect_http``)."""
+    return b"".join(
+        (
+            b"HTTP/1.1 308 Permanent Redirect\r\nServer: sluice\r\nLocation: ",
+            location,
+            b"\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nDate: "
+            % len(_REDIRECT_BODY),
+            date,
+            b"\r\nConnection: close\r\n\r\n" if close else b"\r\n\r\n",
+            b"" if head_only else _REDIRECT_BODY,
+        )
+    )

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from gateway.dataplane.admission import AdmissionError, QueueFull, RateLimited
 from gateway.dataplane.endpoints import Endpoint
-from gateway.dataplane.errors import Cause, error_response
+from gateway.dataplane.errors import Cause, error_response, redirect_response
 from gateway.dataplane.h2upstream import H2Upstream
 from gateway.dataplane.headers import (
     HOP_BY_HOP,
@@ -204,8 +204,13 @@ class Exchange:
             )
             if self.span is not None:
                 self.span.client_headers(self.headers)
+                if client.tls:
+                    self.span.attributes["url.scheme"] = "https"
                 if head.traceparent is not None:
                     self._drop_client_traceparent()
+        if dp.https_redirect is not None and not client.tls and not self.client_h2:
+            self.reply_redirect(dp.https_redirect)  # (h2c by prior knowledge is served)
+            return
         name = dp.route(head.host, path)
         if name is None:
             dp.unmatched_total += 1
@@ -271,7 +276,7 @@ class Exchange:
         """Sampled: the upstream gets our CLIENT span's traceparent, so drop the client's."""
         client = self.client
         drop = frozenset((connection_tokens(self.headers) - HOP_BY_HOP) | {b"traceparent"})
-        self.head = client.dp.heads.request(
+        self.head = client.heads.request(
             self.method,
             self.target,
             "1.1" if self.http11 else "1.0",
@@ -323,9 +328,19 @@ class Exchange:
         loop = self.client.dp.loop
         self.reused = False
         self.attempts += 1
-        task = loop.create_task(
-            loop.create_connection(lambda: UpstreamConnection(pool), pool.host, pool.port)
-        )
+        if service.upstream_ssl is None:
+            connecting = loop.create_connection(
+                lambda: UpstreamConnection(pool), pool.host, pool.port
+            )
+        else:
+            connecting = loop.create_connection(
+                lambda: UpstreamConnection(pool),
+                pool.host,
+                pool.port,
+                ssl=service.upstream_ssl,
+                server_hostname=service.upstream_sni or pool.host,
+            )
+        task = loop.create_task(connecting)
         self.connect_task = task
         task.add_done_callback(self._connected)
         self.deadline_connect = loop.time() + service.connect_s
@@ -712,6 +727,31 @@ class Exchange:
             )
         self.resp_state = 1
         self._finish(cause.status, failed=cause.status >= 500)
+
+    def reply_redirect(self, port: bytes) -> None:
+        """``redirect_http``: 308 to the same URL on https (the host without its port, then
+        the TLS listener's ``port`` suffix)."""
+        host = self.head.host
+        # An IPv6 literal keeps its brackets; any other host loses its port.
+        host = host[: host.find(b"]") + 1] if host[:1] == b"[" else host.partition(b":")[0]
+        client = self.client
+        if not host:
+            self.reply_error(Cause.BAD_REQUEST)
+            return
+        if self.head.has_body and not self.req_done:
+            self.keep_alive = False  # the body is not read: the connection ends after it
+        if not client.closed:
+            client.dp.outbox.write(
+                client.transport,
+                redirect_response(
+                    b"https://" + host + port + self.target,
+                    client.dp.date_value,
+                    not self.keep_alive,
+                    head_only=self.method == b"HEAD",
+                ),
+            )
+        self.resp_state = 1
+        self._finish(308)
 
     def fail(self, cause: Cause) -> None:
         if self.done:

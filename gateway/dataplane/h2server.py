@@ -26,7 +26,7 @@ import h2.settings
 
 from gateway.dataplane.errors import Cause
 from gateway.dataplane.forward import Exchange
-from gateway.dataplane.headers import HOP_BY_HOP, connection_tokens, response_fields
+from gateway.dataplane.headers import HOP_BY_HOP, HeadCache, connection_tokens, response_fields
 from gateway.dataplane.limits import RequestRejected
 from gateway.dataplane.upstream import WRITE_BUFFER_HIGH, WRITE_BUFFER_LOW
 
@@ -197,6 +197,7 @@ class H2Stream:
         "pending",
         "pending_end",
         "stream_id",
+        "tls",
         "trailers",
         "trusted",
         "unacked",
@@ -209,6 +210,7 @@ class H2Stream:
         self.stream_id = stream_id
         self.peer_ip = conn.peer_ip
         self.trusted = conn.trusted
+        self.tls = conn.tls
         self.closed = False
         """Reset or ended: nothing more is sent on it."""
         self.ended = False
@@ -226,6 +228,11 @@ class H2Stream:
     @property
     def transport(self) -> asyncio.Transport:
         return self.conn.transport
+
+    @property
+    def heads(self) -> HeadCache:
+        """The data plane's head cache for this connection's scheme."""
+        return self.dp.heads_tls if self.tls else self.dp.heads
 
     # -- used by Exchange (as ClientConnection) ------------------------------------------
 
@@ -363,8 +370,10 @@ class H2Stream:
 class H2Connection(asyncio.Protocol):
     """One HTTP/2 client connection (h2c by prior knowledge, or ``h2`` by ALPN)."""
 
-    def __init__(self, dp: DataPlane) -> None:
+    def __init__(self, dp: DataPlane, tls: bool = False) -> None:
         self.dp = dp
+        self.tls = tls
+        """Came through the TLS listener (``h2`` by ALPN): ``X-Forwarded-Proto: https``."""
         self.h2 = h2.connection.H2Connection(
             h2.config.H2Configuration(client_side=False, header_encoding=None)
         )
@@ -479,7 +488,7 @@ class H2Connection(asyncio.Protocol):
         headers = event.headers
         stream = H2Stream(self, sid)
         self.streams[sid] = stream
-        heads = self.dp.heads
+        heads = self.dp.heads_tls if self.tls else self.dp.heads
         try:
             method, path, fields, grpc = http1_fields(headers, end_stream)
             if len(fields) > self.dp.limits.max_headers:

@@ -493,13 +493,18 @@ class HeadCache:
         "_requests",
         "_responses",
         "max_entries",
+        "proto",
         "underscores",
     )
 
-    def __init__(self, max_entries: int = 1024, underscores: bool = False) -> None:
+    def __init__(
+        self, max_entries: int = 1024, underscores: bool = False, proto: bytes = b"http"
+    ) -> None:
         self.max_entries = max_entries
         self.underscores = underscores
         """Request fields with an underscore in their name are kept (else dropped)."""
+        self.proto = proto
+        """The scheme the client used (``X-Forwarded-Proto`` for an untrusted client)."""
         self._requests: dict[tuple[object, ...], CheckedFields] = {}
         self._responses: dict[tuple[object, ...], ResponseHead] = {}
         self._raw_requests: dict[tuple[bytes, bool], CheckedFields] = {}
@@ -547,7 +552,13 @@ class HeadCache:
         checked = cache.get(key)
         if checked is None:
             checked = CheckedFields(
-                request_fields(headers, trusted=trusted, drop=drop, underscores=self.underscores),
+                request_fields(
+                    headers,
+                    trusted=trusted,
+                    proto=self.proto,
+                    drop=drop,
+                    underscores=self.underscores,
+                ),
                 _names_keep_alive(headers),
             )
             if len(cache) >= self.max_entries:
@@ -568,7 +579,9 @@ class HeadCache:
         if checked is None:
             headers = request_fields_raw(raw_fields)
             checked = CheckedFields(
-                request_fields(headers, trusted=trusted, underscores=self.underscores),
+                request_fields(
+                    headers, trusted=trusted, proto=self.proto, underscores=self.underscores
+                ),
                 _names_keep_alive(headers),
                 headers,
             )

@@ -41,6 +41,7 @@ from gateway.dataplane.limits import (
 from gateway.dataplane.outbox import Outbox
 from gateway.dataplane.routing import RouteTable
 from gateway.dataplane.service import Service
+from gateway.dataplane.tls import AlpnDispatch, ProtocolFactory, TlsListener
 from gateway.dataplane.tunnel import Tunnel
 from gateway.dataplane.upstream import WRITE_BUFFER_HIGH, WRITE_BUFFER_LOW, EndpointConnections
 
@@ -96,6 +97,7 @@ class ClientConnection(asyncio.Protocol):
         "raw",
         "refeed",
         "reject_cause",
+        "tls",
         "transport",
         "trusted",
         "upgraded",
@@ -104,8 +106,10 @@ class ClientConnection(asyncio.Protocol):
         "write_paused",
     )
 
-    def __init__(self, dp: DataPlane) -> None:
+    def __init__(self, dp: DataPlane, tls: bool = False) -> None:
         self.dp = dp
+        self.tls = tls
+        """The connection came through the TLS listener (``X-Forwarded-Proto: https``)."""
         self.parser = _parser(self)
         self.raw = True
         """Heads are taken raw (the parser has no ``on_header``); False once the connection
@@ -327,7 +331,7 @@ class ClientConnection(asyncio.Protocol):
             self.dp.slow_heads.discard(self)
         if self.closed or self.broken:
             return
-        heads = self.dp.heads
+        heads = self.heads
         if self.raw:
             # Cut the head from this read (it is whole: a split head leaves raw heads);
             # llhttp skips empty lines before a request and has checked every CRLF.
@@ -551,6 +555,11 @@ class ClientConnection(asyncio.Protocol):
         if self.line_bytes > LINGER_MAX_BYTES:
             self.transport.close()
 
+    @property
+    def heads(self) -> HeadCache:
+        """The data plane's head cache for this connection's scheme (reloads may swap it)."""
+        return self.dp.heads_tls if self.tls else self.dp.heads
+
     def __repr__(self) -> str:
         return f"ClientConnection({self.peer_ip.decode()}, current={self.current!r})"
 
@@ -621,6 +630,18 @@ class DataPlane:
         """Writes of one loop round, sent together at its end (fewer cross-CPU wake-ups)."""
         self.heads = HeadCache(underscores=self.limits.underscores_in_headers)
         """Memoised header rewriting (a repeated header set costs one dict lookup)."""
+        self.heads_tls = HeadCache(underscores=self.limits.underscores_in_headers, proto=b"https")
+        """The same for connections through the TLS listener."""
+        self.tls: TlsListener | None = None
+        self.tls_server: asyncio.Server | None = None
+        self.tls_protocols: dict[str, ProtocolFactory] = {
+            "http/1.1": lambda: ClientConnection(self, tls=True),
+        }
+        """What serves a TLS connection, by ALPN protocol name, most preferred first (the
+        names are advertised in this order; no ALPN = ``http/1.1``)."""
+        self.https_redirect: bytes | None = None
+        """``redirect_http``: the port suffix (``b":8443"``, or ``b""`` for 443) of the https
+        URL every plain request is sent to with 308; None serves plain requests."""
         self._route_table: RouteTable | None = None
         self._route_cache: dict[tuple[bytes, bytes], str | None] = {}
         self.networks = [ipaddress.ip_network(n, strict=False) for n in trusted_proxies]
@@ -694,6 +715,7 @@ class DataPlane:
         self.networks = [ipaddress.ip_network(n, strict=False) for n in trusted_proxies]
         if limits.underscores_in_headers != self.heads.underscores:
             self.heads = HeadCache(underscores=limits.underscores_in_headers)
+            self.heads_tls = HeadCache(underscores=limits.underscores_in_headers, proto=b"https")
         self.limits = limits
 
     def is_trusted(self, ip: str) -> bool:
@@ -704,6 +726,30 @@ class DataPlane:
         except ValueError:
             return False
         return any(addr in net for net in self.networks)
+
+    async def start_tls(self, host: str, port: int, listener: TlsListener) -> tuple[str, int]:
+        """Listen for TLS (``listener`` holds the certificates and the ALPN list, which must
+        be ``tls_protocols``' names); return the bound (host, port)."""
+        self.tls = listener
+        protocols = self.tls_protocols
+        self.tls_server = await self.loop.create_server(
+            lambda: AlpnDispatch(protocols),
+            host,
+            port,
+            ssl=listener.context,
+            backlog=2048,
+            reuse_address=True,
+            ssl_handshake_timeout=self.limits.header_timeout_s,
+        )
+        bound = self.tls_server.sockets[0].getsockname()
+        return str(bound[0]), int(bound[1])
+
+    def redirect_to_https(self, tls_port: int | None) -> None:
+        """Send plain requests to https on ``tls_port`` with 308 (None: serve them)."""
+        if tls_port is None:
+            self.https_redirect = None
+        else:
+            self.https_redirect = b"" if tls_port == 443 else b":%d" % tls_port
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
         """Listen; return the bound (host, port) (``port=0`` picks a free one)."""
@@ -728,6 +774,8 @@ class DataPlane:
         self.stopping = True  # finished exchanges close their connection (no keep-alive)
         if self.server is not None:
             self.server.close()
+        if self.tls_server is not None:
+            self.tls_server.close()
         for conn in list(self.connections):
             if conn.current is None:
                 conn.close()
@@ -748,3 +796,5 @@ class DataPlane:
         self._stop_sweeping()
         if self.server is not None:
             await self.server.wait_closed()
+        if self.tls_server is not None:
+            await self.tls_server.wait_closed()

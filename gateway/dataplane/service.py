@@ -9,13 +9,19 @@ the outlier detector live here too, so a hot reload reconfigures them in place
 
 from __future__ import annotations
 
+import logging
+import ssl
+
 from gateway.dataplane.admission import Admission
 from gateway.dataplane.balancers import Balancer, RandomSource, make_balancer
 from gateway.dataplane.endpoints import EndpointSet
 from gateway.dataplane.outlier import OutlierDetector
 from gateway.dataplane.retry import RetryBudget
 from gateway.dataplane.stats import ServiceStats
-from gateway.settings import ServiceConfig, TimeoutsConfig
+from gateway.dataplane.tls import TlsError, upstream_context
+from gateway.settings import ServiceConfig, TimeoutsConfig, UpstreamTlsConfig
+
+log = logging.getLogger(__name__)
 
 
 class Service:
@@ -36,6 +42,8 @@ class Service:
         "total_s",
         "upgrade_protocols",
         "upstream_h2",
+        "upstream_sni",
+        "upstream_ssl",
     )
 
     def __init__(
@@ -65,6 +73,10 @@ class Service:
         self.upgrade_protocols = frozenset(
             p.lower().encode() for p in self.config.upgrades.protocols
         )
+        self.upstream_ssl: ssl.SSLContext | None = None
+        """``upstream_tls``: the client context for the endpoints (None: plain HTTP)."""
+        self.upstream_sni: str | None = None
+        """The SNI and verified name (None: the endpoint's host)."""
         self.endpoints.on_change = self._endpoints_changed
 
     @classmethod
@@ -96,12 +108,27 @@ class Service:
                 if ep.pool is not None:
                     ep.pool.close()
                     ep.pool = None
+        if config.upstream_tls != self.config.upstream_tls:
+            self._configure_upstream_tls(config.upstream_tls)
         self.config = config
 
     def allows_upgrade(self, upgrade: bytes) -> bool:
         """Whether a request's ``Upgrade`` value names only protocols this service takes."""
         tokens = {t.strip().lower() for t in upgrade.split(b",")} - {b""}
         return bool(tokens) and tokens <= self.upgrade_protocols
+
+    def _configure_upstream_tls(self, config: UpstreamTlsConfig) -> None:
+        try:
+            context = upstream_context(config)
+        except TlsError as e:  # checked before applying; the file changed since
+            log.error("service %s: upstream_tls not changed: %s", self.name, e)
+            return
+        self.upstream_ssl = context
+        self.upstream_sni = config.server_name
+        for ep in self.endpoints.endpoints:  # pooled connections speak the old scheme
+            if ep.pool is not None:
+                ep.pool.close()
+                ep.pool = None
 
     def _endpoints_changed(self) -> None:
         self.admission.set_replicas(len(self.endpoints.routable))

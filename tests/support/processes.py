@@ -104,10 +104,19 @@ class Process:
 class Upstream(Process):
     """``tests.support.upstream`` in its own process."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, tls: tuple[str, str] | None = None) -> None:
         self.name = name
         super().__init__(
-            [sys.executable, "-m", "tests.support.upstream", "--name", name, "--port", "0"],
+            [
+                sys.executable,
+                "-m",
+                "tests.support.upstream",
+                "--name",
+                name,
+                "--port",
+                "0",
+                *(["--tls", *tls] if tls else []),
+            ],
             re.compile(r"listening (\S+)"),
         )
         assert self.match is not None
@@ -144,7 +153,7 @@ class GrpcUpstream(Process):
 class Gateway(Process):
     """``python -m gateway run --config FILE`` with the config written to ``path``."""
 
-    LINE = re.compile(r"sluice listening data=(\S+) admin=(\S+)")
+    LINE = re.compile(r"sluice listening data=(\S+) admin=(\S+)(?: tls=(\S+))?")
 
     def __init__(self, config: dict[str, Any], path: Path) -> None:
         config = {
@@ -158,6 +167,8 @@ class Gateway(Process):
         assert self.match is not None
         self.url = self.match.group(1)
         self.admin_url = self.match.group(2)
+        self.tls_url: str | None = self.match.group(3)
+        """``https://host:port`` of the TLS listener (None without ``tls``)."""
         host, _, port = self.url.removeprefix("http://").rpartition(":")
         self.host = host
         self.port = int(port)

@@ -32,6 +32,7 @@ import contextlib
 import hashlib
 import json
 import socket
+import ssl
 import struct
 import sys
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -289,9 +290,13 @@ class Upstream:
         return True
 
 
-async def main(name: str, host: str, port: int) -> None:
+async def main(name: str, host: str, port: int, tls: tuple[str, str] | None = None) -> None:
     upstream = Upstream(name)
-    server = await asyncio.start_server(upstream.handle, host, port, limit=1 << 20)
+    context = None
+    if tls is not None:  # HTTPS with this certificate and key (upstream_tls tests)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(*tls)
+    server = await asyncio.start_server(upstream.handle, host, port, limit=1 << 20, ssl=context)
     bound = server.sockets[0].getsockname()
     print(f"listening {bound[0]}:{bound[1]}", flush=True)
     async with server:
@@ -303,8 +308,9 @@ if __name__ == "__main__":
     parser.add_argument("--name", default="upstream")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--tls", nargs=2, metavar=("CERT_FILE", "KEY_FILE"))
     args = parser.parse_args()
     try:
-        asyncio.run(main(args.name, args.host, args.port))
+        asyncio.run(main(args.name, args.host, args.port, tuple(args.tls) if args.tls else None))
     except KeyboardInterrupt:
         sys.exit(0)
