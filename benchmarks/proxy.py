@@ -7,6 +7,7 @@
     python benchmarks/proxy.py --trace-ratio 0.01   # also Sluice with 1 % of requests traced
     python benchmarks/proxy.py --access-log json    # also Sluice writing a JSON access log
     python benchmarks/proxy.py --websocket          # also the WebSocket echo rows
+    python benchmarks/proxy.py --tls           # also both proxies terminating TLS
 
 What runs (all on 127.0.0.1, ports picked free, everything stopped at the end):
 
@@ -24,6 +25,13 @@ upstream) is bounded by core 1, not by a proxy; it is the floor for latency, not
 throughput target.  To tell whether a proxy really saturated its core, the script also
 measures the proxy's own CPU time (``/proc``) and reports core utilisation and CPU
 microseconds per request.
+
+``--tls`` adds four targets, both proxies terminating TLS 1.3 with the same ECDSA P-256
+certificate (made with ``openssl`` per run) in front of the same plain upstream:
+``nginx-tls``/``sluice-tls`` (wrk over https with keep-alive: req/s per core) and
+``nginx-hs``/``sluice-hs`` (``Connection: close``: every request is a new TCP connection
+and a full handshake, so req/s is new handshakes per second).  Target (issue 16): TLS
+req/s >= 0.6 of nginx's per core.
 
 Each round runs direct, nginx and Sluice back to back; ``--rounds`` rounds (default 3)
 are reduced to medians.  Targets (issue 2): Sluice/nginx req/s >= 0.5 at c=50, and
@@ -44,6 +52,7 @@ import re
 import shutil
 import signal
 import socket
+import ssl
 import statistics
 import subprocess
 import sys
@@ -64,6 +73,9 @@ READY_TIMEOUT_S = 30.0
 REQS_TARGET = 0.5
 ADDED_LATENCY_TARGET = 2.0
 SATURATED = 0.9
+TLS_TARGET = 0.6
+TLS_TARGETS = ("nginx-tls", "sluice-tls", "nginx-hs", "sluice-hs")
+"""``--tls``: keep-alive over TLS, then a new connection (full handshake) per request."""
 
 
 # ---------------------------------------------------------------- wrk output
@@ -200,6 +212,20 @@ def get(
         conn.close()
 
 
+def get_tls(port: int, path: str = "/", timeout_s: float = 2.0) -> tuple[int, bytes]:
+    """``get`` over https (the benchmark's self-signed certificate is not verified)."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=timeout_s, context=context)
+    try:
+        conn.request("GET", path, headers={"Host": "bench.test"})
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
 def wait_until_serving(proc: Process, port: int, path: str = "/", status: int = 200) -> None:
     """Poll (bounded) until ``GET path`` on ``port`` answers ``status``."""
     deadline = time.monotonic() + READY_TIMEOUT_S
@@ -277,7 +303,7 @@ PROXY_SERVER = """\
   }}
   server {{
     listen 127.0.0.1:{port};
-    location / {{
+{tls}    location / {{
       proxy_pass http://backend;
       proxy_http_version 1.1;
       proxy_set_header Connection "";
@@ -286,6 +312,29 @@ PROXY_SERVER = """\
     }}
   }}
 """
+
+NGINX_TLS = """\
+    listen 127.0.0.1:{tls_port} ssl;
+    ssl_certificate {cert};
+    ssl_certificate_key {key};
+    ssl_protocols TLSv1.2 TLSv1.3;
+"""
+SLUICE_TLS = """\
+tls:
+  listen: {{host: 127.0.0.1, port: {tls_port}}}
+  certificates: [{{cert_file: {cert}, key_file: {key}}}]
+"""
+
+
+def make_certificate(workdir: Path) -> tuple[Path, Path]:
+    """A self-signed ECDSA P-256 certificate for bench.test (``openssl``): (cert, key)."""
+    cert, key = workdir / "bench.pem", workdir / "bench.key"
+    argv = ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"]
+    argv += ["-nodes", "-keyout", str(key), "-out", str(cert), "-days", "2"]
+    argv += ["-subj", "/CN=bench.test", "-addext", "subjectAltName=DNS:bench.test"]
+    subprocess.run(argv, check=True, capture_output=True, timeout=30)
+    return cert, key
+
 
 TRACE_TARGET = 0.95
 TRACED_CONFIG = """\
@@ -386,21 +435,37 @@ class Run:
     websocket: dict[str, Any] | None = None
 
 
-def wrk(port: int, connections: int, duration_s: float, timeout_s: float) -> WrkResult:
+def wrk(
+    port: int,
+    connections: int,
+    duration_s: float,
+    timeout_s: float,
+    scheme: str = "http",
+    close: bool = False,
+) -> WrkResult:
     argv = ["taskset", "-c", LOAD_CORE, "wrk", "-t1", f"-c{connections}", f"-d{duration_s:g}s"]
-    argv += ["--latency", "-H", "Host: bench.test", f"http://127.0.0.1:{port}/"]
+    argv += ["--latency", "-H", "Host: bench.test"]
+    if close:  # a new connection (and TLS handshake) per request
+        argv += ["-H", "Connection: close"]
+    argv.append(f"{scheme}://127.0.0.1:{port}/")
     out = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=timeout_s)
     return parse_wrk(out.stdout)
 
 
+def _how(target: str) -> tuple[str, bool]:
+    """(scheme, close) wrk uses for ``target``."""
+    return ("https" if target in TLS_TARGETS else "http"), target.endswith("-hs")
+
+
 def measure(target: str, port: int, proxy: Process | None, args: argparse.Namespace) -> Sample:
     timeout_s = args.duration_s + 30
+    scheme, close = _how(target)
     cpu_before = proxy.group_cpu_s() if proxy else 0.0
     wall_before = time.monotonic()
-    c50 = wrk(port, args.connections, args.duration_s, timeout_s)
+    c50 = wrk(port, args.connections, args.duration_s, timeout_s, scheme, close)
     wall_s = time.monotonic() - wall_before
     cpu_s = (proxy.group_cpu_s() - cpu_before) if proxy else 0.0
-    c1 = wrk(port, 1, args.latency_duration_s, timeout_s)
+    c1 = wrk(port, 1, args.latency_duration_s, timeout_s, scheme, close)
     sample = Sample(target, c50, c1, loadavg_1m=os.getloadavg()[0])
     if proxy is not None and c50.requests:
         sample.proxy_cpu_us_per_request = cpu_s / c50.requests * 1e6
@@ -474,6 +539,41 @@ def ratios(table: dict[str, dict[str, float | None]]) -> dict[str, float | None]
         out["c1_added_p50_sluice_over_nginx"] = (
             sluice_added / nginx_added if nginx_added > 0 else None
         )
+    out.update(tls_ratios(table))
+    return out
+
+
+def tls_ratios(table: dict[str, dict[str, float | None]]) -> dict[str, float | None]:
+    """``--tls``: Sluice against nginx, both terminating TLS (keep-alive and handshakes)."""
+    out: dict[str, float | None] = {}
+    d = table.get("direct")
+    for kind in ("tls", "hs"):
+        s, n = table.get(f"sluice-{kind}"), table.get(f"nginx-{kind}")
+        if s is None or n is None:
+            continue
+        if s["rps"] and n["rps"]:
+            out[f"rps_sluice_{kind}_over_nginx_{kind}"] = s["rps"] / n["rps"]
+        if s["cpu_us_per_request"] and n["cpu_us_per_request"]:
+            out[f"cpu_per_request_sluice_{kind}_over_nginx_{kind}"] = (
+                s["cpu_us_per_request"] / n["cpu_us_per_request"]
+            )
+        if (
+            kind == "tls"
+            and d is not None
+            and None
+            not in (
+                s["c1_p50_ms"],
+                n["c1_p50_ms"],
+                d["c1_p50_ms"],
+            )
+        ):
+            sluice_added = s["c1_p50_ms"] - d["c1_p50_ms"]  # type: ignore[operator]
+            nginx_added = n["c1_p50_ms"] - d["c1_p50_ms"]  # type: ignore[operator]
+            out["c1_added_p50_ms_sluice_tls"] = sluice_added
+            out["c1_added_p50_ms_nginx_tls"] = nginx_added
+            out["c1_added_p50_sluice_tls_over_nginx_tls"] = (
+                sluice_added / nginx_added if nginx_added > 0 else None
+            )
     return out
 
 
@@ -483,7 +583,7 @@ def _fmt(value: float | None, spec: str) -> str:
 
 def print_table(table: dict[str, dict[str, float | None]], rat: dict[str, float | None]) -> None:
     header = (
-        f"{'target':<8} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'c1 p50':>8} {'c1 p99':>8} "
+        f"{'target':<10} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'c1 p50':>8} {'c1 p99':>8} "
         f"{'cpu us/req':>10} {'core':>6} {'errors':>6}"
     )
     print(header)
@@ -491,7 +591,7 @@ def print_table(table: dict[str, dict[str, float | None]], rat: dict[str, float 
     for target, row in table.items():
         errors = (row["errors"] or 0) + (row["non_2xx"] or 0)
         print(
-            f"{target:<8} {_fmt(row['rps'], ',.0f'):>9} {_fmt(row['p50_ms'], '.3f'):>8} "
+            f"{target:<10} {_fmt(row['rps'], ',.0f'):>9} {_fmt(row['p50_ms'], '.3f'):>8} "
             f"{_fmt(row['p99_ms'], '.3f'):>8} {_fmt(row['c1_p50_ms'], '.3f'):>8} "
             f"{_fmt(row['c1_p99_ms'], '.3f'):>8} {_fmt(row['cpu_us_per_request'], '.1f'):>10} "
             f"{_fmt(row['core_utilisation'], '.0%'):>6} {errors:>6.0f}"
@@ -541,6 +641,7 @@ def print_table(table: dict[str, dict[str, float | None]], rat: dict[str, float 
             f"baseline tree: req/s/nginx {_fmt(rat.get('rps_baseline_over_nginx'), '.2f')}, "
             f"CPU per request/nginx {bc:.2f}"
         )
+    print_tls_ratios(rat, bool(busy))
     lg = rat.get("rps_logged_over_sluice")
     if lg is not None:
         verdict = (
@@ -559,6 +660,33 @@ def print_table(table: dict[str, dict[str, float | None]], rat: dict[str, float 
     print(
         "CPU per request traced/untraced:       "
         f"{_fmt(rat.get('cpu_per_request_traced_over_sluice'), '.3f')}"
+    )
+
+
+def print_tls_ratios(rat: dict[str, float | None], busy: bool) -> None:
+    r = rat.get("rps_sluice_tls_over_nginx_tls")
+    if r is None:
+        return
+    verdict = (
+        "  (inconclusive: a proxy did not get its whole core)"
+        if busy
+        else f"  (target >= {TLS_TARGET}: {'met' if r >= TLS_TARGET else 'NOT met'})"
+    )
+    print(f"TLS req/s Sluice/nginx (c=50, keep-alive): {r:.2f}{verdict}")
+    print(
+        "TLS CPU per request Sluice/nginx:          "
+        f"{_fmt(rat.get('cpu_per_request_sluice_tls_over_nginx_tls'), '.2f')}"
+    )
+    print(
+        "TLS new handshakes/s Sluice/nginx:         "
+        f"{_fmt(rat.get('rps_sluice_hs_over_nginx_hs'), '.2f')} (CPU per handshake "
+        f"{_fmt(rat.get('cpu_per_request_sluice_hs_over_nginx_hs'), '.2f')})"
+    )
+    a = rat.get("c1_added_p50_sluice_tls_over_nginx_tls")
+    print(
+        "TLS added p50 at c=1 (ms) Sluice / nginx:  "
+        f"{_fmt(rat.get('c1_added_p50_ms_sluice_tls'), '.3f')} / "
+        f"{_fmt(rat.get('c1_added_p50_ms_nginx_tls'), '.3f')} = {_fmt(a, '.2f')}"
     )
 
 
@@ -778,9 +906,15 @@ def run(args: argparse.Namespace) -> Run:
         upstream, upstream_port = start_upstream(workdir)
         processes.append(upstream)
         nginx_port = free_port()
+        nginx_tls = sluice_tls = ""
+        if args.tls:
+            cert, key = make_certificate(workdir)
+            nginx_tls_port, sluice_tls_port = free_port(), free_port()
+            nginx_tls = NGINX_TLS.format(tls_port=nginx_tls_port, cert=cert, key=key)
+            sluice_tls = SLUICE_TLS.format(tls_port=sluice_tls_port, cert=cert, key=key)
         nginx = start_nginx(
             "nginx",
-            PROXY_SERVER.format(port=nginx_port, upstream_port=upstream_port),
+            PROXY_SERVER.format(port=nginx_port, upstream_port=upstream_port, tls=nginx_tls),
             PROXY_CORE,
             workdir,
         )
@@ -792,7 +926,7 @@ def run(args: argparse.Namespace) -> Run:
         wait_until_serving(nginx, nginx_port)
         gateways: list[tuple[str, dict[str, Any]]] = []
         if not args.skip_sluice:
-            gateways.append(("sluice", {}))
+            gateways.append(("sluice", {"extra_config": sluice_tls}))
             if args.baseline_tree is not None:
                 gateways.append(("baseline", {"cwd": args.baseline_tree}))
             if args.trace_ratio is not None:
@@ -808,18 +942,29 @@ def run(args: argparse.Namespace) -> Run:
             gateway, port = start_gateway(name, workdir, upstream_port, **options)
             processes.append(gateway)
             targets.append((name, port, gateway))
+            if args.tls and name == "sluice":
+                targets.append(("sluice-tls", sluice_tls_port, gateway))
+                targets.append(("sluice-hs", sluice_tls_port, gateway))
+        if args.tls:
+            targets[2:2] = [
+                ("nginx-tls", nginx_tls_port, nginx),
+                ("nginx-hs", nginx_tls_port, nginx),
+            ]
         for name, port, _ in targets:
-            status, body = get(port)
+            if name in TLS_TARGETS:
+                status, body = get_tls(port)
+            else:
+                status, body = get(port)
             if status != 200 or body.decode() != UPSTREAM_BODY:
                 raise RuntimeError(f"{name} answered {status} {body!r}, not the upstream's body")
             # warm-up: connection pools, caches
-            wrk(port, args.connections, 1, 30)
+            wrk(port, args.connections, 1, 30, *_how(name))
         for round_no in range(1, args.rounds + 1):
             for name, port, proc in targets:
                 sample = measure(name, port, proc, args)
                 result.samples.append(sample)
                 print(
-                    f"round {round_no}/{args.rounds} {name:<7} {sample.c50.rps:>10,.0f} req/s "
+                    f"round {round_no}/{args.rounds} {name:<10} {sample.c50.rps:>10,.0f} req/s "
                     f"p99 {sample.c50.p99_ms:.2f} ms, c=1 p50 {sample.c1.p50_ms:.3f} ms",
                     flush=True,
                 )
@@ -879,6 +1024,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--ws-size", type=int, default=128, help="WebSocket message bytes, default 128"
     )
+    parser.add_argument(
+        "--tls",
+        action="store_true",
+        help="also measure both proxies terminating TLS: keep-alive req/s and new handshakes/s",
+    )
     parser.add_argument("--out", type=Path, default=None, help="JSON output file")
     return parser
 
@@ -932,6 +1082,7 @@ def main(argv: list[str] | None = None) -> int:
             "c1_added_p50_sluice_over_nginx": f"<= {ADDED_LATENCY_TARGET}",
             "rps_traced_over_sluice": f">= {TRACE_TARGET}",
             "rps_logged_over_sluice": f">= {ACCESS_LOG_TARGET}",
+            "rps_sluice_tls_over_nginx_tls": f">= {TLS_TARGET}",
         },
     }
     out.write_text(json.dumps(document, indent=2) + "\n")

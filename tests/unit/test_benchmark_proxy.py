@@ -157,3 +157,26 @@ def test_access_log_ratio(bench: ModuleType) -> None:
     ratios = bench.ratios(bench.summarise(samples))
     assert ratios["rps_logged_over_sluice"] == pytest.approx(0.95)
     assert ratios["cpu_per_request_logged_over_sluice"] == pytest.approx(1.05)
+
+
+def test_tls_ratios_compare_like_with_like(bench: ModuleType) -> None:
+    table = bench.summarise(
+        [
+            _sample(bench, "direct", 90_000, 0.020, None),
+            _sample(bench, "nginx", 40_000, 0.070, 25.0),
+            _sample(bench, "nginx-tls", 30_000, 0.090, 33.0),
+            _sample(bench, "nginx-hs", 2_000, 1.000, 500.0),
+            _sample(bench, "sluice", 30_000, 0.120, 33.0),
+            _sample(bench, "sluice-tls", 20_000, 0.140, 50.0),
+            _sample(bench, "sluice-hs", 1_500, 1.200, 650.0),
+        ]
+    )
+    ratios = bench.ratios(table)
+    assert ratios["rps_sluice_tls_over_nginx_tls"] == pytest.approx(20 / 30)
+    assert ratios["cpu_per_request_sluice_tls_over_nginx_tls"] == pytest.approx(50 / 33)
+    assert ratios["rps_sluice_hs_over_nginx_hs"] == pytest.approx(1.5 / 2)
+    # added latency against the same direct row: (0.140 - 0.020) / (0.090 - 0.020)
+    assert ratios["c1_added_p50_sluice_tls_over_nginx_tls"] == pytest.approx(0.12 / 0.07)
+    assert bench._how("sluice-hs") == ("https", True)
+    assert bench._how("nginx-tls") == ("https", False)
+    assert bench._how("sluice") == ("http", False)
