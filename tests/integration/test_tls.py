@@ -368,3 +368,37 @@ def test_an_expired_certificate_is_served_with_a_warning_and_a_negative_metric(
         text = httpx.get(g.admin_url + "/metrics", timeout=10).text
         line = next(ln for ln in text.splitlines() if 'host="old.example.test"' in ln)
         assert float(line.rsplit(" ", 1)[1]) < -86400
+
+
+def test_the_server_span_says_https(up: Upstream, certs: Certs, tmp_path: Path) -> None:
+    cfg = tls_config(up, [certs.shop])
+    cfg["telemetry"] = {
+        "traces": {
+            "enabled": True,
+            "sampler": {"type": "parentbased_ratio", "ratio": 1.0},
+            "exporter": "none",
+        }
+    }
+    trace_id = "5" * 32
+    with gateway(cfg, tmp_path / "sluice.yaml") as g:
+        port = tls_port(g)
+        transport = httpx.HTTPTransport(verify=client_context(certs.ca))
+        with httpx.Client(transport=transport, timeout=10) as client:
+            r = client.get(
+                f"https://127.0.0.1:{port}/echo",
+                headers={
+                    "Host": "shop.example.test",
+                    "traceparent": f"00-{trace_id}-{'6' * 16}-01",
+                },
+                extensions={"sni_hostname": "shop.example.test"},
+            )
+            assert r.status_code == 200
+        plain = httpx.get(g.url + "/echo", headers={"traceparent": f"00-{'7' * 32}-{'6' * 16}-01"})
+        assert plain.status_code == 200
+        schemes = {}
+        for tid in (trace_id, "7" * 32):
+            body = httpx.get(g.admin_url + "/api/traces", params={"trace_id": tid}, timeout=10)
+            [trace] = body.json()["traces"]
+            [server] = [s for s in trace["spans"] if s["kind"] == "SERVER"]
+            schemes[tid] = server["attributes"]["url.scheme"]
+        assert schemes == {trace_id: "https", "7" * 32: "http"}
