@@ -8,12 +8,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.platforms.kubernetes.actuator import cpu_in_force, plan_resize
+from gateway.platforms.kubernetes.actuator import cpu_in_force, plan_resize, resize_refusal
 from gateway.platforms.kubernetes.model import (
+    KubeError,
     endpoint_slice_from_json,
     format_cpu,
+    format_selector,
     parse_cpu_cores,
     pod_from_json,
+    selector_matches,
 )
 from tests.support.fake_kube import qos_class
 from tests.support.kube_objects import endpoint_slice, pod
@@ -209,3 +212,42 @@ def test_share_on_a_guaranteed_pod_falls_back_to_limits_equal_requests() -> None
     # Already at the decided CPU: nothing to write, but still said.
     again = plan_resize(pod_from_json(raw), 0.5, "share", 2.0)
     assert again.container is None and again.limited is not None
+
+
+def test_only_node_capacity_and_missing_resize_support_count_as_refusals() -> None:
+    capacity = KubeError(
+        403,
+        "Forbidden",
+        'pods "web-1" is forbidden: Pod resize rejected: node node-a didn\'t have enough '
+        "allocatable resources: cpu",
+    )
+    unsupported = KubeError(
+        422,
+        "Invalid",
+        'Pod "web-1" is invalid: spec: Forbidden: Pod running on node without support for resize',
+    )
+    rbac = KubeError(403, "Forbidden", 'pods "web-1" is forbidden: User cannot patch resource')
+    qos = KubeError(422, "Invalid", "Pod QOS Class may not change as a result of resizing")
+    assert resize_refusal(capacity) is not None and "NodeCapacity" in str(resize_refusal(capacity))
+    assert resize_refusal(unsupported) is not None
+    assert resize_refusal(rbac) is None  # e.g. right after an API-server restart: transient
+    assert resize_refusal(qos) is None
+
+
+def test_selectors_match_like_the_api_server() -> None:
+    labels = {"app": "web", "tier": "front"}
+    assert selector_matches("app=web", labels)
+    assert selector_matches("app==web,tier", labels)
+    assert not selector_matches("app=web,tier!=front", labels)
+    assert selector_matches("tier in (back,front),!canary", labels)
+    assert not selector_matches("tier notin (front)", labels)
+    assert not selector_matches("canary", labels)
+    expr = {
+        "matchLabels": {"app": "web"},
+        "matchExpressions": [
+            {"key": "tier", "operator": "In", "values": ["front", "back"]},
+            {"key": "canary", "operator": "DoesNotExist"},
+        ],
+    }
+    assert format_selector(expr) == "app=web,tier in (back,front),!canary"
+    assert selector_matches(format_selector(expr), labels)
