@@ -1,4 +1,4 @@
-"""The ``sluice`` command: run | check | schema | traces | load | top.
+"""The ``sluice`` command: run | check | schema | simulate | traces | load | top | completion.
 
 Exit codes: 0 ok, 2 bad configuration or usage, 1 runtime failure.
 """
@@ -11,6 +11,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import gateway
 from gateway.settings import (
     ConfigError,
     json_schema,
@@ -41,7 +42,9 @@ def _add_config(parser: argparse.ArgumentParser, required: bool = False) -> None
         type=Path,
         required=required,
         default=None,
-        help=f"YAML config file (default: ./{DEFAULT_CONFIG} if present, else the demo config "
+        help="YAML config file"
+        if required
+        else f"YAML config file (default: ./{DEFAULT_CONFIG} if present, else the demo config "
         "shipped with Sluice)",
     )
 
@@ -62,6 +65,11 @@ def _summary(name: str, service: object) -> str:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    if args.file is not None:
+        if args.given_config is not None and args.given_config != args.file:
+            print("sluice check: give the file once (FILE or --config)", file=sys.stderr)
+            return 2
+        args.config = args.file
     try:
         settings = load_settings(args.config)
     except ConfigError as e:
@@ -118,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sluice", description="Ingress-aware gateway with a built-in autoscaler."
     )
+    parser.add_argument("--version", action="version", version=f"sluice {gateway.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("run", help="run the gateway (data plane, admin plane, scaler)")
@@ -139,6 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("check", help="validate a config file and summarise it")
+    p.add_argument("file", nargs="?", type=Path, metavar="FILE", help="the config file to check")
     _add_config(p)
     p.set_defaults(func=cmd_check)
 
@@ -162,12 +172,30 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_load_command(sub, _add_config)
     add_top_command(sub, _add_config)
+
+    p = sub.add_parser(
+        "completion",
+        help="print a shell completion script",
+        description='bash: eval "$(sluice completion bash)"; zsh: sluice completion zsh > '
+        "a file named _sluice in a directory of $fpath",
+    )
+    p.add_argument("shell", choices=["bash", "zsh"])
+    p.set_defaults(func=cmd_completion)
     return parser
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    from gateway.completion import script
+
+    sys.stdout.write(script(args.shell, build_parser()))
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if "config" in args:
+        args.given_config = args.config
     if "config" in args and args.config is None:
         args.config = default_config()
     result: int = args.func(args)

@@ -8,13 +8,16 @@ The scaler owns its policy models (``scaler.policy``); this module composes them
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import json
 import math
 import os
 import re
 import sys
-from collections.abc import Mapping
+import types
+import typing
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
@@ -872,11 +875,59 @@ def parse_settings(data: Any, source: str = "<config>") -> Settings:
     try:
         return Settings.model_validate(data)
     except ValidationError as e:
-        problems = [
-            f"{source}: {path}: {problem}" if path else f"{source}: {problem}"
-            for path, problem in validation_problems(e)
-        ]
+        problems = []
+        for err, (path, found) in zip(
+            e.errors(include_url=False), validation_problems(e), strict=True
+        ):
+            problem = found
+            if err["type"] == "extra_forbidden":
+                problem += did_you_mean(str(err["loc"][-1]), known_keys(Settings, err["loc"][:-1]))
+            problems.append(f"{source}: {path}: {problem}" if path else f"{source}: {problem}")
         raise ConfigError(problems) from None
+
+
+def known_keys(model: type[BaseModel], loc: Sequence[int | str]) -> list[str]:
+    """The keys allowed at ``loc`` below ``model`` (the config names, aliases included)."""
+    annotation: Any = model
+    for part in loc:
+        annotation = _unwrap(annotation)
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            field = annotation.model_fields.get(str(part))
+            if field is None:
+                field = next((f for f in annotation.model_fields.values() if f.alias == part), None)
+            if field is None:
+                return []
+            annotation = field.annotation
+        else:
+            args = typing.get_args(annotation)
+            if not args:
+                return []
+            annotation = args[-1]  # dict[str, X] -> X; list[X] -> X
+    annotation = _unwrap(annotation)
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [f.alias or name for name, f in annotation.model_fields.items()]
+    return []
+
+
+def _unwrap(annotation: Any) -> Any:
+    """``X | None`` and ``Annotated[X, ...]`` -> X."""
+    while True:
+        origin = typing.get_origin(annotation)
+        if origin is typing.Annotated:
+            annotation = typing.get_args(annotation)[0]
+        elif origin in (typing.Union, types.UnionType):
+            rest = [a for a in typing.get_args(annotation) if a is not type(None)]
+            if len(rest) != 1:
+                return annotation
+            annotation = rest[0]
+        else:
+            return annotation
+
+
+def did_you_mean(key: str, known: Sequence[str]) -> str:
+    """``" (did you mean 'x'?)"`` for the closest known key, or ``""``."""
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def load_settings(path: str | Path) -> Settings:
@@ -894,6 +945,12 @@ def load_settings(path: str | Path) -> Settings:
         raise ConfigError([f"{where}: invalid YAML: {e.problem or e.context}"]) from None
     except yaml.YAMLError as e:
         raise ConfigError([f"{source}: invalid YAML: {e}"]) from None
+    if data is None:
+        raise ConfigError(
+            [
+                f"{source}: the file is empty: a config needs at least 'services:' (see sluice schema)"
+            ]
+        )
     return with_files_from(parse_settings(data, source), Path(path).parent)
 
 

@@ -19,6 +19,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from gateway.tools.address import address_argument
+
 BAR_WIDTH = 32
 
 
@@ -193,7 +195,7 @@ def cmd_traces(args: argparse.Namespace) -> int:
 
     url, token = _admin_defaults(args.config)
     if args.admin:
-        url = args.admin.rstrip("/")
+        url = args.admin.url
     token = args.token or os.environ.get("SLUICE_ADMIN_TOKEN") or token
     params: dict[str, str] = {"limit": str(args.limit)}
     for key in ("service", "status", "trace_id", "kind"):
@@ -237,7 +239,11 @@ def add_traces_command(sub: Any, add_config: Any) -> None:
         "traces", help="show recent traces from a running gateway as waterfall trees"
     )
     add_config(p)
-    p.add_argument("--admin", help="admin API base URL (default: from the config's admin section)")
+    p.add_argument(
+        "--admin",
+        type=address_argument,
+        help="admin API: host:port or http://host:port (default: the config's admin section)",
+    )
     p.add_argument(
         "--token", help="admin bearer token (default: $SLUICE_ADMIN_TOKEN, then the config's)"
     )

@@ -24,6 +24,7 @@ import json
 import math
 import sys
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from typing import Any
 import httptools
 
 from gateway.settings import Settings
+from gateway.tools.address import address_argument
 
 LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
 
@@ -198,8 +200,12 @@ async def run_load(
     max_in_flight: int = 2_000,
     timeout_s: float = 60.0,
     query: str = "",
+    progress: Callable[[LoadReport, float], None] | None = None,
+    progress_every_s: float = 5.0,
 ) -> LoadReport:
-    """Send every stream's schedule for ``duration_s``; wait up to ``timeout_s`` for answers."""
+    """Send every stream's schedule for ``duration_s``; wait up to ``timeout_s`` for answers.
+
+    ``progress(report, elapsed_s)`` is called every ``progress_every_s`` while sending."""
     if duration_s <= 0:
         raise ValueError(f"duration_s must be > 0, got {duration_s!r}")
     schedule = sorted((t, i) for i, s in enumerate(streams) for t in s.send_times(duration_s))[
@@ -224,6 +230,12 @@ async def run_load(
         while loop.time() < start + duration_s and len(report.results) < max_requests:
             await one(stream, loop.time() - start)
 
+    async def report_progress(callback: Callable[[LoadReport, float], None]) -> None:
+        while True:
+            await asyncio.sleep(progress_every_s)
+            callback(report, loop.time() - start)
+
+    reporter = None if progress is None else loop.create_task(report_progress(progress))
     workers = [
         loop.create_task(closed(s))
         for s in streams
@@ -245,6 +257,8 @@ async def run_load(
     if pending:
         await asyncio.wait(pending, timeout=max(0.0, start + duration_s - loop.time()) + timeout_s)
     tasks.update(w for w in workers if not w.done())
+    if reporter is not None:
+        tasks.add(reporter)
     for task in list(tasks):
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -320,12 +334,7 @@ def cmd_load(args: argparse.Namespace) -> int:
     from gateway.settings import load_or_exit
 
     settings = load_or_exit(args.config)
-    host, port = (
-        (args.target.rsplit(":", 1)[0], int(args.target.rsplit(":", 1)[1]))
-        if (args.target)
-        else _target(settings)
-    )
-    host = host.strip("[]")
+    host, port = (args.target.host, args.target.port) if args.target else _target(settings)
     if host not in LOOPBACK:
         print(f"sluice load: only loopback targets are allowed, got {host!r}", file=sys.stderr)
         return 2
@@ -352,6 +361,7 @@ def cmd_load(args: argparse.Namespace) -> int:
             max_requests=args.max_requests,
             max_in_flight=args.max_in_flight,
             timeout_s=args.timeout,
+            progress=print_progress,
         )
     )
     print(format_report(report), flush=True)
@@ -361,7 +371,27 @@ def cmd_load(args: argparse.Namespace) -> int:
             "services": {name: report.summary(name) for name in report.services()},
         }
         args.json.write_text(json.dumps(body, indent=2) + "\n")
+    answered = sum(report.summary(name)["ok"] for name in report.services())
+    if report.results and answered == 0:
+        print(
+            f"sluice load: every one of {len(report.results)} request(s) failed "
+            f"(is the gateway running at http://{host}:{port}?)",
+            file=sys.stderr,
+        )
+        return 1
     return 0
+
+
+def print_progress(report: LoadReport, elapsed_s: float) -> None:
+    """One line on stderr while the load runs: sent so far, answered 2xx, failed."""
+    sent = len(report.results)
+    ok = sum(1 for r in report.results if 200 <= r.status < 300)
+    print(
+        f"  {elapsed_s:4.0f}s: {sent} done, {ok} ok, {sent - ok} failed, "
+        f"{sum(report.skipped.values())} skipped",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def add_load_command(sub: Any, add_config: Any) -> None:
@@ -390,6 +420,10 @@ def add_load_command(sub: Any, add_config: Any) -> None:
     p.add_argument("--max-requests", type=int, default=200_000, help="cap on requests sent")
     p.add_argument("--max-in-flight", type=int, default=2_000, help="cap on requests waiting")
     p.add_argument("--timeout", type=positive, default=60.0, help="per-request deadline (60)")
-    p.add_argument("--target", help="host:port to send to (default: the config's listen)")
+    p.add_argument(
+        "--target",
+        type=address_argument,
+        help="host:port or http://host:port to send to (default: the config's listen)",
+    )
     p.add_argument("--json", type=Path, help="also write the summary as JSON to this file")
     p.set_defaults(func=cmd_load)

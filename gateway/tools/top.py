@@ -18,6 +18,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from gateway.tools.address import address_argument
+
 
 def fetch(admin_url: str, token: str | None) -> dict[str, Any]:
     """One snapshot: ``{"services": ..., "decisions": ... | None}`` from the admin API."""
@@ -53,45 +55,106 @@ def last_reason(decision: dict[str, Any] | None) -> str:
     return "; ".join([str(decision["rule"]), *shown])
 
 
-def render(snapshot: dict[str, Any], admin_url: str) -> Group:
+COLUMNS: tuple[tuple[str, str, int], ...] = (
+    # (header, justify, drop order: the highest goes first when the terminal is too narrow)
+    ("service", "left", 0),
+    ("rps", "right", 1),
+    ("err%", "right", 2),
+    ("in flight", "right", 8),
+    ("queued", "right", 6),
+    ("p99", "right", 4),
+    ("replicas", "right", 3),
+    ("cpu/replica", "right", 7),
+    ("budget share", "right", 9),
+    ("last decision", "left", 5),
+)
+"""Every column, in display order.  At 80 columns ``budget share`` and ``in flight`` go first."""
+LAST_DECISION_MIN = 24
+"""Columns are dropped until the last decision keeps at least this many characters."""
+
+
+def error_percent(sig: dict[str, Any], previous: dict[str, Any] | None) -> str:
+    """Errors among completions since the previous frame (since start on the first frame)."""
+    done = sig.get("completions_total", 0)
+    errors = sig.get("errors_total", 0)
+    if previous is not None:
+        done -= previous.get("completions_total", 0)
+        errors -= previous.get("errors_total", 0)
+    if done <= 0:
+        return "-"
+    return f"{100 * errors / done:.1f}"
+
+
+def _rows(snapshot: dict[str, Any], previous: dict[str, Any] | None) -> list[dict[str, str]]:
     services = snapshot["services"]
     decided = snapshot["decisions"]
     latest: dict[str, Any] = decided["latest"] if decided else {}
     budget_cpu = decided["budget"]["cpu"] if decided else None
-    table = Table(expand=True)
-    for column, justify in (
-        ("service", "left"),
-        ("rps", "right"),
-        ("in flight", "right"),
-        ("queued", "right"),
-        ("p99", "right"),
-        ("replicas", "right"),
-        ("cpu/replica", "right"),
-        ("budget share", "right"),
-        ("last decision", "left"),
-    ):
-        table.add_column(column, justify=justify, no_wrap=column != "last decision")  # type: ignore[arg-type]
+    before = previous["services"] if previous else {}
+    rows = []
     for name, view in sorted(services.items()):
         sig = view["signals"]
         d = latest.get(name)
         ready = sum(1 for ep in view["endpoints"] if ep["routable"])
-        replicas = f"{ready}/{d['replicas']}" if d else str(ready)
-        cpu = f"{d['cpu_per_replica_cores']:.2f}" if d else "-"
         if d and budget_cpu:
             share = f"{d['allocated_cores']:.2f} ({100 * d['allocated_cores'] / budget_cpu:.0f}%)"
         else:
             share = "-"
-        table.add_row(
-            name,
-            f"{sig['rps']:.1f}",
-            str(sig["in_flight"]),
-            str(sig["queued"]),
-            _ms(sig.get("latency_p99_s")),
-            replicas,
-            cpu,
-            share,
-            last_reason(d),
+        old = before.get(name)
+        rows.append(
+            {
+                "service": name,
+                "rps": f"{sig['rps']:.1f}",
+                "err%": error_percent(sig, old["signals"] if old else None),
+                "in flight": str(sig["in_flight"]),
+                "queued": str(sig["queued"]),
+                "p99": _ms(sig.get("latency_p99_s")),
+                "replicas": f"{ready}/{d['replicas']}" if d else str(ready),
+                "cpu/replica": f"{d['cpu_per_replica_cores']:.2f}" if d else "-",
+                "budget share": share,
+                "last decision": last_reason(d),
+            }
         )
+    return rows
+
+
+def fitting_columns(rows: list[dict[str, str]], width: int) -> list[str]:
+    """The columns that fit ``width`` characters, dropping by priority (see :data:`COLUMNS`)."""
+    kept = [c for c, _, _ in COLUMNS]
+
+    def needed(columns: list[str]) -> int:
+        total = 1  # the left border
+        for c in columns:
+            if c == "last decision":
+                cell = LAST_DECISION_MIN
+            else:
+                cell = max([len(c)] + [len(r[c]) for r in rows])
+            total += cell + 3  # padding on both sides and a border
+        return total
+
+    for column, _, _ in sorted(COLUMNS, key=lambda c: -c[2]):
+        if needed(kept) <= width or column == "service":
+            break
+        kept.remove(column)
+    return kept
+
+
+def render(
+    snapshot: dict[str, Any],
+    admin_url: str,
+    width: int | None = None,
+    previous: dict[str, Any] | None = None,
+) -> Group:
+    """One frame; ``width`` (the terminal's) drops columns by priority so each row fits."""
+    decided = snapshot["decisions"]
+    rows = _rows(snapshot, previous)
+    shown = fitting_columns(rows, width) if width is not None else [c for c, _, _ in COLUMNS]
+    table = Table(expand=True)
+    for column, justify, _ in COLUMNS:
+        if column in shown:
+            table.add_column(column, justify=justify, no_wrap=column != "last decision")  # type: ignore[arg-type]
+    for row in rows:
+        table.add_row(*(row[c] for c in shown))
     if decided:
         b = decided["budget"]
         mode = "applied" if decided["applied"] else "recommend-only"
@@ -109,7 +172,7 @@ def _admin_url(args: argparse.Namespace) -> tuple[str, str | None]:
 
     url, token = _admin_defaults(args.config)
     if args.admin:
-        url = args.admin.rstrip("/")
+        url = args.admin.url
     return url, args.token or os.environ.get("SLUICE_ADMIN_TOKEN") or token
 
 
@@ -121,13 +184,15 @@ def cmd_top(args: argparse.Namespace) -> int:
     if not console.is_terminal:
         console = Console(width=160)  # piped or captured: room for the reasons
     try:
+        snapshot = fetch(url, token)
         if args.once:
-            console.print(render(fetch(url, token), url))
+            console.print(render(snapshot, url, console.width))
             return 0
-        with Live(render(fetch(url, token), url), console=console, screen=False) as live:
+        with Live(render(snapshot, url, console.width), console=console, screen=False) as live:
             while True:
                 time.sleep(args.interval)
-                live.update(render(fetch(url, token), url))
+                previous, snapshot = snapshot, fetch(url, token)
+                live.update(render(snapshot, url, console.width, previous))
     except httpx.HTTPError as e:
         console.print(f"sluice top: cannot read {url}: {e}")
         return 1
@@ -140,7 +205,11 @@ def add_top_command(sub: Any, add_config: Any) -> None:
         "top", help="live view of every service: load, replicas, CPU, budget, decisions"
     )
     add_config(p)
-    p.add_argument("--admin", help="admin API base URL (default: from the config's admin section)")
+    p.add_argument(
+        "--admin",
+        type=address_argument,
+        help="admin API: host:port or http://host:port (default: the config's admin section)",
+    )
     p.add_argument(
         "--token", help="admin bearer token (default: $SLUICE_ADMIN_TOKEN, then the config's)"
     )

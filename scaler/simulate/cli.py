@@ -7,6 +7,7 @@ the budget here; the scaler never imports the gateway.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -106,6 +107,19 @@ def simulate_runs(
     return results
 
 
+def _unwritable(out: Path) -> str | None:
+    """Why the results cannot be written to directory ``out`` (created if missing), or None."""
+    if out.exists() and not out.is_dir():
+        return "exists and is not a directory"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        return f"cannot create the directory: {e.strerror or e}"
+    if not os.access(out, os.W_OK):
+        return "the directory is not writable"
+    return None
+
+
 def run_command(
     args: argparse.Namespace,
     policies: Mapping[str, ScalingPolicy],
@@ -119,6 +133,12 @@ def run_command(
     from scaler.simulate.report import build_report, print_tables, write_json
     from scaler.simulate.runner import SimulationError, build_scenario
     from scaler.simulate.workload import WorkloadError, load_workload
+
+    out: Path = args.out
+    problem = _unwritable(out)
+    if problem is not None:
+        print(f"sluice simulate: --out {out}: {problem}", file=sys.stderr)
+        return 2
 
     err = Console(stderr=True)
     if args.enforcement is not None:
@@ -163,13 +183,15 @@ def run_command(
         "enforcement": budget.enforcement,
     }
     report = build_report(scenario, results, budget.cpu, meta)
-    out: Path = args.out
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(report, out / "report.json")
-    written = [out / "report.json"]
-    cannot_draw = missing()
-    if cannot_draw is None:
-        written += write_plots(report, out)
+    try:
+        write_json(report, out / "report.json")
+        written = [out / "report.json"]
+        cannot_draw = missing()
+        if cannot_draw is None:
+            written += write_plots(report, out)
+    except OSError as e:
+        print(f"sluice simulate: --out {out}: cannot write: {e.strerror or e}", file=sys.stderr)
+        return 1
     print_tables(report, Console())
     if cannot_draw is not None:
         print(f"sluice simulate: no report.png/zoom.png: {cannot_draw}", file=sys.stderr)

@@ -127,6 +127,7 @@ def test_sluice_load_and_sluice_top_as_a_user_reads_them(tmp_path: Path) -> None
         for column in (
             "service",
             "rps",
+            "err%",
             "in flight",
             "queued",
             "p99",
@@ -139,11 +140,12 @@ def test_sluice_load_and_sluice_top_as_a_user_reads_them(tmp_path: Path) -> None
         api_row = next(line for line in frame.splitlines() if "│ api " in line)
         cells = [c.strip() for c in api_row.strip("│ ").split("│")]
         assert cells[0] == "api"
-        ready, decided = cells[5].split("/")
+        assert cells[2] == "0.0"  # err%: no request failed
+        ready, decided = cells[6].split("/")
         assert int(ready) >= 1 and int(decided) >= 1  # ready / decided replicas
-        assert float(cells[6]) > 0  # CPU per replica
-        assert "%" in cells[7]  # its budget share
-        assert cells[8] and cells[8] != "-"  # the last decision's rule and reason
+        assert float(cells[7]) > 0  # CPU per replica
+        assert "%" in cells[8]  # its budget share
+        assert cells[9] and cells[9] != "-"  # the last decision's rule and reason
         assert any("│ reports " in line for line in frame.splitlines())
     finally:
         stop(gw, marker)

@@ -47,7 +47,7 @@ def problems(data: object) -> list[str]:
             "cfg.yaml: services.api.endpoints[0]: must be 'host:port' with a port in 1..65535, got 'nohost'",
         ),
         ({"listen": {"port": 70000}}, "cfg.yaml: listen.port: must be <= 65535, got 70000"),
-        ({"listne": {}}, "cfg.yaml: listne: unknown key"),
+        ({"listne": {}}, "cfg.yaml: listne: unknown key (did you mean 'listen'?)"),
         (
             {"services": {"a": {"scaling": {"cpu": {"min": 0.5, "max": 0.25}}}}},
             "cfg.yaml: services.a.scaling.cpu.max: must be >= min (0.5), got 0.25",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 from rich.console import Console
 
@@ -85,7 +87,14 @@ def test_top_frame_has_a_row_per_service() -> None:
     snapshot = {
         "services": {
             "api": {
-                "signals": {"rps": 12.5, "in_flight": 3, "queued": 1, "latency_p99_s": 0.25},
+                "signals": {
+                    "rps": 12.5,
+                    "in_flight": 3,
+                    "queued": 1,
+                    "latency_p99_s": 0.25,
+                    "completions_total": 200,
+                    "errors_total": 5,
+                },
                 "endpoints": [{"routable": True}, {"routable": False}],
             }
         },
@@ -113,6 +122,7 @@ def test_top_frame_has_a_row_per_service() -> None:
     assert cells == [
         "api",
         "12.5",
+        "2.5",  # err%: 5 of 200 completions since start (no previous frame)
         "3",
         "1",
         "250 ms",
@@ -121,3 +131,18 @@ def test_top_frame_has_a_row_per_service() -> None:
         "1.00 (50%)",
         "stable; budget: demand 1.00 cores",
     ]
+    # At 80 columns the lowest-priority columns go; every row fits, no cell is cut.
+    later = copy.deepcopy(snapshot)
+    later["services"]["api"]["signals"].update(completions_total=300, errors_total=25)
+    narrow = Console(width=80, record=True)
+    narrow.print(render(later, "http://127.0.0.1:9901", narrow.width, previous=snapshot))
+    lines = narrow.export_text().splitlines()
+    assert all(len(line) <= 80 for line in lines)
+    header = next(line for line in lines if "service" in line)
+    assert "budget share" not in header and "in flight" not in header
+    for kept in ("rps", "err%", "replicas", "p99", "last decision"):
+        assert kept in header, (kept, header)
+    row = next(line for line in lines if "│ api" in line)
+    assert "…" not in row
+    cells = [c.strip() for c in row.strip("│ ").split("│")]
+    assert cells[2] == "20.0"  # err% between the frames: 20 of 100

@@ -111,7 +111,7 @@ def test_a_local_service_loads_with_defaults() -> None:
         ),
         (
             local({"api": {"replicas": replicas(comand=["x"])}}),
-            "cfg.yaml: services.api.replicas.comand: unknown key",
+            "cfg.yaml: services.api.replicas.comand: unknown key (did you mean 'command'?)",
         ),
     ],
 )

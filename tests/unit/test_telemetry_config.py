@@ -85,7 +85,10 @@ def test_a_full_section_loads() -> None:
             {"buffer": {"max_spans_per_trace": 0}},
             "cfg.yaml: telemetry.traces.buffer.max_spans_per_trace: must be >= 1, got 0",
         ),
-        ({"sampling": 0.5}, "cfg.yaml: telemetry.traces.sampling: unknown key"),
+        (
+            {"sampling": 0.5},
+            "cfg.yaml: telemetry.traces.sampling: unknown key (did you mean 'sampler'?)",
+        ),
     ],
 )
 def test_bad_values_name_the_key(data: dict[str, object], expected: str) -> None:
