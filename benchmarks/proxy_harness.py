@@ -118,6 +118,9 @@ async def measure_sluice(args: argparse.Namespace, upstream_port: int) -> list[M
                 port=dp_port, admin_port=bench.free_port(), upstream_port=upstream_port
             )
         )
+        if args.access_log is not None:
+            log_path = Path(tempfile.gettempdir()) / f"sluice-harness-access-{os.getpid()}.log"
+            f.write(f"access_log: {{enabled: true, format: {args.access_log}, path: {log_path}}}\n")
         config = Path(f.name)
     try:
         settings = load_settings(config)
@@ -476,6 +479,12 @@ def main(argv: list[str] | None = None) -> int:
         help="run this tree's gateway and TREE's at once, each under its own wrk; compare",
     )
     parser.add_argument("--py-spy", type=Path, default=None, help="record a py-spy flame graph")
+    parser.add_argument(
+        "--access-log",
+        choices=("text", "json"),
+        default=None,
+        help="the gateway writes an access log in this format (to a file in the temp directory)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the summary as JSON")
     args = parser.parse_args(argv)
     if args.runs < 1 or args.duration_s <= 0:

@@ -1,8 +1,8 @@
 """The access log: one line per request (proxied, upgraded or refused), text or JSON.
 
 Lines are formatted when a request ends and held in memory; they are written (one
-``os.write`` of all of them) at the end of the event-loop round, or at once when
-``FLUSH_BYTES`` are held, so a request never waits on the log's file.  ``reopen`` (SIGUSR1)
+``os.write`` of all of them) ``FLUSH_S`` after the first, or at once when ``FLUSH_BYTES``
+are held, so a request never waits on the log's file.  ``reopen`` (SIGUSR1)
 closes and reopens the file for logrotate.  Field names are stable (see docs/dataplane.md).
 """
 
@@ -25,7 +25,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 FLUSH_BYTES = 64 * 1024
-"""Held lines are written as soon as they reach this size (else at the round's end)."""
+"""Held lines are written as soon as they reach this size (else after ``FLUSH_S``)."""
+FLUSH_S = 0.1
+"""Held lines are written at most this long after the first of them (one write per
+batch: writing at every loop round cost a system call per few requests under load)."""
 MAX_HELD_BYTES = 8 * 1024 * 1024
 """A log that cannot be written (full disk, blocked pipe) drops lines beyond this."""
 
@@ -196,7 +199,7 @@ class AccessLog:
                 ex.body_bytes,
                 ex.resp_bytes,
                 now - started if started else 0.0,
-                now - dispatched if dispatched and ep is not None else -1.0,
+                now - (dispatched or started) if ep is not None else -1.0,
             )
         else:
             line = template % (
@@ -205,7 +208,7 @@ class AccessLog:
                 ex.resp_bytes,
                 ex.body_bytes,
                 now - started if started else 0.0,
-                now - dispatched if dispatched and ep is not None else -1.0,
+                now - (dispatched or started) if ep is not None else -1.0,
             )
         self.lines.append(line)  # _add, inlined
         self.held_bytes += len(line)
@@ -213,7 +216,7 @@ class AccessLog:
             self.flush()
         elif not self._scheduled:
             self._scheduled = True
-            self.loop.call_soon(self._round_end)
+            self.loop.call_later(FLUSH_S, self._round_end)
 
     def _template(self, ex: Exchange, status: int) -> str:
         """The line of requests like ``ex``, with %-slots for what varies per request."""
@@ -231,7 +234,7 @@ class AccessLog:
         name = fixed(None if service is None else service.name)
         code = fixed(None if cause is None else cause.code)
         client = ex.client.peer_ip.decode("latin-1").replace("%", "%%")
-        timed = ep is not None and bool(ex.dispatched_at)
+        timed = ep is not None
         if self.json:
             template = _JSON_SLOTS % (
                 "%s", client, method, host, "%s", "%s", status, "%d", "%d", "%.6f",
@@ -273,7 +276,7 @@ class AccessLog:
             bytes_in += tunnel.bytes_in
             bytes_out += tunnel.bytes_out
         started = ex.started_at
-        upstream_s = None if ep is None or not ex.dispatched_at else now - ex.dispatched_at
+        upstream_s = None if ep is None else now - (ex.dispatched_at or ex.started_at)
         cause = ex.cause
         span = ex.span
         if span is not None:
@@ -397,7 +400,7 @@ class AccessLog:
             self.flush()
         elif not self._scheduled:
             self._scheduled = True
-            self.loop.call_soon(self._round_end)
+            self.loop.call_later(FLUSH_S, self._round_end)
 
     # -- writing ----------------------------------------------------------------------------
 

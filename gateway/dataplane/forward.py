@@ -157,7 +157,7 @@ class Exchange:
     resp_bytes = 0
     """Response body bytes from the upstream (as received, before any re-framing)."""
     dispatched_at = 0.0
-    """When an endpoint was picked (loop time; only set while the access log is on)."""
+    """When a queued request left the admission queue (loop time; else ``started_at``)."""
     h2up: H2Upstream | None = None
     """The upstream HTTP/2 stream when the service's protocol is h2c (else None)."""
     client_h2 = False
@@ -262,6 +262,7 @@ class Exchange:
     def _admitted(self, wait_s: float) -> None:
         self.waiter = None
         self.slot = True
+        self.dispatched_at = self.started_at + wait_s
         if self.span is not None:
             self.span.queued(wait_s)
         self.dispatch()
@@ -298,9 +299,6 @@ class Exchange:
         ep = service.balancer.pick(endpoints)
         ep.acquire()
         self.endpoint = ep
-        dp = self.client.dp
-        if dp.access_log is not None:
-            self.dispatched_at = dp.loop.time()
         if self.span is not None:
             self.attempt_span = self.span.attempt(ep.host, ep.port)
         if self.h2up is not None:
@@ -850,8 +848,9 @@ class Exchange:
                 self.waiter = None
             if self.retried:
                 service.retry_budget.finish()
-        if dp.access_log is not None:
-            dp.access_log.exchange(self, status, now)
+        access_log = dp.access_log
+        if access_log is not None:
+            access_log.exchange(self, status, now)
         client.exchange_done(self, now)
 
     def _end_spans(self, status: int, failed: bool) -> None:

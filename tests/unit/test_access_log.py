@@ -13,7 +13,7 @@ from gateway.dataplane.errors import Cause
 
 
 class RecordingLoop:
-    """What AccessLog asks of the loop: call_soon (recorded, run by hand) and a clock."""
+    """What AccessLog asks of the loop: call_later (recorded, run by hand) and a clock."""
 
     def __init__(self) -> None:
         self.soon: list[Callable[[], None]] = []
@@ -22,7 +22,7 @@ class RecordingLoop:
     def time(self) -> float:
         return self.now
 
-    def call_soon(self, fn: Callable[[], None], *args: Any) -> None:
+    def call_later(self, delay_s: float, fn: Callable[[], None], *args: Any) -> None:
         self.soon.append(fn)
 
     def run_round(self) -> None:
@@ -60,10 +60,10 @@ def test_hostile_target_is_valid_json(tmp_path: Path) -> None:
     assert record["time"] == "2025-11-25T12:00:00.250Z"
 
 
-def test_lines_wait_for_the_round_end_or_the_size_bound(tmp_path: Path) -> None:
+def test_lines_wait_for_the_timer_or_the_size_bound(tmp_path: Path) -> None:
     access, loop, path = make(tmp_path, "text")
     access.refused(b"10.0.0.1", Cause.BAD_REQUEST, b"GET", b"/")
-    assert path.read_text() == ""  # held until the loop round ends
+    assert path.read_text() == ""  # held until the flush timer fires
     assert len(loop.soon) == 1
     n = 1
     while path.read_text() == "":
@@ -71,7 +71,7 @@ def test_lines_wait_for_the_round_end_or_the_size_bound(tmp_path: Path) -> None:
         n += 1
         assert n < FLUSH_BYTES  # bounded: the size bound writes them
     assert len(path.read_text().splitlines()) == n
-    assert len(loop.soon) == 1  # one write scheduled per round, not per line
+    assert len(loop.soon) == 1  # one write scheduled per batch, not per line
 
 
 def test_lines_are_stamped_from_the_loop_clock(tmp_path: Path) -> None:
