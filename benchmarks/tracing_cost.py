@@ -16,8 +16,8 @@ median of ``--rounds`` rounds) in the cases that matter:
 * ``mix@ratio``: the expected cost per request at ``--ratio`` = unsampled-root + ratio × sampled.
 
 It then expresses the ``mix`` cost as a share of a proxy's per-request CPU budget
-(``--proxy-rps`` requests per second per core; the default 67,000 is DESIGN.md's figure for a
-uvloop + httptools proxy on this kind of machine): the req/s a proxy loses is about
+(``--proxy-rps`` requests per second per core; the default 67,000 is the figure for a
+minimal uvloop + httptools proxy on this kind of machine): the req/s a proxy loses is about
 ``cost / (cost + 1e9 / proxy_rps)``.  Writes ``benchmarks/results/tracing-cost-<UTC>.json``.
 """
 

@@ -42,7 +42,7 @@ class ServiceSignals:
 
     @property
     def concurrency(self) -> int:
-        """In flight at the upstreams plus queued in the gateway (DESIGN.md 'concurrency')."""
+        """In flight at the upstreams plus queued in the gateway (the ``concurrency`` metric)."""
         return self.in_flight + self.queued
 
 
