@@ -130,6 +130,12 @@ class AdminConfig(_Model):
         description="Name of an environment variable holding the token (e.g. filled from a "
         "Kubernetes Secret), read when the gateway starts or reloads; instead of token.",
     )
+    metrics_token: SecretStr | None = Field(
+        default=None,
+        description="A read-only bearer token (>= 32 characters, not the admin token) that opens "
+        "only GET /metrics, so a scraper does not hold the token that can reload the config. "
+        "Needs token or token_env.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Self:
@@ -141,6 +147,17 @@ class AdminConfig(_Model):
             )
         if self.token is not None and self.token_env is not None:
             raise KeyedValueError("token_env", "set token or token_env, not both")
+        if self.metrics_token is not None:
+            value = self.metrics_token.get_secret_value()
+            if len(value) < ADMIN_TOKEN_MIN_CHARS:
+                raise KeyedValueError(
+                    "metrics_token",
+                    f"must be at least {ADMIN_TOKEN_MIN_CHARS} characters, got {len(value)}",
+                )
+            if self.token is None and self.token_env is None:
+                raise KeyedValueError("metrics_token", "needs token or token_env set as well")
+            if self.token is not None and value == self.token.get_secret_value():
+                raise KeyedValueError("metrics_token", "must differ from token")
         if self.token is None and self.token_env is None and not is_loopback_host(self.host):
             raise KeyedValueError(
                 "token",

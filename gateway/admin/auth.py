@@ -50,12 +50,21 @@ async def _refuse(send: Send, status: int, body: bytes, extra: list[tuple[bytes,
     await send({"type": "http.response.body", "body": body})
 
 
+METRICS_PATH = "/metrics"
+
+
 class AdminTokenMiddleware:
-    def __init__(self, app: ASGIApp, token: str) -> None:
+    """``token`` opens every path; ``metrics_token`` (read-only, for scrapers) only
+    ``GET /metrics``."""
+
+    def __init__(self, app: ASGIApp, token: str, metrics_token: str | None = None) -> None:
         if not token:
             raise ValueError("an admin token must not be empty")
+        if metrics_token == "":
+            raise ValueError("a metrics token must not be empty")
         self.app = app
         self._expected = token.encode()
+        self._metrics = None if metrics_token is None else metrics_token.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("path") in OPEN_PATHS:
@@ -67,6 +76,15 @@ class AdminTokenMiddleware:
                 supplied = bearer_credentials(value)
                 break
         if supplied is not None and hmac.compare_digest(supplied, self._expected):
+            await self.app(scope, receive, send)
+            return
+        if (
+            supplied is not None
+            and self._metrics is not None
+            and scope.get("path") == METRICS_PATH
+            and scope.get("method") in ("GET", "HEAD")
+            and hmac.compare_digest(supplied, self._metrics)
+        ):
             await self.app(scope, receive, send)
             return
         await _refuse(send, 401, _BODY, [(b"www-authenticate", b'Bearer realm="sluice-admin"')])

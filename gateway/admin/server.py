@@ -220,7 +220,12 @@ class AdminServer:
         )
         token = self.runtime.settings.admin.token
         if token is not None:
-            app = AdminTokenMiddleware(app, token.get_secret_value())
+            metrics_token = self.runtime.settings.admin.metrics_token
+            app = AdminTokenMiddleware(
+                app,
+                token.get_secret_value(),
+                None if metrics_token is None else metrics_token.get_secret_value(),
+            )
         else:
             app = LocalOriginMiddleware(app, str(bound[0]))
         config = uvicorn.Config(

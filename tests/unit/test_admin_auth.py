@@ -64,3 +64,47 @@ async def test_probes_stay_open(path: str) -> None:
 def test_empty_token_refused() -> None:
     with pytest.raises(ValueError):
         AdminTokenMiddleware(make_app(), "")
+
+
+async def test_the_metrics_token_opens_only_get_metrics() -> None:
+    async def ok(request: object) -> PlainTextResponse:
+        return PlainTextResponse("ok")
+
+    scrape = "m" * 40
+    app = AdminTokenMiddleware(
+        Starlette(
+            routes=[Route(p, ok, methods=["GET", "POST"]) for p in ("/metrics", "/api/reload")]
+        ),
+        TOKEN,
+        scrape,
+    )
+    transport = httpx.ASGITransport(app=app)
+    bearer = {"Authorization": f"Bearer {scrape}"}
+    async with httpx.AsyncClient(transport=transport, base_url="http://admin") as client:
+        assert (await client.get("/metrics", headers=bearer)).status_code == 200
+        assert (await client.post("/metrics", headers=bearer)).status_code == 401
+        assert (await client.get("/api/reload", headers=bearer)).status_code == 401
+        assert (await client.post("/api/reload", headers=bearer)).status_code == 401
+        admin = {"Authorization": f"Bearer {TOKEN}"}
+        assert (await client.post("/api/reload", headers=admin)).status_code == 200
+
+
+def test_the_metrics_token_is_checked_in_the_config() -> None:
+    from gateway.settings import ConfigError, parse_settings
+
+    def problems(admin: dict[str, object]) -> list[str]:
+        with pytest.raises(ConfigError) as e:
+            parse_settings({"admin": admin}, "cfg.yaml")
+        return e.value.problems
+
+    assert problems({"metrics_token": "m" * 40}) == [
+        "cfg.yaml: admin.metrics_token: needs token or token_env set as well"
+    ]
+    assert problems({"token": TOKEN, "metrics_token": TOKEN}) == [
+        "cfg.yaml: admin.metrics_token: must differ from token"
+    ]
+    assert problems({"token": TOKEN, "metrics_token": "short"}) == [
+        "cfg.yaml: admin.metrics_token: must be at least 32 characters, got 5"
+    ]
+    ok = parse_settings({"admin": {"token": TOKEN, "metrics_token": "m" * 40}}, "cfg.yaml")
+    assert ok.admin.metrics_token is not None
