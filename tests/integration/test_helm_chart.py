@@ -627,3 +627,31 @@ def test_the_docs_values_example_installs_a_valid_config(tmp_path: Path) -> None
     )
     assert out.returncode == 0, out.stderr
     assert "shop/api" in out.stdout
+
+
+def test_digest_history_and_extra_args_volumes_and_mounts() -> None:
+    digest = "sha256:" + "ab" * 32
+    docs = _render(
+        {
+            "image": {"repository": "registry.example/sluice", "tag": "9.9", "digest": digest},
+            "revisionHistoryLimit": 3,
+            "extraArgs": ["--log-format", "json"],
+            "extraVolumes": [{"name": "certs", "secret": {"secretName": "sluice-tls"}}],
+            "extraVolumeMounts": [{"name": "certs", "mountPath": "/etc/sluice-tls"}],
+        }
+    )
+    deployment = _one(docs, "Deployment")
+    assert deployment["spec"]["revisionHistoryLimit"] == 3
+    container = _container(docs)
+    assert container["image"] == f"registry.example/sluice@{digest}"  # the tag is ignored
+    assert container["args"] == ["--log-format", "json"]  # after the image's entrypoint
+    assert {"name": "certs", "mountPath": "/etc/sluice-tls"} in container["volumeMounts"]
+    volumes = deployment["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "certs", "secret": {"secretName": "sluice-tls"}} in volumes
+    assert {v["name"] for v in volumes} >= {"config", "tmp", "certs"}
+    # Defaults: a tag, 10 old ReplicaSets, no args.
+    plain = _render({})
+    assert _one(plain, "Deployment")["spec"]["revisionHistoryLimit"] == 10
+    assert "@" not in _container(plain)["image"] and "args" not in _container(plain)
+    with pytest.raises(Exception, match="digest"):
+        _render({"image": {"digest": "latest"}})
