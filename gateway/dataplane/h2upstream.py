@@ -37,6 +37,12 @@ BUFFER_LIMIT = 64 * 1024
 """Request body buffered before the stream opens, before reading from the client pauses."""
 STREAM_WINDOW = 256 * 1024
 """SETTINGS_INITIAL_WINDOW_SIZE toward upstreams: response bytes in flight per stream."""
+_CONFIG = h2.config.H2Configuration(
+    client_side=True,
+    header_encoding=None,
+    validate_outbound_headers=False,  # checked on the way in, lower-cased by _request_headers
+    normalize_outbound_headers=False,
+)
 _DROP_REQUEST = HOP_BY_HOP | {b"host", b"expect", b"http2-settings"}
 
 
@@ -129,9 +135,7 @@ class H2UpstreamConnection(asyncio.Protocol):
     def __init__(self, pool: H2EndpointConnections) -> None:
         self.pool = pool
         self.dp = pool.dp
-        self.h2 = h2.connection.H2Connection(
-            h2.config.H2Configuration(client_side=True, header_encoding=None)
-        )
+        self.h2 = h2.connection.H2Connection(_CONFIG)
         self.transport: asyncio.Transport | None = None
         self.streams: dict[int, H2Upstream] = {}
         self.blocked: set[H2Upstream] = set()
