@@ -118,10 +118,14 @@ class H2EndpointConnections:
             self._connect(self.waiting[0].connect_s)
 
     def close(self) -> None:
+        """The endpoint is gone: no new streams; the connection closes once its streams end
+        (as busy HTTP/1.1 connections close when their exchange ends)."""
         self.closed = True
-        if self.conn is not None:
-            self.conn.close()
-            self.conn = None
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            conn.usable = False
+            if not conn.streams:
+                conn.close()
         if self.connecting is not None:
             self.connecting.cancel()
 

@@ -8,9 +8,13 @@ import json
 import queue
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import grpc
+import httpx
 import pytest
+import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.support.h2client import Client
@@ -205,3 +209,39 @@ def test_http1_client_reaches_an_h2c_upstream(gw: Gateway) -> None:
         assert r.headers["content-type"] == "application/grpc"
         body = r.read()
     assert body == b"\x00\x00\x00\x00\x05g1:hi"
+
+
+def test_a_removed_endpoint_finishes_its_open_streams(server: GrpcUpstream, tmp_path: Path) -> None:
+    """Reloading the endpoint away drains its HTTP/2 connection: the open bidi call goes on
+    to its end; new calls find no endpoint (UNAVAILABLE)."""
+
+    def cfg(endpoints: list[str]) -> dict[str, Any]:
+        service = {"routes": [{"path": "/test.Echo/"}], "endpoints": endpoints}
+        return {
+            "listen": {"host": "127.0.0.1", "port": 0, "h2c": True},
+            "services": {"echo": {**service, "protocol": "h2c"}},
+        }
+
+    with gateway(cfg([server.address]), tmp_path / "sluice.yaml") as g:
+        sent: queue.Queue[bytes | None] = queue.Queue()
+
+        def requests() -> Iterator[bytes]:
+            while (item := sent.get(timeout=20)) is not None:
+                yield item
+
+        with grpc.insecure_channel(f"{g.host}:{g.port}") as ch:
+            sent.put(b"before")
+            replies = ch.stream_stream("/test.Echo/Chat")(requests(), timeout=20)
+            assert next(replies) == b"BEFORE"
+            current = yaml.safe_load(g.config_path.read_text())
+            current["services"]["echo"]["endpoints"] = []
+            g.config_path.write_text(yaml.safe_dump(current))
+            with httpx.Client(timeout=10) as admin:
+                assert admin.post(g.admin_url + "/api/reload").status_code == 200
+            sent.put(b"after")
+            assert next(replies) == b"AFTER"
+            sent.put(None)
+            assert list(replies) == []
+            with pytest.raises(grpc.RpcError) as err:
+                unary(ch)(b"x", timeout=10)
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
