@@ -48,6 +48,9 @@ From the scaler's latest decisions (``DecisionCollector``; absent when no scaler
 * ``sluice_cpu_quota_in_force_cores{service}`` — local platform: the CPU quota per replica in
   force in the cgroups now (the decided CPU, or while lending between ticks, ``cpu.min`` for
   an idle service and more than decided for a borrower)
+* ``sluice_replica_restarts_total{service}`` — local platform: replica restarts after a crash
+* ``sluice_replica_oom_kills_total{service}`` — local platform: replica processes the kernel
+  killed for exceeding ``replicas.memory_max``
 
 The gateway itself (``GatewayCollector``): ``sluice_build_info{version,python_version}``,
 ``sluice_unmatched_requests_total`` (no route matched), ``sluice_config_reloads_total{result}``,
@@ -60,6 +63,7 @@ from __future__ import annotations
 import math
 import platform
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from prometheus_client import (
     GC_COLLECTOR,
@@ -437,6 +441,36 @@ class TlsCollector(Collector):
         for host, not_after_s in self._expiries():
             expiry.add_metric([host], not_after_s - now_s)
         return [expiry]
+
+
+class ReplicaCollector(Collector):
+    """Restarts and OOM kills of the replicas a platform runs (local), read at scrape time
+    from the platform's report (``{service: {"restarts_total": n, "oom_kills_total": n}}``)."""
+
+    def __init__(self, replicas: Callable[[], Mapping[str, Mapping[str, Any]]]) -> None:
+        self._replicas = replicas
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        report = self._replicas()
+        if not report:
+            return []
+        restarts = CounterMetricFamily(
+            "sluice_replica_restarts",
+            "Replica restarts after a crash (any exit, OOM kills included).",
+            labels=["service"],
+        )
+        ooms = CounterMetricFamily(
+            "sluice_replica_oom_kills",
+            "Replica processes the kernel killed for exceeding replicas.memory_max.",
+            labels=["service"],
+        )
+        for name, r in sorted(report.items()):
+            restarts.add_metric([name], r.get("restarts_total", 0))
+            ooms.add_metric([name], r.get("oom_kills_total", 0))
+        return [restarts, ooms]
 
 
 def build_registry(

@@ -45,6 +45,7 @@ from gateway.admin.metrics import (
     CONTENT_TYPE,
     DecisionCollector,
     GatewayCollector,
+    ReplicaCollector,
     build_registry,
     render,
 )
@@ -88,7 +89,16 @@ def service_view(runtime: Runtime, name: str, now: float) -> dict[str, Any]:
             "rejected": dict(service.admission.rejected),
         },
         "signals": dataclasses.asdict(runtime.signals_of(name, now)),
+        "replicas": _platform_replicas(runtime).get(name),
     }
+
+
+def _platform_replicas(runtime: Runtime) -> dict[str, Any]:
+    """What the platform reports of each service's replicas (local: user, memory limit,
+    restarts, OOM kills); empty where the platform reports none."""
+    if runtime.platform is None:
+        return {}
+    return dict(runtime.platform.report().get("replicas", {}))
 
 
 def build_app(
@@ -120,7 +130,7 @@ def build_app(
         GatewayCollector(
             gateway.__version__, unmatched, None if reloader is None else (lambda: reloader)
         ),
-        collectors,
+        (*collectors, ReplicaCollector(lambda: _platform_replicas(runtime))),
     )
 
     async def healthz(request: Request) -> Response:

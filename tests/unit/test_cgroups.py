@@ -63,13 +63,17 @@ def v1(tmp_path: Path) -> CgroupLayout:
 
 
 def test_detect_prefers_v2_with_the_cpu_controller(v2: CgroupLayout, tmp_path: Path) -> None:
-    assert v2 == CgroupLayout(version=2, cpu_root=tmp_path / "unified")
+    unified = tmp_path / "unified"
+    assert v2 == CgroupLayout(version=2, cpu_root=unified, memory_root=unified)
 
 
 def test_detect_falls_back_to_v1_when_v2_lacks_cpu(v1: CgroupLayout, tmp_path: Path) -> None:
     # This machine's shape: cgroup2 without cpu, v1 cpu and cpuacct mounted apart.
     assert v1 == CgroupLayout(
-        version=1, cpu_root=tmp_path / "cpu", cpuacct_root=tmp_path / "cpuacct"
+        version=1,
+        cpu_root=tmp_path / "cpu",
+        cpuacct_root=tmp_path / "cpuacct",
+        memory_root=tmp_path / "memory",
     )
 
 
@@ -108,7 +112,7 @@ def test_quota_and_weight_conversions() -> None:
 def test_v2_parent_enables_cpu_and_child_limits_are_written_in_place(v2: CgroupLayout) -> None:
     parent = CgroupParent(v2, "sluice-test", rmdir=shutil.rmtree)
     parent.create()
-    assert (v2.cpu_root / "cgroup.subtree_control").read_text() == "+cpu"
+    assert (v2.cpu_root / "cgroup.subtree_control").read_text() == "+cpu +memory"
     assert (parent.cpu_dir / "cgroup.subtree_control").read_text() == "+cpu"
     cg = parent.child("api-0")
     assert cg.procs_files == (v2.cpu_root / "sluice-test" / "api-0" / "cgroup.procs",)

@@ -47,6 +47,7 @@ class CgroupParent:
         self.name = name
         self.cpu_dir = layout.cpu_root / name
         self.acct_dir = layout.cpuacct_root / name if layout.cpuacct_root is not None else None
+        self.mem_dir = _mem_dir(layout, self.cpu_dir, name)
         self._rmdir = rmdir
         self._children: dict[str, ReplicaCgroup] = {}
 
@@ -58,7 +59,7 @@ class CgroupParent:
     @property
     def group(self) -> ReplicaCgroup:
         """The parent itself, to cap (``set_cpu``) or measure every replica at once."""
-        return ReplicaCgroup(self.layout, self.cpu_dir, self.acct_dir)
+        return ReplicaCgroup(self.layout, self.cpu_dir, self.acct_dir, self.mem_dir)
 
     def create(self) -> None:
         """Make the parent directories; raise :class:`CgroupUnavailable` when that is not allowed."""
@@ -74,6 +75,12 @@ class CgroupParent:
             raise CgroupUnavailable(
                 f"cannot create cgroup {self.cpu_dir}: {e.strerror or e}"
             ) from None
+        if self.mem_dir is not None and self.mem_dir != self.cpu_dir:
+            try:
+                self.mem_dir.mkdir(exist_ok=True)
+            except OSError as e:
+                log.warning("no memory limits: cannot create cgroup %s: %s", self.mem_dir, e)
+                self.mem_dir = None
 
     def child(self, name: str) -> ReplicaCgroup:
         """Create (or reuse) the replica cgroup ``name`` below this parent."""
@@ -83,10 +90,11 @@ class CgroupParent:
         if cg is None:
             cpu_dir = self.cpu_dir / name
             acct_dir = self.acct_dir / name if self.acct_dir is not None else None
-            cpu_dir.mkdir(exist_ok=True)
-            if acct_dir is not None:
-                acct_dir.mkdir(exist_ok=True)
-            cg = ReplicaCgroup(self.layout, cpu_dir, acct_dir)
+            mem_dir = self.mem_dir / name if self.mem_dir is not None else None
+            for d in (cpu_dir, acct_dir, mem_dir):
+                if d is not None:
+                    d.mkdir(exist_ok=True)
+            cg = ReplicaCgroup(self.layout, cpu_dir, acct_dir, mem_dir)
             self._children[name] = cg
         return cg
 
@@ -102,17 +110,36 @@ class CgroupParent:
 
     def destroy(self) -> bool:
         """Kill whatever still runs below the parent, then remove every directory."""
-        return _destroy_tree(self.layout, self.cpu_dir, self.acct_dir, self._rmdir)
+        return _destroy_tree(self.layout, self.cpu_dir, self.acct_dir, self._rmdir, self.mem_dir)
+
+
+def _mem_dir(layout: CgroupLayout, cpu_dir: Path, name: str) -> Path | None:
+    """The memory cgroup directory named ``name`` (v2: ``cpu_dir`` itself)."""
+    if layout.memory_root is None:
+        return None
+    return cpu_dir if layout.version == 2 else layout.memory_root / name
 
 
 def _enable_cpu(directory: Path) -> None:
+    """Enable the cpu controller (and memory, when the hierarchy offers it) for children."""
     control = directory / "cgroup.subtree_control"
     try:
         enabled = control.read_text().split()
     except FileNotFoundError:
         enabled = []
-    if "cpu" not in enabled:
-        write_control(control, "+cpu")
+    try:
+        offered = (directory / "cgroup.controllers").read_text().split()
+    except OSError:
+        offered = []
+    wanted = [c for c in ("cpu", "memory") if c not in enabled and (c == "cpu" or c in offered)]
+    if not wanted:
+        return
+    try:
+        write_control(control, " ".join(f"+{c}" for c in wanted))
+    except OSError as e:
+        if "cpu" in wanted:
+            raise
+        log.warning("cannot enable the memory controller in %s: %s", directory, e.strerror)
 
 
 def _subdirs(directory: Path | None) -> list[Path]:
@@ -143,17 +170,25 @@ def _destroy_tree(
     cpu_dir: Path,
     acct_dir: Path | None,
     rmdir: Callable[[Path], None],
+    mem_dir: Path | None = None,
 ) -> bool:
+    separate_mem = mem_dir if mem_dir is not None and mem_dir != cpu_dir else None
     acct_children = {p.name: p for p in _subdirs(acct_dir)}
+    mem_children = {p.name: p for p in _subdirs(separate_mem)}
     ok = True
     for child in _subdirs(cpu_dir):
-        cg = ReplicaCgroup(layout, child, acct_children.pop(child.name, None))
+        cg = ReplicaCgroup(
+            layout,
+            child,
+            acct_children.pop(child.name, None),
+            mem_children.pop(child.name, None),
+        )
         kill_and_wait(cg)
         ok = cg.remove(rmdir) and ok
-    for orphan in acct_children.values():
+    for orphan in [*acct_children.values(), *mem_children.values()]:
         kill_and_wait(ReplicaCgroup(layout, orphan, None))
         ok = ReplicaCgroup(layout, orphan, None).remove(rmdir) and ok
-    for d in (cpu_dir, acct_dir):
+    for d in (cpu_dir, acct_dir, separate_mem):
         if d is None:
             continue
         with contextlib.suppress(FileNotFoundError):
@@ -194,7 +229,7 @@ def sweep_stale(
         if m is None or int(m.group(1)) != pid_namespace or pid_alive(int(m.group(2))):
             continue
         acct = layout.cpuacct_root / d.name if layout.cpuacct_root is not None else None
-        _destroy_tree(layout, d, acct, rmdir)
+        _destroy_tree(layout, d, acct, rmdir, _mem_dir(layout, d, d.name))
         swept.append(d.name)
         log.warning("removed cgroup %s left by a Sluice process that is gone", d)
     return swept

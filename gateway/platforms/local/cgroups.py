@@ -54,6 +54,8 @@ class CgroupLayout:
     """Root of the hierarchy that has the ``cpu`` controller."""
     cpuacct_root: Path | None = None
     """v1 only: root of a separately mounted ``cpuacct`` hierarchy (usage), if any."""
+    memory_root: Path | None = None
+    """Root of the hierarchy with the ``memory`` controller (v2: ``cpu_root``), None if none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,18 +125,24 @@ def detect_layout(mountinfo_text: str) -> CgroupLayout:
             reasons.append(f"cgroup2 at {m.mount_point}: unreadable ({e.strerror})")
             continue
         if "cpu" in controllers:
-            return CgroupLayout(version=2, cpu_root=m.mount_point)
+            memory = m.mount_point if "memory" in controllers else None
+            return CgroupLayout(version=2, cpu_root=m.mount_point, memory_root=memory)
         reasons.append(f"cgroup2 at {m.mount_point} has no cpu controller")
     v1 = [m for m in mounts if m.fstype == "cgroup"]
     cpu = next((m for m in v1 if "cpu" in m.super_options), None)
     if cpu is not None:
+        mem = next((m for m in v1 if "memory" in m.super_options), None)
+        memory_root = mem.mount_point if mem else None
         if "cpuacct" in cpu.super_options:
-            return CgroupLayout(version=1, cpu_root=cpu.mount_point, cpuacct_root=None)
+            return CgroupLayout(
+                version=1, cpu_root=cpu.mount_point, cpuacct_root=None, memory_root=memory_root
+            )
         acct = next((m for m in v1 if "cpuacct" in m.super_options), None)
         return CgroupLayout(
             version=1,
             cpu_root=cpu.mount_point,
             cpuacct_root=acct.mount_point if acct else None,
+            memory_root=memory_root,
         )
     reasons.append("no cgroup v1 hierarchy with the cpu controller")
     raise CgroupUnavailable("; ".join(reasons))
@@ -160,6 +168,38 @@ def _read_stat(path: Path) -> dict[str, int]:
     return out
 
 
+_BYTE_UNITS = {
+    "": 1,
+    "k": 1000,
+    "m": 1000**2,
+    "g": 1000**3,
+    "t": 1000**4,
+    "ki": 1024,
+    "mi": 1024**2,
+    "gi": 1024**3,
+    "ti": 1024**4,
+}
+
+
+def parse_bytes(value: str | int) -> int:
+    """``256Mi`` -> 268435456: an integer with an optional unit (``K M G T`` powers of 1000,
+    ``Ki Mi Gi Ti`` powers of 1024, case-insensitive, optional trailing ``B``)."""
+    if isinstance(value, bool):
+        raise ValueError(f"must be a byte count such as 256Mi, got {value!r}")
+    if isinstance(value, int):
+        n = value
+    else:
+        text = value.strip().lower().removesuffix("b").strip()
+        digits = text.rstrip("kmgti")
+        unit = text[len(digits) :]
+        if unit not in _BYTE_UNITS or not digits.strip().isdigit():
+            raise ValueError(f"must be a byte count such as 256Mi or 1G, got {value!r}")
+        n = int(digits) * _BYTE_UNITS[unit]
+    if n <= 0:
+        raise ValueError(f"must be > 0 bytes, got {value!r}")
+    return n
+
+
 def quota_us_for(cores: float, period_us: int = PERIOD_US) -> int:
     """The CFS quota giving ``cores`` CPUs per period (at least the kernel's 1 ms minimum)."""
     if cores <= 0:
@@ -182,18 +222,62 @@ def cores_for_weight(weight: int, version: int) -> float:
 class ReplicaCgroup:
     """One replica's cgroup (a directory per hierarchy it lives in)."""
 
-    def __init__(self, layout: CgroupLayout, cpu_dir: Path, acct_dir: Path | None) -> None:
+    def __init__(
+        self,
+        layout: CgroupLayout,
+        cpu_dir: Path,
+        acct_dir: Path | None,
+        mem_dir: Path | None = None,
+    ) -> None:
         self.layout = layout
         self.cpu_dir = cpu_dir
         self.acct_dir = acct_dir
         """v1 with a separate cpuacct hierarchy only."""
+        self.mem_dir = mem_dir
+        """Where the memory controller's files are (v2: ``cpu_dir``); None = no memory cgroup."""
 
     def __repr__(self) -> str:
         return f"ReplicaCgroup(v{self.layout.version}, {self.cpu_dir})"
 
     @property
     def dirs(self) -> tuple[Path, ...]:
-        return (self.cpu_dir,) if self.acct_dir is None else (self.cpu_dir, self.acct_dir)
+        out = [self.cpu_dir]
+        for d in (self.acct_dir, self.mem_dir):
+            if d is not None and d not in out:
+                out.append(d)
+        return tuple(out)
+
+    def set_memory(self, max_bytes: int | None, high_bytes: int | None = None) -> None:
+        """Bound the replica's memory: ``max_bytes`` is the hard limit (the kernel OOM-kills
+        past it), ``high_bytes`` the throttling threshold (v2 ``memory.high``; v1 has none,
+        ``memory.soft_limit_in_bytes`` is written instead).  None = unlimited.  Raise
+        :class:`CgroupUnavailable` when there is no memory cgroup."""
+        d = self.mem_dir
+        if d is None:
+            raise CgroupUnavailable("no memory cgroup controller")
+        if self.layout.version == 2:
+            write_control(d / "memory.max", "max" if max_bytes is None else str(max_bytes))
+            write_control(d / "memory.high", "max" if high_bytes is None else str(high_bytes))
+            swap = d / "memory.swap.max"
+            if swap.exists():  # the bound is on memory, not on memory plus swap
+                write_control(swap, "0" if max_bytes is not None else "max")
+            return
+        write_control(d / "memory.limit_in_bytes", "-1" if max_bytes is None else str(max_bytes))
+        memsw = d / "memory.memsw.limit_in_bytes"
+        if memsw.exists():
+            with contextlib.suppress(OSError):  # must stay >= limit_in_bytes
+                write_control(memsw, "-1" if max_bytes is None else str(max_bytes))
+        write_control(
+            d / "memory.soft_limit_in_bytes", "-1" if high_bytes is None else str(high_bytes)
+        )
+
+    def read_oom_kills(self) -> int:
+        """Processes the kernel killed in this cgroup for exceeding its memory limit (since the
+        cgroup was created): ``oom_kill`` of ``memory.events`` (v2) or ``memory.oom_control`` (v1)."""
+        if self.mem_dir is None:
+            return 0
+        name = "memory.events" if self.layout.version == 2 else "memory.oom_control"
+        return _read_stat(self.mem_dir / name).get("oom_kill", 0)
 
     @property
     def procs_files(self) -> tuple[Path, ...]:
@@ -310,6 +394,7 @@ __all__ = [
     "ReplicaCgroup",
     "cores_for_weight",
     "detect_layout",
+    "parse_bytes",
     "quota_us_for",
     "weight_for",
     "write_control",

@@ -12,6 +12,7 @@ from typing import Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from gateway.platforms.local.cgroups import parse_bytes
 from scaler.policy import KeyedValueError
 
 
@@ -69,6 +70,34 @@ class ReplicasConfig(_Model):
     env: dict[str, str] = Field(
         default_factory=dict, description="Extra environment variables for every replica."
     )
+    user: str | int | None = Field(
+        default=None,
+        description="User (name or uid) the replicas run as when Sluice runs as root. Unset: "
+        "'nobody' if it can run the command, otherwise root with a warning. Ignored (with a "
+        "warning) when Sluice does not run as root.",
+    )
+    group: str | int | None = Field(
+        default=None,
+        description="Group (name or gid) the replicas run as; unset: the user's primary group "
+        "('nogroup' for the default user).",
+    )
+    workdir: str | None = Field(
+        default=None,
+        description="Working directory of the replicas (must exist). Unset: a directory of the "
+        "service's own that Sluice creates, owned by the replica user "
+        "(/var/lib/sluice/replicas/<service> as root, ~/.local/state/sluice/replicas/<service> "
+        "otherwise).",
+    )
+    memory_max: str | int | None = Field(
+        default=None,
+        description="Hard memory limit per replica (bytes, or with a unit: 256Mi, 1G): the "
+        "kernel OOM-kills a replica past it and Sluice restarts it. Unset: unlimited.",
+    )
+    memory_high: str | int | None = Field(
+        default=None,
+        description="Memory above which a replica is throttled and reclaimed (cgroup v2 "
+        "memory.high; v1 soft limit). Must be <= memory_max. Unset: none.",
+    )
     grace_s: float = Field(
         default=10.0,
         ge=0,
@@ -98,6 +127,22 @@ class ReplicasConfig(_Model):
             raise ValueError("must name a program to run, got an empty command")
         return command
 
+    @field_validator("memory_max", "memory_high")
+    @classmethod
+    def _check_bytes(cls, value: str | int | None) -> str | int | None:
+        if value is not None:
+            parse_bytes(value)
+        return value
+
+    @field_validator("user", "group")
+    @classmethod
+    def _check_id(cls, value: str | int | None) -> str | int | None:
+        if isinstance(value, int) and value < 0:
+            raise ValueError(f"must be a name or an id >= 0, got {value}")
+        if isinstance(value, str) and (not value.strip() or ":" in value):
+            raise ValueError(f"must be a user or group name or id, got {value!r}")
+        return value
+
     @field_validator("port_range")
     @classmethod
     def _check_port_range(cls, port_range: tuple[int, int]) -> tuple[int, int]:
@@ -117,10 +162,25 @@ class ReplicasConfig(_Model):
                 "restart_backoff_max_s",
                 f"must be >= restart_backoff_s ({self.restart_backoff_s:g}), got {self.restart_backoff_max_s:g}",
             )
+        high, top = self.memory_high_bytes, self.memory_max_bytes
+        if high is not None and top is not None and high > top:
+            raise KeyedValueError(
+                "memory_high", f"must be <= memory_max ({self.memory_max}), got {self.memory_high}"
+            )
+        if self.workdir is not None and not self.workdir.startswith("/"):
+            raise KeyedValueError("workdir", f"must be an absolute path, got {self.workdir!r}")
         for key in self.env:
             if not key or "=" in key or "\0" in key:
                 raise KeyedValueError(f"env.{key}", "is not a valid environment variable name")
         return self
+
+    @property
+    def memory_max_bytes(self) -> int | None:
+        return None if self.memory_max is None else parse_bytes(self.memory_max)
+
+    @property
+    def memory_high_bytes(self) -> int | None:
+        return None if self.memory_high is None else parse_bytes(self.memory_high)
 
     @property
     def port_count(self) -> int:

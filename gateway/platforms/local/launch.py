@@ -1,12 +1,17 @@
 """Replica launcher: joins the replica's cgroup, ties its life to Sluice's, then execs the command.
 
-Run by the pool as ``python -I -S launch.py <sluice_pid> [--procs FILE]... -- <command...>``
-(stdlib only, no package imports, so it starts in milliseconds).  Before ``execvp``:
+Run by the pool as ``python -I -S launch.py <sluice_pid> [--procs FILE]... [--uid N --gid N
+--groups N,N...] [--cwd DIR] -- <command...>`` (stdlib only, no package imports, so it starts in
+milliseconds).  Before ``execvp``:
 
-1. ``prctl(PR_SET_PDEATHSIG, SIGKILL)``: if Sluice dies (even by SIGKILL), the kernel kills
-   the replica; the setting survives ``execve``.  If Sluice is already gone, exit at once.
-2. Write its own pid into every ``cgroup.procs`` file given, so the command runs under its
-   CPU limit from its first instruction (children it forks inherit the cgroup).
+1. Write its own pid into every ``cgroup.procs`` file given, so the command runs under its
+   CPU and memory limits from its first instruction (children it forks inherit the cgroup).
+2. Drop to the replica's user: ``setgroups``, ``setgid``, ``setuid`` (in that order), after
+   clearing the ambient capability set; from then on it cannot leave its cgroup.
+3. ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` (after the drop: a credential change clears it): if
+   Sluice dies (even by SIGKILL), the kernel kills the replica; the setting survives
+   ``execve``.  If Sluice is already gone, exit at once.
+4. ``chdir`` to the working directory, as the replica's user.
 
 The pool starts this in a new session (``setsid``), so the replica leads its own process
 group and can be stopped with everything it spawned.
@@ -20,6 +25,8 @@ import signal
 import sys
 
 PR_SET_PDEATHSIG = 1
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
 EXIT_LAUNCH_FAILED = 127
 
 
@@ -37,21 +44,41 @@ def main(argv: list[str]) -> None:
     if not command:
         _fail("no command given")
     parent_pid = int(head[0])
-    procs = [head[i + 1] for i, arg in enumerate(head) if arg == "--procs" and i + 1 < len(head)]
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
-        _fail(f"prctl(PR_SET_PDEATHSIG) failed: {os.strerror(ctypes.get_errno())}")
-    if os.getppid() != parent_pid:
-        _fail("Sluice exited before the replica started")
+    options: dict[str, list[str]] = {}
+    for i, arg in enumerate(head):
+        if arg.startswith("--") and i + 1 < len(head):
+            options.setdefault(arg[2:], []).append(head[i + 1])
 
     pid = str(os.getpid())
-    for path in procs:
+    for path in options.get("procs", []):
         try:
             with open(path, "w", encoding="ascii") as f:
                 f.write(pid)
         except OSError as e:
             _fail(f"cannot join cgroup {path}: {e.strerror}")
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if "uid" in options:
+        uid, gid = int(options["uid"][0]), int(options["gid"][0])
+        groups = [int(g) for g in options.get("groups", [""])[0].split(",") if g]
+        libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)  # EINVAL before 4.3: none
+        try:
+            os.setgroups(groups or [gid])
+            os.setgid(gid)
+            os.setuid(uid)
+        except OSError as e:
+            _fail(f"cannot become uid {uid} gid {gid}: {e.strerror}")
+
+    if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+        _fail(f"prctl(PR_SET_PDEATHSIG) failed: {os.strerror(ctypes.get_errno())}")
+    if os.getppid() != parent_pid:
+        _fail("Sluice exited before the replica started")
+
+    if "cwd" in options:
+        try:
+            os.chdir(options["cwd"][0])
+        except OSError as e:
+            _fail(f"cannot enter working directory {options['cwd'][0]}: {e.strerror}")
 
     try:
         os.execvp(command[0], command)

@@ -75,8 +75,12 @@ class LocalPlatform:
             self.lender.set_busy(service, busy)
 
     def report(self) -> Mapping[str, Any]:
-        """Whether CPU is lent between ticks, who is idle, what is lent, the quota in force."""
-        return lending_report(self.parts.pool, self.lender, self._settings)
+        """Whether CPU is lent between ticks, who is idle, what is lent, the quota in force;
+        and per service how its replicas run (``replicas``: user, memory limit, OOM kills)."""
+        return {
+            **lending_report(self.parts.pool, self.lender, self._settings),
+            "replicas": replicas_report(self.parts.pool),
+        }
 
     async def start(self, scaler: ScalerLoop) -> None:
         self._scaler = scaler
@@ -140,6 +144,32 @@ def stop_lending(gateway: Gateway, lender: QuotaLender) -> None:
         if service is not None:
             service.admission.watch_busy(None)
     lender.stop()
+
+
+def replicas_report(pool: LocalPool) -> dict[str, dict[str, Any]]:
+    """Per service: who its replicas run as and where, their memory limit, restarts and OOM
+    kills (what ``/api/services``, ``/metrics`` and the dashboard show)."""
+    out = {}
+    for name, status in pool.statuses().items():
+        out[name] = {
+            "user": status.user,
+            "workdir": status.workdir,
+            "memory_max_bytes": status.memory_max_bytes,
+            "memory_applied": status.memory_applied,
+            "restarts_total": status.restarts_total,
+            "oom_kills_total": status.oom_kills_total,
+            "replicas": [
+                {
+                    "name": r.name,
+                    "phase": r.phase.value,
+                    "pid": r.pid,
+                    "restarts": r.restarts,
+                    "oom_kills": r.oom_kills,
+                }
+                for r in status.replicas
+            ],
+        }
+    return out
 
 
 def quotas_in_force(pool: LocalPool) -> dict[str, float]:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -41,6 +42,14 @@ from typing import Literal, TypeAlias
 from gateway.platforms.local.cgroup_parent import CgroupParent, open_parent
 from gateway.platforms.local.cgroups import CgroupUnavailable, ReplicaCgroup
 from gateway.platforms.local.config import ReplicasConfig
+from gateway.platforms.local.identity import (
+    Identity,
+    IdentityChoice,
+    IdentityError,
+    choose_identity,
+    default_workdir,
+    prepare_workdir,
+)
 from gateway.platforms.local.probe import probe_http
 from gateway.platforms.local.replicas import ReplicaProcess
 from gateway.platforms.local.state import (
@@ -122,6 +131,8 @@ class LocalPool:
         self._closed = False
         self._drain_on_close = True
         self._killed = False
+        self._launch: dict[str, tuple[Identity | None, Path]] = {}
+        """Per service: the identity its replicas run as and their working directory."""
         self.on_holdings_change: Callable[[], None] | None = None
         """Limit enforcement: called (synchronously) when a service's decided CPU or its
         replicas holding a cgroup change, before the new quotas are written; the lender
@@ -160,7 +171,46 @@ class LocalPool:
             self.cgroups_unavailable_reason = "cgroups disabled"
         self._apply_total()
         for svc in self._services.values():
+            self._launch[svc.name] = self._launch_context(svc)
+        for svc in self._services.values():
             self._reconcile(svc)
+
+    def _launch_context(self, svc: ServiceEntry) -> tuple[Identity | None, Path]:
+        """Who ``svc``'s replicas run as and where (warning loudly when that is root by default)."""
+        spec = svc.spec
+        euid = os.geteuid()
+        try:
+            choice = choose_identity(
+                svc.name,
+                spec.command,
+                spec.user,
+                spec.group,
+                euid=euid,
+                path_env=os.environ.get("PATH"),
+            )
+        except IdentityError as e:
+            log.warning("%s: replicas run as ROOT: replicas.user/group: %s", svc.name, e)
+            choice = IdentityChoice(None)
+        if choice.warning is not None:
+            log.warning("%s", choice.warning)
+        who = choice.identity
+        workdir = (
+            Path(spec.workdir)
+            if spec.workdir is not None
+            else default_workdir(svc.name, euid, os.environ.get("HOME"))
+        )
+        if spec.workdir is None:
+            try:
+                prepare_workdir(workdir, who)
+            except OSError as e:
+                log.warning("%s: cannot create working directory %s: %s", svc.name, workdir, e)
+        log.info(
+            "%s: replicas run as %s in %s",
+            svc.name,
+            "Sluice's user" if who is None else f"{who.name} (uid {who.uid}, gid {who.gid})",
+            workdir,
+        )
+        return who, workdir
 
     async def close(self, drain: bool = True) -> None:
         """Stop every replica (withdraw, drain if asked, SIGTERM, SIGKILL) and remove the cgroups."""
@@ -359,6 +409,50 @@ class LocalPool:
             return min(svc.quota_overlay, self.total_cpu_cores)
         return svc.quota_overlay
 
+    def _write_memory(self, slot: Slot, svc: ServiceEntry) -> None:
+        """Write ``memory_max``/``memory_high`` to the slot's cgroup (once, when it is made)."""
+        cgroup = slot.cgroup
+        assert cgroup is not None
+        top, high = svc.spec.memory_max_bytes, svc.spec.memory_high_bytes
+        if top is None and high is None:
+            slot.memory_ok = True
+            return
+        try:
+            cgroup.set_memory(top, high)
+            slot.oom_seen = cgroup.read_oom_kills()
+        except (OSError, CgroupUnavailable) as e:
+            if not svc.memory_warned:
+                svc.memory_warned = True
+                log.warning(
+                    "%s: memory limit NOT applied (%s): replicas run without memory_max",
+                    svc.name,
+                    e,
+                )
+            slot.memory_ok = False
+            return
+        slot.memory_ok = True
+
+    def _count_oom_kills(self, svc: ServiceEntry, slot: Slot, pid: int | None) -> None:
+        """Read the slot's cgroup OOM-kill counter; log and count the kills since last read."""
+        if slot.cgroup is None:
+            return
+        try:
+            seen = slot.cgroup.read_oom_kills()
+        except OSError:
+            return
+        new, slot.oom_seen = seen - slot.oom_seen, seen
+        if new > 0:
+            slot.oom_kills += new
+            svc.oom_kills_total += new
+            log.warning(
+                "%s: %s (pid %s) was OOM-killed: it went past memory_max %s (%d kill(s))",
+                svc.name,
+                slot.name,
+                pid,
+                svc.spec.memory_max,
+                new,
+            )
+
     def _write_cpu(self, slot: Slot, svc: ServiceEntry, cap: float | None) -> None:
         cgroup = slot.cgroup
         assert cgroup is not None
@@ -393,9 +487,11 @@ class LocalPool:
                 address=s.process.address if s.process else None,
                 pid=s.process.pid if s.process else None,
                 restarts=s.restarts,
+                oom_kills=s.oom_kills,
             )
             for s in svc.slots
         )
+        who, workdir = self._launch.get(service, (None, None))
         return ServiceStatus(
             service=service,
             desired=svc.desired,
@@ -407,6 +503,11 @@ class LocalPool:
             restarts_total=svc.restarts_total,
             replicas=replicas,
             quota_in_force_cores=self.quota_cores(svc),
+            oom_kills_total=svc.oom_kills_total,
+            memory_max_bytes=svc.spec.memory_max_bytes,
+            memory_applied=self.cgroups is not None and all(s.memory_ok for s in svc.slots),
+            user=None if who is None else who.name,
+            workdir=None if workdir is None else str(workdir),
         )
 
     def statuses(self) -> dict[str, ServiceStatus]:
@@ -501,6 +602,7 @@ class LocalPool:
                 log.warning("%s: cannot create cgroup for %s: %s", svc.name, name, e)
         slot = Slot(svc.name, name, cgroup, cpu_ok=cgroup is not None)
         if cgroup is not None:
+            self._write_memory(slot, svc)
             # The decided CPU (never a borrower's overlay: a new replica must not add more
             # than its decided quota to what is in force); the lender then re-computes.
             self._write_cpu(slot, svc, min_cap(self.cap_cores(svc), self.quota_cores(svc)))
@@ -581,8 +683,17 @@ class LocalPool:
         if port is None:
             log.warning("%s: no free port in %s for %s", svc.name, spec.port_range, slot.name)
             return True
+        who, workdir = self._launch.get(svc.name, (None, None))
         proc = ReplicaProcess(
-            svc.name, slot.name, port, spec.command, spec.env, cgroup=slot.cgroup, host=self.host
+            svc.name,
+            slot.name,
+            port,
+            spec.command,
+            spec.env,
+            cgroup=slot.cgroup,
+            host=self.host,
+            identity=who,
+            workdir=workdir,
         )
         slot.process = proc
         try:
@@ -653,6 +764,7 @@ class LocalPool:
                     break
             # The process exited by itself (or never became ready): a crash.
             stable = ready_since is not None and loop.time() - ready_since >= STABLE_RUN_S
+            self._count_oom_kills(svc, slot, proc.pid)
             log.warning(
                 "%s: %s (pid %s) exited with %s",
                 svc.name,

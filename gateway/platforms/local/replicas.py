@@ -1,7 +1,9 @@
 """One replica process: launched in its own session and cgroup, stopped with SIGTERM then SIGKILL.
 
-The process is started through ``launch.py`` (joins the cgroup, sets PR_SET_PDEATHSIG so
-it dies with Sluice, then execs the command), in a new session so the replica leads its
+The process is started through ``launch.py`` (joins the cgroup, drops to the replica's
+user, sets PR_SET_PDEATHSIG so it dies with Sluice, enters its working directory, then execs
+the command) with a clean environment (:func:`~gateway.platforms.local.identity.replica_env`),
+in a new session so the replica leads its
 own process group: stopping signals the whole group, then anything left in its cgroup.
 Its stdout and stderr are read line by line and logged (logger ``gateway.replicas.output``)
 prefixed with the replica's name, so the output of several replicas stays apart.
@@ -19,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from gateway.platforms.local.cgroups import ReplicaCgroup
+from gateway.platforms.local.identity import Identity, replica_env
 
 log = logging.getLogger(__name__)
 output_log = logging.getLogger("gateway.replicas.output")
@@ -48,14 +51,19 @@ class ReplicaProcess:
         *,
         cgroup: ReplicaCgroup | None = None,
         host: str = "127.0.0.1",
+        identity: Identity | None = None,
+        workdir: Path | None = None,
     ) -> None:
         self.service = service
         self.name = name
         self.host = host
         self.port = port
         self.argv = render_command(command, port)
-        self.env = {**os.environ, **env, "PORT": str(port)}
+        self.env = replica_env(env, port, workdir, os.environ)
         self.cgroup = cgroup
+        self.identity = identity
+        """None: the replica runs as Sluice's own user."""
+        self.workdir = workdir
         self._proc: asyncio.subprocess.Process | None = None
         self._pumps: list[asyncio.Task[None]] = []
 
@@ -87,6 +95,10 @@ class ReplicaProcess:
         if self.cgroup is not None:
             for f in self.cgroup.procs_files:
                 procs += ["--procs", str(f)]
+        if self.identity is not None:
+            procs += self.identity.launcher_args()
+        if self.workdir is not None:
+            procs += ["--cwd", str(self.workdir)]
         self._proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-I",
@@ -107,7 +119,14 @@ class ReplicaProcess:
         for stream, label in ((self._proc.stdout, "stdout"), (self._proc.stderr, "stderr")):
             if stream is not None:
                 self._pumps.append(loop.create_task(self._pump(stream, label)))
-        log.info("started %s %s: pid %d: %s", self.service, self.name, self._proc.pid, self.argv)
+        log.info(
+            "started %s %s: pid %d as %s: %s",
+            self.service,
+            self.name,
+            self._proc.pid,
+            "Sluice's user" if self.identity is None else self.identity.name,
+            self.argv,
+        )
 
     async def _pump(self, stream: asyncio.StreamReader, label: str) -> None:
         """Log every line the replica writes to ``label``, prefixed with its name."""

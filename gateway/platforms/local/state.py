@@ -50,6 +50,8 @@ class ReplicaStatus:
     address: str | None
     pid: int | None
     restarts: int
+    oom_kills: int = 0
+    """Times the kernel killed this replica's processes for exceeding ``memory_max``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +78,15 @@ class ServiceStatus:
     """The quota per replica written to the cgroups now: ``cpu_cap_per_replica_cores``, or
     while CPU is lent between ticks (``limit`` enforcement, ``budget.lending``) the lender's
     overlay: ``cpu.min`` for an idle service, more than decided for a borrower."""
+    oom_kills_total: int = 0
+    """OOM kills of this service's replicas since Sluice started."""
+    memory_max_bytes: int | None = None
+    """The memory limit per replica (``replicas.memory_max``); None = unlimited."""
+    memory_applied: bool = False
+    """The memory limit is written to every replica's cgroup (False without one)."""
+    user: str | None = None
+    """The user the replicas run as (None: Sluice's own user)."""
+    workdir: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +114,11 @@ class Slot:
     quota_cores: float | None = None
     """The quota last written to this replica's cgroup (None = unlimited or not written)."""
     quota_written: bool = False
+    memory_ok: bool = False
+    """The memory limits were written to this replica's cgroup."""
+    oom_kills: int = 0
+    oom_seen: int = 0
+    """The cgroup's OOM-kill counter when last read (it counts across restarts)."""
     retire: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
 
@@ -128,6 +144,8 @@ class ServiceEntry:
         self.slots: list[Slot] = []
         self.next_index = 0
         self.restarts_total = 0
+        self.oom_kills_total = 0
+        self.memory_warned = False
         self.retired_usage_s = 0.0
         self.retired_throttled_s = 0.0
         self.published: tuple[str, ...] = ()
