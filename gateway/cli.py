@@ -96,7 +96,34 @@ def cmd_check(args: argparse.Namespace) -> int:
             f"  tls: {len(settings.tls.certificates)} certificate(s) on "
             f"{settings.tls.listen.host}:{settings.tls.listen.port}"
         )
+    if settings.platform == "local":
+        for warning in _local_warnings(settings):
+            print(f"WARNING: {warning}", file=sys.stderr)
     return 0
+
+
+def _local_warnings(settings: object) -> list[str]:
+    """How the local platform would run the replicas, where that is as root (see
+    ``gateway.platforms.local.identity``), judged for a Sluice run by this user."""
+    import os
+
+    from gateway.platforms.local.identity import check_warnings
+    from gateway.settings import Settings
+
+    assert isinstance(settings, Settings)
+    out = []
+    for name, service in settings.services.items():
+        r = service.replicas
+        if r is not None:
+            out += check_warnings(
+                name,
+                r.command,
+                r.user,
+                r.group,
+                euid=os.geteuid(),
+                path_env=os.environ.get("PATH"),
+            )
+    return out
 
 
 def cmd_schema(args: argparse.Namespace) -> int:

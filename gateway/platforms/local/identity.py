@@ -232,6 +232,27 @@ def explicit_root(user: str | int | None) -> bool:
     return user in (0, "0", "root")
 
 
+def check_warnings(
+    service: str,
+    command: Sequence[str],
+    user: str | int | None,
+    group: str | int | None,
+    *,
+    euid: int,
+    path_env: str | None,
+) -> list[str]:
+    """What ``sluice check`` warns about how ``service``'s replicas would run (started by a
+    Sluice with effective uid ``euid``): as root, explicitly or by fallback, or a user that
+    does not exist."""
+    if explicit_root(user):
+        return [f"{service}: replicas.user is root: replicas run with every privilege of root"]
+    try:
+        choice = choose_identity(service, command, user, group, euid=euid, path_env=path_env)
+    except IdentityError as e:
+        return [f"{service}: replicas.user/group: {e}"]
+    return [] if choice.warning is None else [choice.warning]
+
+
 def default_workdir(service: str, euid: int, home: str | None) -> Path:
     """The per-service working directory Sluice creates when ``replicas.workdir`` is unset."""
     base = (
@@ -273,6 +294,7 @@ __all__ = [
     "Identity",
     "IdentityChoice",
     "IdentityError",
+    "check_warnings",
     "choose_identity",
     "default_identity",
     "default_workdir",
