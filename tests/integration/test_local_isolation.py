@@ -40,13 +40,13 @@ class H(BaseHTTPRequestHandler):
         url = urlparse(self.path)
         q = parse_qs(url.query)
         code, body = 200, str(os.getpid())
-        if url.path == "/read":
+        if url.path.endswith("/read"):
             try:
                 with open(q["path"][0]) as f:
                     body = f.read()
             except OSError as e:
                 code, body = 403, e.strerror
-        elif url.path == "/alloc":
+        elif url.path.endswith("/alloc"):
             for _ in range(int(q["mb"][0])):
                 hog.append(bytearray(b"\x01") * (1 << 20))
             body = "allocated"
