@@ -9,6 +9,7 @@ server given with ``-c``: ``nobody`` can run it, while the suite's own interpret
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import uuid
 from collections.abc import AsyncIterator
@@ -23,6 +24,7 @@ from gateway.platforms.local.identity import (
     default_workdir,
     preflight,
 )
+from gateway.platforms.local.pool import LocalPool
 from gateway.platforms.local.state import ReplicaPhase, ReplicaStatus
 from tests.support.localpool import Harness, get, needs_cgroups, run_harness, until
 from tests.support.procs import MARKER_VAR
@@ -112,6 +114,14 @@ async def test_a_replica_runs_as_its_user_in_its_own_directory_with_a_clean_envi
     monkeypatch.setenv("KUBECONFIG", "/root/.kube/config")
     service = f"iso-{harness.marker[:8]}"
     pool = harness.pool({service: harness.spec(UPSTREAM, user="nobody")})
+    workdir = default_workdir(service, 0, None)
+    try:
+        await _check_isolation(pool, service, workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+async def _check_isolation(pool: LocalPool, service: str, workdir: Path) -> None:
     async with pool:
         pool.scale(service, 1, 0.5)
         assert await until(lambda: pool.status(service).ready == 1)
@@ -127,7 +137,6 @@ async def test_a_replica_runs_as_its_user_in_its_own_directory_with_a_clean_envi
         assert int(ids["CapPrm"][0], 16) == 0
         assert int(ids["CapAmb"][0], 16) == 0
 
-        workdir = default_workdir(service, 0, None)
         assert os.readlink(f"/proc/{pid}/cwd") == str(workdir)
         st = workdir.stat()
         assert (st.st_uid, st.st_gid) == (who.uid, who.gid)

@@ -137,6 +137,20 @@ function renderShares(names, latest, budget) {
   fill(document.querySelector("#shares tbody"), rows, "no services", 5);
 }
 
+// Local platform: restarts and OOM kills under the replica counts (only when there were any).
+function replicaTrouble(r) {
+  if (!r || (!r.restarts_total && !r.oom_kills_total)) return [];
+  const parts = [`${r.restarts_total} restarts`];
+  if (r.oom_kills_total) parts.push(`${r.oom_kills_total} OOM kills`);
+  return [el("div", { class: "muted" + (r.oom_kills_total ? " err" : "") }, parts.join(" · "))];
+}
+
+function replicaTitle(r) {
+  if (!r) return "";
+  const mem = r.memory_max_bytes ? `memory_max ${Math.round(r.memory_max_bytes / 1048576)} MiB` : "no memory_max";
+  return `runs as ${r.user || "Sluice's user"} · ${mem}`;
+}
+
 function renderServices(names, services, latest) {
   const ov = state.overview.services;
   const rows = names.map((name) => {
@@ -150,7 +164,7 @@ function renderServices(names, services, latest) {
     return el("tr", { "data-service": name },
       el("td", {}, el("strong", {}, name), el("div", { class: "muted" }, `${ov[name].mode} · ${ov[name].metric} ${ov[name].target}`)),
       el("td", {}, routes.join(" ")),
-      el("td", { class: "num replicas" }, `${d ? d.replicas : "–"} / ${ready}`),
+      el("td", { class: "num replicas", title: replicaTitle(s && s.replicas) }, `${d ? d.replicas : "–"} / ${ready}`, ...replicaTrouble(s && s.replicas)),
       el("td", { class: "num" }, d ? fmt.cores(d.cpu_per_replica_cores) : "–"),
       el("td", { class: "num rps" }, fmt.num(sig.rps)),
       el("td", { class: "num" }, sig.in_flight ?? "–"),
