@@ -186,3 +186,13 @@ def test_an_unknown_user_is_reported() -> None:
 
 def test_numeric_ids_resolve_without_a_passwd_entry() -> None:
     assert resolve(4242, 4343) == Identity("4242", 4242, 4343, (4343,))
+
+
+def test_an_explicit_user_that_cannot_run_the_command_is_kept_with_a_warning(
+    open_tmp: Path,
+) -> None:
+    program = _tree(open_tmp, 0o700)
+    choice = choose_identity("api", [str(program)], "nobody", None, euid=0, path_env=None)
+    assert choice.identity is not None and choice.identity.name == "nobody"
+    assert choice.warning is not None
+    assert choice.warning.startswith("api: replicas.user nobody may not be able to run the command")

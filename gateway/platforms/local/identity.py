@@ -206,6 +206,12 @@ def choose_identity(
         who = resolve(user, group)
         if who.uid == 0 and (group is None or who.gid == 0):
             return IdentityChoice(None)
+        why = preflight(command, path_env, who)
+        if why is not None:  # the user asked for this one: keep it, but say it will fail
+            return IdentityChoice(
+                who,
+                f"{service}: replicas.user {who.name} may not be able to run the command: {why}",
+            )
         return IdentityChoice(who)
     fallback = default_identity()
     if fallback is None:
