@@ -63,6 +63,8 @@ class TlsTermination:
         assert settings.tls is not None
         self.dataplane = dataplane
         self.config = settings.tls
+        if settings.tls.http2:
+            dataplane.offer_h2()
         alpn = list(dataplane.tls_protocols)
         certificates = load_certificates(settings.tls, alpn)  # TlsError: refuse to start
         for line in expiry_warnings(certificates.certificates, time.time()):

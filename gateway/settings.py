@@ -463,6 +463,11 @@ class TlsConfig(_Model):
         description="Answer every request on the plain listener with 308 to the same URL on "
         "https (the TLS listener's port).",
     )
+    http2: bool = Field(
+        default=False,
+        description="Offer HTTP/2 by ALPN ('h2', preferred over 'http/1.1'); each stream goes "
+        "through the same routing, admission and balancing as a request (read at start).",
+    )
     unknown_sni: Literal["default", "reject"] = Field(
         default="default",
         description="A client naming a host no certificate covers: default = served the "

@@ -744,6 +744,13 @@ class DataPlane:
         bound = self.tls_server.sockets[0].getsockname()
         return str(bound[0]), int(bound[1])
 
+    def offer_h2(self) -> None:
+        """Serve HTTP/2 to TLS clients that choose ``h2`` by ALPN (advertised first)."""
+        self.tls_protocols = {
+            "h2": lambda: H2Connection(self, tls=True),
+            **self.tls_protocols,
+        }
+
     def redirect_to_https(self, tls_port: int | None) -> None:
         """Send plain requests to https on ``tls_port`` with 308 (None: serve them)."""
         if tls_port is None:

@@ -8,8 +8,10 @@ import contextlib
 import json
 import shutil
 import socket
+import ssl
 import subprocess
 from collections.abc import Iterator
+from typing import Any
 
 import h2.config
 import h2.connection
@@ -27,6 +29,7 @@ from hyperframe.frame import (
     SettingsFrame,
 )
 
+from tests.support.certs import make_ca
 from tests.support.h2client import Client
 from tests.support.processes import Gateway, Upstream, gateway, upstreams
 
@@ -283,3 +286,56 @@ def test_oversized_header_list_gets_enhance_your_calm(gw: Gateway) -> None:
     finally:
         s.close()
     assert _served(gw)
+
+
+@pytest.fixture(scope="module")
+def tls_gw(up: Upstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Gateway, Any]]:
+    d = tmp_path_factory.mktemp("h2-certs")
+    ca = make_ca(d)
+    leaf = ca.issue(d, "site", ["site.example.test"])
+    cfg = {
+        "tls": {
+            "listen": {"host": "127.0.0.1", "port": 0},
+            "certificates": [leaf.config()],
+            "http2": True,
+        },
+        "services": {"main": {"routes": [{"path": "/"}], "endpoints": [up.address]}},
+    }
+    with gateway(cfg, tmp_path_factory.mktemp("h2tls") / "sluice.yaml") as g:
+        yield g, ca
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+def test_curl_http2_over_tls_by_alpn(tls_gw: tuple[Gateway, Any]) -> None:
+    g, ca = tls_gw
+    assert g.tls_url is not None
+    port = g.tls_url.rpartition(":")[2]
+    out = subprocess.run(
+        [
+            "curl", "-sS", "--http2", "--max-time", "10",
+            "--resolve", f"site.example.test:{port}:127.0.0.1", "--cacert", str(ca.ca_file),
+            "-w", "\n%{http_code} %{http_version}", f"https://site.example.test:{port}/echo?tls=1",
+        ],
+        capture_output=True, text=True, timeout=30, check=True,
+    ).stdout  # fmt: skip
+    body, _, status = out.rpartition("\n")
+    assert status == "200 2"
+    echoed = json.loads(body)
+    assert echoed["target"] == "/echo?tls=1"
+    headers = {n.lower(): v for n, v in echoed["headers"]}
+    assert headers["x-forwarded-proto"] == "https"
+
+
+def test_http1_still_chosen_by_alpn_when_asked(tls_gw: tuple[Gateway, Any]) -> None:
+    g, ca = tls_gw
+    assert g.tls_url is not None
+    port = int(g.tls_url.rpartition(":")[2])
+    ctx = ssl.create_default_context(cafile=str(ca.ca_file))
+    ctx.set_alpn_protocols(["http/1.1"])
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=10) as raw_sock,
+        ctx.wrap_socket(raw_sock, server_hostname="site.example.test") as s,
+    ):
+        assert s.selected_alpn_protocol() == "http/1.1"
+        s.sendall(b"GET /echo HTTP/1.1\r\nHost: site.example.test\r\nConnection: close\r\n\r\n")
+        assert s.recv(65536).startswith(b"HTTP/1.1 200")
