@@ -411,6 +411,7 @@ class H2Upstream:
         ]
         drop = _DROP_REQUEST | connection_tokens(ex.headers)
         xff = b""
+        proto = b"https" if client.tls else b"http"
         for name, value in ex.headers:
             low = name.lower()
             if low in drop:
@@ -423,10 +424,14 @@ class H2Upstream:
                 if low == b"x-forwarded-for":
                     xff = value + b", "
                     continue
+                if low == b"x-forwarded-proto":  # a trusted proxy's is kept
+                    proto = value
+                    continue
             if low == b"traceparent" and ex.attempt_span is not None:
                 continue
             fields.append((low, value))
         fields.append((b"x-forwarded-for", xff + client.peer_ip))
+        fields.append((b"x-forwarded-proto", proto))
         fields.append((b"via", b"2 sluice"))
         if ex.attempt_span is not None:
             fields.append((b"traceparent", ex.attempt_span.traceparent))
