@@ -21,6 +21,10 @@ RUN python -m pip wheel --no-deps --wheel-dir /wheels . \
 # ---- runtime: the base image, the venv, a non-root user; no compilers, no build tools
 FROM ${PYTHON_IMAGE} AS runtime
 ARG SLUICE_UID=10001
+ARG SLUICE_VERSION=0.1.0
+LABEL org.opencontainers.image.title="sluice" \
+      org.opencontainers.image.description="Ingress-aware traffic gateway with a built-in autoscaler" \
+      org.opencontainers.image.version="${SLUICE_VERSION}"
 RUN groupadd --system --gid ${SLUICE_UID} sluice \
  && useradd --system --uid ${SLUICE_UID} --gid sluice --no-create-home \
       --home-dir /nonexistent --shell /usr/sbin/nologin sluice
@@ -33,4 +37,7 @@ WORKDIR /tmp
 USER ${SLUICE_UID}:${SLUICE_UID}
 # data plane, admin plane (health, readiness, metrics, API)
 EXPOSE 8080 9901
+# liveness of the admin plane of the shipped config (a mounted config may move the port)
+HEALTHCHECK --interval=30s --timeout=3s --start-period=10s --retries=3 \
+  CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:9901/healthz', timeout=2)"]
 ENTRYPOINT ["sluice", "run", "--config", "/etc/sluice/sluice.yaml"]

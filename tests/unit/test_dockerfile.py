@@ -180,3 +180,20 @@ def test_dockerignore_patterns() -> None:
     assert not is_ignored("docs/keep.md", rules)
     assert is_ignored("sluice.egg-info/PKG-INFO", rules)
     assert not is_ignored("gateway/cli.py", rules)
+
+
+def test_labels_and_a_healthcheck_on_the_shipped_admin_port(dockerfile: Dockerfile) -> None:
+    runtime = dockerfile.stage("runtime")
+    labels = " ".join(" ".join(label.words) for label in runtime.all("LABEL"))
+    for key in ("title", "description", "version"):
+        assert f"org.opencontainers.image.{key}=" in labels, key
+    version = next(
+        a.words[0] for a in runtime.all("ARG") if a.words[0].startswith("SLUICE_VERSION=")
+    )
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert version.split("=")[1] == project["project"]["version"]
+    check = runtime.last("HEALTHCHECK")
+    assert check is not None
+    text = " ".join(check.words)
+    settings = load_settings(ROOT / "config/examples/container.yaml")
+    assert f"http://127.0.0.1:{settings.admin.port}/healthz" in text
