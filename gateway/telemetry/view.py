@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from gateway.tools.address import address_argument
+from gateway.tools.address import add_admin_arguments
 
 BAR_WIDTH = 32
 
@@ -239,14 +239,7 @@ def add_traces_command(sub: Any, add_config: Any) -> None:
         "traces", help="show recent traces from a running gateway as waterfall trees"
     )
     add_config(p)
-    p.add_argument(
-        "--admin",
-        type=address_argument,
-        help="admin API: host:port or http://host:port (default: the config's admin section)",
-    )
-    p.add_argument(
-        "--token", help="admin bearer token (default: $SLUICE_ADMIN_TOKEN, then the config's)"
-    )
+    add_admin_arguments(p)
     p.add_argument("--service", help="only traces that touch this service")
     p.add_argument("--min-duration-ms", type=float, help="only traces at least this long")
     p.add_argument("--status", choices=["ok", "error"], help="only ok or only failed traces")

@@ -58,3 +58,15 @@ def address_argument(text: str) -> Address:
         return parse_address(text, default_port=80)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def add_admin_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--admin`` and ``--token``: how a CLI command reaches a running gateway's admin API."""
+    parser.add_argument(
+        "--admin",
+        type=address_argument,
+        help="admin API: host:port or http://host:port (default: the config's admin section)",
+    )
+    parser.add_argument(
+        "--token", help="admin bearer token (default: $SLUICE_ADMIN_TOKEN, then the config's)"
+    )

@@ -18,7 +18,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from gateway.tools.address import address_argument
+from gateway.tools.address import add_admin_arguments
 
 
 def fetch(admin_url: str, token: str | None) -> dict[str, Any]:
@@ -205,14 +205,7 @@ def add_top_command(sub: Any, add_config: Any) -> None:
         "top", help="live view of every service: load, replicas, CPU, budget, decisions"
     )
     add_config(p)
-    p.add_argument(
-        "--admin",
-        type=address_argument,
-        help="admin API: host:port or http://host:port (default: the config's admin section)",
-    )
-    p.add_argument(
-        "--token", help="admin bearer token (default: $SLUICE_ADMIN_TOKEN, then the config's)"
-    )
+    add_admin_arguments(p)
     p.add_argument("--interval", type=float, default=1.0, help="seconds between frames (1)")
     p.add_argument("--once", action="store_true", help="print one frame and exit")
     p.set_defaults(func=cmd_top)

@@ -22,6 +22,7 @@ from gateway.platforms.local.cgroups import (
     CgroupUnavailable,
     ReplicaCgroup,
     detect_layout,
+    remove_dirs,
     write_control,
 )
 
@@ -193,13 +194,7 @@ def _destroy_tree(
             continue
         with contextlib.suppress(FileNotFoundError):
             kill_and_wait(ReplicaCgroup(layout, d, None))
-        try:
-            rmdir(d)
-        except FileNotFoundError:
-            pass
-        except OSError as e:
-            log.warning("cannot remove cgroup %s: %s", d, e.strerror)
-            ok = False
+        ok = remove_dirs([d], rmdir) and ok
     return ok
 
 

@@ -28,7 +28,7 @@ import contextlib
 import logging
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -372,16 +372,7 @@ class ReplicaCgroup:
 
     def remove(self, rmdir: Callable[[Path], None] = os.rmdir) -> bool:
         """Remove the directories (they must hold no process); True when all are gone."""
-        ok = True
-        for d in self.dirs:
-            try:
-                rmdir(d)
-            except FileNotFoundError:
-                pass
-            except OSError as e:
-                log.warning("cannot remove cgroup %s: %s", d, e.strerror)
-                ok = False
-        return ok
+        return remove_dirs(self.dirs, rmdir)
 
 
 __all__ = [
@@ -399,3 +390,17 @@ __all__ = [
     "weight_for",
     "write_control",
 ]
+
+
+def remove_dirs(dirs: Iterable[Path], rmdir: Callable[[Path], None] = os.rmdir) -> bool:
+    """Remove cgroup directories (already gone is fine); False when one could not be removed."""
+    ok = True
+    for d in dirs:
+        try:
+            rmdir(d)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            log.warning("cannot remove cgroup %s: %s", d, e.strerror)
+            ok = False
+    return ok
