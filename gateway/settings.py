@@ -515,11 +515,11 @@ class ServiceConfig(_Model):
     timeouts: TimeoutsConfig = Field(
         default_factory=TimeoutsConfig, description="Upstream timeouts."
     )
-    protocol: Literal["http1", "h2c"] = Field(
+    protocol: Literal["http1", "h2c", "h2"] = Field(
         default="http1",
-        description="How requests reach the endpoints: http1 (pooled keep-alive HTTP/1.1) or "
+        description="How requests reach the endpoints: http1 (pooled keep-alive HTTP/1.1), "
         "h2c (HTTP/2 over plain TCP, one multiplexed connection per endpoint; needed for "
-        "gRPC trailers end to end).",
+        "gRPC trailers end to end) or h2 (HTTP/2 over TLS by ALPN, with upstream_tls).",
     )
     scaling: ScalingPolicy = Field(
         default_factory=ScalingPolicy, description="How this service scales."
@@ -543,6 +543,21 @@ class ServiceConfig(_Model):
         default_factory=UpstreamTlsConfig,
         description="HTTPS to the endpoints (CA bundle, SNI); off by default.",
     )
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if self.protocol == "h2" and not self.upstream_tls.enabled:
+            raise KeyedValueError(
+                "protocol",
+                "h2 is HTTP/2 over TLS and needs upstream_tls.enabled: true "
+                "(h2c is HTTP/2 over plain TCP)",
+            )
+        if self.protocol == "h2c" and self.upstream_tls.enabled:
+            raise KeyedValueError(
+                "protocol",
+                "h2c is HTTP/2 over plain TCP but upstream_tls is enabled (use protocol: h2)",
+            )
+        return self
 
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")

@@ -1,4 +1,5 @@
-"""Outbound HTTP/2 (``protocol: h2c``): one multiplexed connection per endpoint, one stream per exchange.
+"""Outbound HTTP/2 (``protocol: h2c``, or ``h2`` over TLS by ALPN): one multiplexed connection
+per endpoint, one stream per exchange.
 
 An :class:`H2Upstream` is an exchange's side of one upstream stream: it sends the request
 (headers from the exchange's fields, the body as the stream's window allows, pausing the
@@ -13,7 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
+import ssl
 from collections import deque
 from typing import TYPE_CHECKING, cast
 
@@ -33,6 +36,8 @@ if TYPE_CHECKING:
     from gateway.dataplane.forward import Exchange
     from gateway.dataplane.server import DataPlane
 
+log = logging.getLogger(__name__)
+
 BUFFER_LIMIT = 64 * 1024
 """Request body buffered before the stream opens, before reading from the client pauses."""
 STREAM_WINDOW = 256 * 1024
@@ -47,17 +52,42 @@ _DROP_REQUEST = HOP_BY_HOP | {b"host", b"expect", b"http2-settings"}
 
 
 class H2EndpointConnections:
-    """The endpoint's ``pool`` for an h2c service: one multiplexed connection (reconnected
-    when it closes or goes away) and the streams waiting for it to connect or for a free
-    stream slot."""
+    """The endpoint's ``pool`` for an h2c or h2 service: one multiplexed connection
+    (reconnected when it closes or goes away) and the streams waiting for it to connect or
+    for a free stream slot."""
 
-    __slots__ = ("address", "closed", "conn", "connecting", "dp", "host", "port", "waiting")
+    __slots__ = (
+        "address",
+        "closed",
+        "conn",
+        "connecting",
+        "dp",
+        "host",
+        "port",
+        "scheme",
+        "server_hostname",
+        "ssl",
+        "waiting",
+    )
 
-    def __init__(self, dp: DataPlane, host: str, port: int, address: str) -> None:
+    def __init__(
+        self,
+        dp: DataPlane,
+        host: str,
+        port: int,
+        address: str,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        server_hostname: str | None = None,
+    ) -> None:
         self.dp = dp
         self.host = host
         self.port = port
         self.address = address
+        self.ssl = ssl_context
+        """``protocol: h2``: the service's ``upstream_tls`` context offering ALPN ``h2``."""
+        self.server_hostname = server_hostname
+        self.scheme = b"https" if ssl_context is not None else b"http"
         self.conn: H2UpstreamConnection | None = None
         self.connecting: asyncio.Task[object] | None = None
         self.waiting: deque[H2Upstream] = deque()
@@ -74,10 +104,19 @@ class H2EndpointConnections:
 
     def _connect(self, connect_s: float) -> None:
         loop = self.dp.loop
-        coro = asyncio.wait_for(
-            loop.create_connection(lambda: H2UpstreamConnection(self), self.host, self.port),
-            connect_s,
-        )
+        if self.ssl is None:
+            connecting = loop.create_connection(
+                lambda: H2UpstreamConnection(self), self.host, self.port
+            )
+        else:
+            connecting = loop.create_connection(
+                lambda: H2UpstreamConnection(self),
+                self.host,
+                self.port,
+                ssl=self.ssl,
+                server_hostname=self.server_hostname or self.host,
+            )
+        coro = asyncio.wait_for(connecting, connect_s)
         task = self.connecting = loop.create_task(coro)
         task.add_done_callback(self._connected)
 
@@ -91,10 +130,23 @@ class H2EndpointConnections:
             timed_out = isinstance(exc, TimeoutError)
             self._fail_waiting(Cause.CONNECT_TIMEOUT if timed_out else Cause.CONNECT_FAILED)
             return
-        _transport, conn = cast(tuple[asyncio.BaseTransport, H2UpstreamConnection], task.result())
+        transport, conn = cast(tuple[asyncio.BaseTransport, H2UpstreamConnection], task.result())
         if self.closed:
             conn.close()
             return
+        if self.ssl is not None:
+            ssl_object = transport.get_extra_info("ssl_object")
+            chosen = ssl_object.selected_alpn_protocol() if ssl_object is not None else None
+            if chosen != "h2":
+                log.warning(
+                    "upstream %s did not choose h2 by ALPN (chose %s): protocol: h2 needs an "
+                    "HTTP/2 server",
+                    self.address,
+                    chosen or "nothing",
+                )
+                conn.abort()
+                self._fail_waiting(Cause.CONNECT_FAILED)
+                return
         self.conn = conn
         self.drain_waiting()
 
@@ -375,7 +427,14 @@ class H2Upstream:
         dp = ex.client.dp
         pool = ep.pool
         if not isinstance(pool, H2EndpointConnections):
-            pool = ep.pool = H2EndpointConnections(dp, ep.host, ep.port, ep.address)
+            pool = ep.pool = H2EndpointConnections(
+                dp,
+                ep.host,
+                ep.port,
+                ep.address,
+                ssl_context=service.upstream_ssl,
+                server_hostname=service.upstream_sni,
+            )
         self.connect_s = service.connect_s
         ex.attempts += 1
         pool.open(self, service.connect_s)
@@ -387,7 +446,7 @@ class H2Upstream:
         self.sid = sid
         ex = self.ex
         end = self.req_end and not self.buf
-        conn.h2.send_headers(sid, self._request_headers(), end_stream=end)
+        conn.h2.send_headers(sid, self._request_headers(conn.pool.scheme), end_stream=end)
         if self.buf:
             buf, self.buf = self.buf, []
             self.buf_bytes = 0
@@ -399,13 +458,13 @@ class H2Upstream:
         elif end:
             ex._request_sent()
 
-    def _request_headers(self) -> list[tuple[bytes, bytes]]:
+    def _request_headers(self, conn_scheme: bytes) -> list[tuple[bytes, bytes]]:
         ex = self.ex
         client = ex.client
         head = ex.head
         fields: list[tuple[bytes, bytes]] = [
             (b":method", ex.method),
-            (b":scheme", b"http"),
+            (b":scheme", conn_scheme),
             (b":authority", head.host),
             (b":path", ex.target),
         ]

@@ -18,7 +18,7 @@ from gateway.dataplane.endpoints import EndpointSet
 from gateway.dataplane.outlier import OutlierDetector
 from gateway.dataplane.retry import RetryBudget
 from gateway.dataplane.stats import ServiceStats
-from gateway.dataplane.tls import TlsError, upstream_context
+from gateway.dataplane.tls import FALLBACK_PROTOCOL, TlsError, upstream_context
 from gateway.settings import ServiceConfig, TimeoutsConfig, UpstreamTlsConfig
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ class Service:
         self.response_header_s = t.response_header_s
         self.total_s = t.total_s
         self.upstream_h2 = False
-        """Requests go upstream over HTTP/2 (``protocol: h2c``), one stream each."""
+        """Requests go upstream over HTTP/2 (``protocol: h2c`` or ``h2``), one stream each."""
         self.rng = rng
         self.config = ServiceConfig(balancer=balancer, timeouts=t)  # type: ignore[arg-type]
         self.admission = Admission(name, self.config.limits, gauge=self.stats)
@@ -101,15 +101,14 @@ class Service:
         self.retry_budget.configure(config.retries)
         self.outlier.configure(config.outlier_detection)
         self.upgrade_protocols = frozenset(p.lower().encode() for p in config.upgrades.protocols)
-        upstream_h2 = config.protocol == "h2c"
+        upstream_h2 = config.protocol != "http1"
         if upstream_h2 != self.upstream_h2:  # the endpoints' pools are of the other kind
             self.upstream_h2 = upstream_h2
-            for ep in self.endpoints.endpoints:
-                if ep.pool is not None:
-                    ep.pool.close()
-                    ep.pool = None
-        if config.upstream_tls != self.config.upstream_tls:
-            self._configure_upstream_tls(config.upstream_tls)
+            self._close_pools()
+        if config.upstream_tls != self.config.upstream_tls or (config.protocol == "h2") != (
+            self.config.protocol == "h2"
+        ):
+            self._configure_upstream_tls(config.upstream_tls, config.protocol == "h2")
         self.config = config
 
     def allows_upgrade(self, upgrade: bytes) -> bool:
@@ -117,15 +116,18 @@ class Service:
         tokens = {t.strip().lower() for t in upgrade.split(b",")} - {b""}
         return bool(tokens) and tokens <= self.upgrade_protocols
 
-    def _configure_upstream_tls(self, config: UpstreamTlsConfig) -> None:
+    def _configure_upstream_tls(self, config: UpstreamTlsConfig, h2: bool) -> None:
         try:
-            context = upstream_context(config)
+            context = upstream_context(config, "h2" if h2 else FALLBACK_PROTOCOL)
         except TlsError as e:  # checked before applying; the file changed since
             log.error("service %s: upstream_tls not changed: %s", self.name, e)
             return
         self.upstream_ssl = context
         self.upstream_sni = config.server_name
-        for ep in self.endpoints.endpoints:  # pooled connections speak the old scheme
+        self._close_pools()  # pooled connections speak the old scheme
+
+    def _close_pools(self) -> None:
+        for ep in self.endpoints.endpoints:
             if ep.pool is not None:
                 ep.pool.close()
                 ep.pool = None

@@ -192,9 +192,11 @@ def check_tls(settings: Settings, source: str, now_s: float) -> tuple[list[str],
     return problems, warnings
 
 
-def upstream_context(config: UpstreamTlsConfig) -> ssl.SSLContext | None:
-    """The client context for a service's ``upstream_tls`` (None when off); :class:`TlsError`
-    naming the CA file when it cannot be used."""
+def upstream_context(
+    config: UpstreamTlsConfig, alpn: str = FALLBACK_PROTOCOL
+) -> ssl.SSLContext | None:
+    """The client context for a service's ``upstream_tls`` (None when off), offering ``alpn``
+    (``h2`` for ``protocol: h2``); :class:`TlsError` naming the CA file when it cannot be used."""
     if not config.enabled:
         return None
     try:
@@ -206,7 +208,7 @@ def upstream_context(config: UpstreamTlsConfig) -> ssl.SSLContext | None:
     if not config.verify:
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
-    context.set_alpn_protocols([FALLBACK_PROTOCOL])
+    context.set_alpn_protocols([alpn])
     return context
 
 

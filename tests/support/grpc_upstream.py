@@ -1,8 +1,8 @@
 """A real gRPC server (``grpcio``) for tests, run as its own process, without generated code.
 
-    python -m tests.support.grpc_upstream --name a [--port 0]
+    python -m tests.support.grpc_upstream --name a [--port 0] [--tls CERT_FILE KEY_FILE]
 
-prints ``listening HOST:PORT`` once serving (h2c).  Methods of service ``test.Echo`` take and
+prints ``listening HOST:PORT`` once serving (h2c; with ``--tls``, h2 over TLS).  Methods of service ``test.Echo`` take and
 return raw bytes:
 
 * ``Unary`` — the request, prefixed with ``<name>:``; metadata ``sleep-ms`` delays it;
@@ -24,7 +24,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 
-def serve(name: str, host: str, port: int) -> None:
+def serve(name: str, host: str, port: int, tls: tuple[str, str] | None = None) -> None:
     def unary(request: bytes, context: grpc.ServicerContext) -> bytes:
         delay_ms = dict(context.invocation_metadata()).get("sleep-ms")
         if delay_ms:
@@ -55,7 +55,12 @@ def serve(name: str, host: str, port: int) -> None:
     checker = health.HealthServicer()
     checker.set("test.Echo", health_pb2.HealthCheckResponse.SERVING)
     health_pb2_grpc.add_HealthServicer_to_server(checker, server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    if tls is None:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    else:
+        with open(tls[0], "rb") as cert, open(tls[1], "rb") as key:
+            credentials = grpc.ssl_server_credentials([(key.read(), cert.read())])
+        bound = server.add_secure_port(f"{host}:{port}", credentials)
     server.start()
     print(f"listening {host}:{bound}", flush=True)
     server.wait_for_termination()
@@ -66,8 +71,9 @@ def main() -> None:
     parser.add_argument("--name", default="g")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--tls", nargs=2, metavar=("CERT_FILE", "KEY_FILE"))
     args = parser.parse_args()
-    serve(args.name, args.host, args.port)
+    serve(args.name, args.host, args.port, tuple(args.tls) if args.tls else None)
 
 
 if __name__ == "__main__":

@@ -138,12 +138,20 @@ class WsUpstream(Process):
 
 
 class GrpcUpstream(Process):
-    """``tests.support.grpc_upstream`` (a grpcio server, h2c) in its own process."""
+    """``tests.support.grpc_upstream`` (a grpcio server: h2c, or h2 over TLS with ``tls``'s
+    certificate and key files) in its own process."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, tls: tuple[str, str] | None = None) -> None:
         self.name = name
         super().__init__(
-            [sys.executable, "-m", "tests.support.grpc_upstream", "--name", name],
+            [
+                sys.executable,
+                "-m",
+                "tests.support.grpc_upstream",
+                "--name",
+                name,
+                *(["--tls", *tls] if tls else []),
+            ],
             re.compile(r"listening (\S+)"),
         )
         assert self.match is not None

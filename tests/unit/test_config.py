@@ -72,6 +72,16 @@ def problems(data: object) -> list[str]:
             "cfg.yaml: trusted_proxies[0]: must be an IP address or CIDR network, got '10.0.0.0/33'",
         ),
         ([], "cfg.yaml: the top level must be a mapping, got list"),
+        (
+            {"services": {"a": {"protocol": "h2"}}},
+            "cfg.yaml: services.a.protocol: h2 is HTTP/2 over TLS and needs "
+            "upstream_tls.enabled: true (h2c is HTTP/2 over plain TCP)",
+        ),
+        (
+            {"services": {"a": {"protocol": "h2c", "upstream_tls": {"enabled": True}}}},
+            "cfg.yaml: services.a.protocol: h2c is HTTP/2 over plain TCP but upstream_tls is "
+            "enabled (use protocol: h2)",
+        ),
     ],
 )
 def test_bad_config_names_key_path_and_problem(data: object, expected: str) -> None:
