@@ -53,6 +53,7 @@ from scaler.hpa import (
     calculate_utilization_replicas,
 )
 from scaler.kpa_batch import RULES, Bools, Floats, Ints, KpaBatch, reference_max
+from scaler.metrics import MetricInputs, MetricsVerdict, ServiceMetrics
 from scaler.policy import BudgetConfig, ScalingPolicy, check_floors
 from scaler.signals import ServiceSignals
 
@@ -198,6 +199,10 @@ class Engine:
         self.hpa_index = np.array(list(self.hpa), dtype=np.int64)
         self.hpa_windows = KpaBatch([pols[i] for i in self.hpa_index])
         """HPA-mode services' metric windows (the panic window's average is the HPA's)."""
+        self.metrics = {
+            i: ServiceMetrics(p, reference_max(p)) for i, p in enumerate(pols) if p.metrics
+        }
+        """Services with ``scaling.metrics``: their other metrics (``scaler.metrics``)."""
         self._by_name = {name: i for i, name in enumerate(self.names)}
         nan = np.full(n, np.nan)
         self._last_at = nan.copy()
@@ -300,6 +305,16 @@ class Engine:
                     wanted[i] = load[i] = r
                     valid[i] = rule != "no-data"
                     hpa_notes[i] = (rule, notes, inputs)
+        verdicts: dict[int, MetricsVerdict] = {}
+        if self.metrics:
+            verdicts = self._apply_metrics(
+                now,
+                sigs,
+                flags=(active, fresh),
+                out=(wanted, load, hold),
+                state=(cur_r, ready, cur_cpu),
+                value=value,
+            )
 
         frozen_code = np.where(
             ~present,
@@ -396,6 +411,7 @@ class Engine:
             used=self._cpu_used.copy(),
             throttled=self._thr_rate.copy(),
             wake=wake,
+            metrics=verdicts,
         )
         rules = rule_names(kpa_tick, self.kpa_index, hpa_notes, frozen_code, n)
         view.rules = rules
@@ -589,6 +605,49 @@ class Engine:
             reasons=notes,
         )
         return desired, rule, notes, {"average": average, "capacity_replicas": float(current)}
+
+    def _apply_metrics(
+        self,
+        now: float,
+        sigs: list[ServiceSignals | None],
+        *,
+        flags: tuple[BoolArray, BoolArray],
+        out: tuple[IntArray, IntArray, IntArray],
+        state: tuple[IntArray, FloatArray, FloatArray],
+        value: FloatArray,
+    ) -> dict[int, MetricsVerdict]:
+        """``scaling.metrics``: each service's metrics answer; the largest becomes ``wanted``
+        (and the load its CPU demand counts).  Updates ``out`` = (wanted, load, hold) in place;
+        the primary's own answer counts only when it is listed."""
+        active, fresh = flags
+        wanted, load, hold = out
+        cur_r, ready, cur_cpu = state
+        verdicts: dict[int, MetricsVerdict] = {}
+        for i, metrics in self.metrics.items():
+            ref = float(self.cpu_ref[i])
+            on = bool(active[i])
+            inputs = MetricInputs(
+                signals=sigs[i] if on else None,
+                fresh=bool(fresh[i]),
+                current=math.ceil(int(cur_r[i]) * float(cur_cpu[i]) / ref - 1e-6),
+                ready=float(ready[i]) * float(cur_cpu[i]) / ref,
+                rps=float(self._rps[i]),
+                cpu_used_cores=float(self._cpu_used[i]),
+                cpu_held_cores=float(ready[i]) * float(cur_cpu[i]),
+                primary=int(wanted[i]) if metrics.primary_listed else None,
+                primary_value=float(value[i]),
+            )
+            verdict = metrics.verdict(now, inputs)
+            verdicts[i] = verdict
+            if not on:
+                continue
+            if metrics.primary_listed:
+                load[i] = max(int(load[i]), verdict.replicas)
+            else:
+                load[i] = verdict.replicas
+                hold[i] = 0
+            wanted[i] = verdict.replicas
+        return verdicts
 
     def _demand(
         self,

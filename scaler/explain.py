@@ -24,6 +24,7 @@ import numpy as np
 from scaler.arbiter import IntArray
 from scaler.explanation import Explanation, Trace
 from scaler.kpa_batch import RULES, Floats, Ints, KpaTick
+from scaler.metrics import MetricsVerdict
 
 if TYPE_CHECKING:
     from scaler.engine import Engine
@@ -61,6 +62,27 @@ def rule_names(
     return rules
 
 
+def metric_parts(verdict: MetricsVerdict, trace: Trace) -> None:
+    """Each metric's answer, then the one taken (or why the service held)."""
+    for a in verdict.answers:
+        trace.step(
+            "metrics.answer",
+            name=a.name,
+            type=a.type,
+            value="-" if a.value is None else f"{a.value:g}",
+            replicas="-" if a.replicas is None else a.replicas,
+            note=a.note,
+        )
+    if verdict.held_by:
+        trace.step(
+            "metrics.held",
+            missing=", ".join(verdict.held_by),
+            replicas=verdict.replicas,
+        )
+    else:
+        trace.step("metrics.won", name=verdict.winner or "-", replicas=verdict.replicas)
+
+
 def _names(items: list[tuple[float, str]]) -> tuple[str, ...]:
     """Peers, the largest first."""
     items.sort(reverse=True)
@@ -96,6 +118,8 @@ class TickView:
     used: Floats
     throttled: Floats
     wake: Floats
+    metrics: dict[int, MetricsVerdict] = field(default_factory=dict)
+    """Per service with ``scaling.metrics``: each metric's answer and the one taken."""
     rules: list[str] = field(default_factory=list)
     """The rule that fired, per service (the decisions' ``rule``)."""
     _flows: dict[str, tuple[str, ...]] | None = None
@@ -148,6 +172,9 @@ class TickView:
                 e.kpa.explain(self.kpa, j, trace)
             elif i in self.hpa:
                 trace.parts.extend(self.hpa[i][1].parts)
+        verdict = self.metrics.get(i)
+        if verdict is not None:
+            metric_parts(verdict, trace)
         if i in self.rejected:
             trace.step("signals_refused", fields=", ".join(self.rejected[i]))
         if code:
@@ -232,6 +259,13 @@ class TickView:
             out["capacity_replicas"] = float(k.ready[j])
         elif i in self.hpa:
             out.update(self.hpa[i][2])
+        verdict = self.metrics.get(i)
+        if verdict is not None:
+            for a in verdict.answers:
+                if a.value is not None:
+                    out[f"metric.{a.name}"] = float(a.value)
+                if a.replicas is not None:
+                    out[f"metric.{a.name}.replicas"] = float(a.replicas)
         out["horizontal_replicas"] = float(self.wanted[i])
         out["demand_cores"] = float(self.demand[i])
         out["held_demand_cores"] = float(self.soft[i])

@@ -194,6 +194,12 @@ TEMPLATES: dict[str, str] = {
         "filled in"
     ),
     "hpa.no_ready_pods": "hpa: did not receive metrics for any ready pods, holding",
+    "metrics.answer": "metric {name} ({type}) = {value}: {replicas} replicas ({note})",
+    "metrics.won": "metrics: {name} wins with {replicas} replicas (the largest answer)",
+    "metrics.held": (
+        "metrics: holding {replicas} replicas: {missing} has no data (a metric without data "
+        "never scales down)"
+    ),
     "signals_refused": "signals refused (not finite or negative): {fields}",
     "frozen": ("{reason}: keeping {replicas}×{cpu:.2f} cores, never scaling down on missing data"),
     "independent.pending": (

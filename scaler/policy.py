@@ -7,7 +7,8 @@ message names the exact key (``services.api.scaling.max_replicas: ...``).
 
 from __future__ import annotations
 
-from typing import Literal, Self
+import re
+from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -122,6 +123,178 @@ class CpuPolicy(_Model):
         return self.request if self.request is not None else self.min
 
 
+MetricType = Literal["concurrency", "rps", "cpu_utilization", "latency", "app"]
+PRIMARY_TYPES = ("concurrency", "rps")
+"""The metric types the engine's own KPA/HPA windows can decide (the first such entry)."""
+
+
+class AppSource(_Model):
+    """Where an ``app`` metric's value comes from: a response header or the push endpoint."""
+
+    header: str | None = Field(
+        default=None,
+        min_length=1,
+        description=(
+            "Read this response header as responses pass (e.g. X-Active-Users): the last "
+            "value per replica, combined by aggregate; a malformed value is ignored and counted."
+        ),
+    )
+    aggregate: Literal["max", "sum", "avg"] = Field(
+        default="avg",
+        description="How the replicas' last values combine into the service's value.",
+    )
+    push: bool = Field(
+        default=False,
+        description="Take the value from POST /api/metrics/<service> on the admin API.",
+    )
+    max_age_s: float = Field(
+        default=60.0,
+        gt=0,
+        le=3600,
+        description="A value (a replica's last header, or the last push) older than this is dropped.",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if (self.header is None) == (not self.push):
+            raise KeyedValueError("header", "give exactly one source: header: NAME or push: true")
+        if self.header is not None and not _TOKEN.fullmatch(self.header):
+            raise KeyedValueError("header", f"not a valid header name: {self.header!r}")
+        return self
+
+
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+
+
+class MetricStep(_Model):
+    """One row of a steps table: a value below ``below`` needs ``replicas``."""
+
+    below: float = Field(
+        gt=0, description="The row is for values below this (and at or above the previous row's)."
+    )
+    replicas: int = Field(ge=0, description="Replicas those values need.")
+
+
+class MetricStepsThen(_Model):
+    """Beyond the last row: ``add`` replicas more for every ``every`` above its ``below``."""
+
+    every: float = Field(gt=0, description="Size of each further step of the value.")
+    add: int = Field(default=1, ge=1, description="Replicas added per further step.")
+
+
+class MetricSpec(_Model):
+    """One entry of ``scaling.metrics``: a metric with its own target, tolerance and windows."""
+
+    type: MetricType = Field(
+        description=(
+            "concurrency: in flight + queued; rps: arrivals per second; cpu_utilization: "
+            "measured CPU in percent of the CPU the replicas hold; latency: a percentile of the "
+            "gateway's latency histogram; app: a number the service reports about itself."
+        )
+    )
+    name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=63,
+        description="How decisions name this metric (default: its type; required for app).",
+    )
+    target: float | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "Value per replica to aim at (concurrency, rps, app); cpu_utilization: percent of "
+            "the CPU each replica holds."
+        ),
+    )
+    percentile: float | None = Field(
+        default=None, gt=0, lt=100, description="latency: the percentile (e.g. 95)."
+    )
+    target_s: float | None = Field(
+        default=None, gt=0, description="latency: the percentile's target in seconds."
+    )
+    source: AppSource | None = Field(default=None, description="app: where the value comes from.")
+    steps: list[MetricStep] | None = Field(
+        default=None,
+        min_length=1,
+        description="app: a table of value -> replicas, instead of target (rows by rising below).",
+    )
+    then: MetricStepsThen | None = Field(
+        default=None, description="app with steps: beyond the last row, add replicas per step."
+    )
+    tolerance: float | None = Field(
+        default=None,
+        ge=0,
+        lt=1,
+        description="Ratios within 1 ± this change nothing (default: the policy's tolerance).",
+    )
+    window_s: float | None = Field(
+        default=None,
+        ge=1,
+        le=3600,
+        description="Average the metric over this many seconds (default: panic_window_s; latency: 30).",
+    )
+    stabilization_window_s: float | None = Field(
+        default=None,
+        ge=0,
+        le=3600,
+        description=(
+            "A lower answer counts only after this many seconds (default: stable_window_s; "
+            "mode: hpa: behavior.scale_down.stabilization_window_s)."
+        ),
+    )
+
+    @property
+    def key(self) -> str:
+        """The metric's name in decisions."""
+        return self.name if self.name is not None else self.type
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        kind = self.type
+        if kind == "app":
+            self._check_app()
+        else:
+            for key in ("source", "steps", "then"):
+                if getattr(self, key) is not None:
+                    raise KeyedValueError(key, f"only for type: app, not {kind}")
+        if kind == "latency":
+            for key in ("percentile", "target_s"):
+                if getattr(self, key) is None:
+                    raise KeyedValueError(key, "is required for type: latency")
+            if self.target is not None:
+                raise KeyedValueError("target", "type: latency takes percentile and target_s")
+        else:
+            for key in ("percentile", "target_s"):
+                if getattr(self, key) is not None:
+                    raise KeyedValueError(key, f"only for type: latency, not {kind}")
+            if kind != "app" and self.target is None:
+                raise KeyedValueError("target", f"is required for type: {kind}")
+        return self
+
+    def _check_app(self) -> None:
+        if self.name is None:
+            raise KeyedValueError("name", "is required for type: app")
+        if self.source is None:
+            raise KeyedValueError("source", "is required for type: app (header or push)")
+        if (self.target is None) == (self.steps is None):
+            raise KeyedValueError("target", "give exactly one of target (per replica) or steps")
+        if self.then is not None and self.steps is None:
+            raise KeyedValueError("then", "needs steps")
+        steps = self.steps or []
+        for k in range(1, len(steps)):
+            before, row = steps[k - 1], steps[k]
+            if row.below <= before.below:
+                raise KeyedValueError(
+                    f"steps.{k}.below",
+                    f"must be > the previous row's below ({before.below:g}), got {row.below:g}",
+                )
+            if row.replicas < before.replicas:
+                raise KeyedValueError(
+                    f"steps.{k}.replicas",
+                    f"must be >= the previous row's replicas ({before.replicas}), got {row.replicas}",
+                )
+
+
 class ScalingPolicy(_Model):
     """How one service scales: horizontally (replicas) and vertically (CPU per replica)."""
 
@@ -140,6 +313,14 @@ class ScalingPolicy(_Model):
         default=10.0,
         gt=0,
         description="Target value of the metric per replica (metric: cpu: percent of cpu.request).",
+    )
+    metrics: list[MetricSpec] = Field(
+        default_factory=list,
+        description=(
+            "Several metrics, each with its own answer; the service scales to the largest (a "
+            "metric without data never scales it down). The first concurrency or rps entry is "
+            "decided by the mode's windows; metric/target is the one-metric shorthand."
+        ),
     )
     target_utilization: float = Field(
         default=0.7,
@@ -193,8 +374,58 @@ class ScalingPolicy(_Model):
         description="vertical: grow CPU per replica up to cpu.max before adding replicas; horizontal: add replicas first.",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _primary_from_metrics(cls, data: Any) -> Any:
+        """With ``metrics``, the first concurrency/rps entry sets ``metric``/``target``."""
+        if not isinstance(data, dict) or not data.get("metrics"):
+            return data
+        entries = data["metrics"]
+        if not isinstance(entries, list):
+            return data
+        primary: tuple[str, Any] | None = None
+        for entry in entries:
+            kind = (
+                entry.type
+                if isinstance(entry, MetricSpec)
+                else (entry.get("type") if isinstance(entry, dict) else None)
+            )
+            if kind in PRIMARY_TYPES:
+                target = entry.target if isinstance(entry, MetricSpec) else entry.get("target")
+                primary = (str(kind), target)
+                break
+        metric, target = primary if primary is not None else ("concurrency", 10.0)
+        for key, value in (("metric", metric), ("target", target)):
+            given = data.get(key)
+            if given is not None and given != value:
+                raise KeyedValueError(
+                    key,
+                    "give metric/target or metrics, not both (list it as an entry of metrics)",
+                )
+        if primary is None or target is None:
+            return data
+        return {**data, "metric": metric, "target": target}
+
+    @property
+    def primary_listed(self) -> bool:
+        """Whether ``metric``/``target`` count (the shorthand, or listed in ``metrics``)."""
+        return not self.metrics or any(m.type in PRIMARY_TYPES for m in self.metrics)
+
+    @property
+    def extra_metrics(self) -> list[MetricSpec]:
+        """The ``metrics`` entries besides the primary (decided by ``scaler.metrics``)."""
+        out: list[MetricSpec] = []
+        primary_seen = False
+        for m in self.metrics:
+            if m.type in PRIMARY_TYPES and not primary_seen:
+                primary_seen = True
+                continue
+            out.append(m)
+        return out
+
     @model_validator(mode="after")
     def _check(self) -> Self:
+        self._check_metrics()
         if self.max_replicas < self.min_replicas:
             raise KeyedValueError(
                 "max_replicas",
@@ -219,6 +450,22 @@ class ScalingPolicy(_Model):
                     f"must be >= min_replicas × cpu.min ({least:g}), got {self.guaranteed_cpu:g}",
                 )
         return self
+
+    def _check_metrics(self) -> None:
+        seen: dict[str, int] = {}
+        for k, m in enumerate(self.metrics):
+            if m.key in seen:
+                raise KeyedValueError(
+                    f"metrics.{k}.name",
+                    f"{m.key!r} is already the name of metrics[{seen[m.key]}] (names must differ)",
+                )
+            seen[m.key] = k
+            if m.type == "cpu_utilization" and self.min_replicas < 1:
+                raise KeyedValueError(
+                    "min_replicas", "must be >= 1 with cpu_utilization (no CPU is measured at zero)"
+                )
+        if self.metrics and self.metric == "cpu":
+            raise KeyedValueError("metric", "with metrics, list type: cpu_utilization instead")
 
     @property
     def floor_cores(self) -> float:

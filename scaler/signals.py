@@ -39,6 +39,14 @@ class ServiceSignals:
     """CPU consumed by all replicas (cgroup usage), if the platform measures it."""
     cpu_throttled_seconds_total: float | None = None
     """Time the replicas spent throttled by their CPU limit, if measured."""
+    app_metrics: dict[str, float] | None = None
+    """``app`` metrics (``scaling.metrics``) by name: the service's value now (its replicas'
+    last header values combined, or the last push); a metric with no recent value is absent."""
+    latency_counts: tuple[int, ...] | None = None
+    """The latency histogram since start (monotonic counts per bucket, the last one +Inf),
+    when a ``latency`` metric needs it."""
+    latency_bounds_s: tuple[float, ...] | None = None
+    """Upper bounds (seconds) of ``latency_counts``' buckets but the last."""
 
     @property
     def concurrency(self) -> int:

@@ -42,7 +42,8 @@ def format_error(err: dict[str, Any]) -> tuple[str, str]:
     value = err.get("input")
     if kind == "value_error" and isinstance(ctx.get("error"), KeyedValueError):
         keyed: KeyedValueError = ctx["error"]
-        return format_loc([*loc, *keyed.key.split(".")]), keyed.message
+        parts = [int(p) if p.isdigit() else p for p in keyed.key.split(".")]
+        return format_loc([*loc, *parts]), keyed.message
     if kind == "literal_error":
         expected = re.findall(r"'([^']*)'", str(ctx.get("expected", "")))
         return format_loc(loc), f"must be one of {', '.join(expected)}, got {value!r}"
