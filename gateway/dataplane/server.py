@@ -183,17 +183,21 @@ class ClientConnection(asyncio.Protocol):
         if self.raw:
             self.data = data
             self.head_from = 0
+        tail = data  # the bytes fed last: an unfinished line at their end is counted
         try:
             try:
-                self.parser.feed_data(data)
+                if self.raw:
+                    self.parser.feed_data(data)
+                else:
+                    tail = self._feed_fields(data)
             except httptools.HttpParserError:
                 if not self.refeed:
                     raise
                 self.refeed = False
-                self._parse_fields(data)
+                tail = self._parse_fields(data)
             else:
                 if self.head_open and self.raw and not (self.broken or self.closed):
-                    self._parse_fields(data)  # the read ended inside a head
+                    tail = self._parse_fields(data)  # the read ended inside a head
         except httptools.HttpParserUpgrade as e:
             # No more HTTP on this connection: an allowed upgrade goes to the upstream (the
             # bytes after the request go to its tunnel); otherwise the request is served as
@@ -209,12 +213,17 @@ class ClientConnection(asyncio.Protocol):
             if self.dp.h2c and self._take_h2c(data):
                 return
             cause = self.reject_cause
-            if cause is None:
-                cause = Cause.VERSION_NOT_SUPPORTED if "PRI" in str(e) else Cause.BAD_REQUEST
-            self._reject(cause)
+            if cause is None and "PRI" in str(e):
+                cause = Cause.VERSION_NOT_SUPPORTED
+            elif cause is None:
+                cause = self._limit_before_error(data) if self.raw else None
+            self._reject(cause or Cause.BAD_REQUEST)
+            return
+        except RequestRejected as e:  # a head limit crossed between two steps of _feed_fields
+            self._reject(e.cause)
             return
         if self.head_open:
-            self._head_pending(data)
+            self._head_pending(tail)
 
     def _take_h2c(self, data: bytes) -> bool:
         """The HTTP/2 preface opened the connection (h2c by prior knowledge, ``listen.h2c``):
@@ -229,7 +238,7 @@ class ClientConnection(asyncio.Protocol):
         h2conn.data_received(data)
         return True
 
-    def _parse_fields(self, data: bytes) -> None:
+    def _parse_fields(self, data: bytes) -> bytes:
         """Re-parse the current request from its first byte with per-field callbacks, and
         keep doing so on this connection: its head is split across reads (the limits are
         then counted field by field as they arrive, see ``_head_pending``) or its body is
@@ -237,15 +246,80 @@ class ClientConnection(asyncio.Protocol):
         self.raw = False
         self.head_open = False
         self.parser = _parser(_FieldCallbacks(self))
-        self.parser.feed_data(data[self.head_from :])
+        return self._feed_fields(data[self.head_from :])
 
     # -- issue 4: head size and time limits -------------------------------------------------
+    #
+    # The answer must not depend on how TCP cuts the bytes (issue 20).  Fed byte by byte, a
+    # head gets the answer of the first problem in byte order, as nginx gives it (it parses
+    # only what fits its header buffers): a syntax error before a limit is crossed is 400, a
+    # limit crossed before any syntax error is 414/431 whatever follows.  llhttp reports an
+    # error without the spans before it, so a read is fed in steps that no limit can be
+    # crossed inside of (``_room``), and a raw head that fails is replayed that way.
+
+    def _room(self) -> int:
+        """Bytes the parser may take before a head limit could be crossed (each byte adds at
+        most 2 to what is counted: the target counts on the line and as the target)."""
+        if not self.head_open:
+            limits = self.dp.limits  # a head may begin at any byte (and take these limits)
+            return min(limits.max_uri_bytes, limits.max_header_bytes - self.line_bytes)
+        limits = self.limits
+        return min(limits.max_uri_bytes - len(self.url), self.head_left - self.line_bytes)
+
+    def _feed_fields(self, data: bytes) -> bytes:
+        """Feed the per-field parser in steps of at most half the room left (so a limit is
+        met where byte-by-byte reads would meet it); return the last step.  A body in
+        progress is fed whole (it is not counted, and steps would cut its writes)."""
+        parser = self.parser
+        at = 0
+        end = len(data)
+        while self.parsing is None or self.head_open:
+            step = max(1, self._room() // 2)
+            if end - at <= step:
+                break
+            piece = data[at : at + step]
+            parser.feed_data(piece)
+            at += step
+            if self.closed:
+                return b""
+            if self.head_open and self._head_excess(piece):
+                raise RequestRejected(Cause.HEADERS_TOO_LARGE)
+        if at:
+            data = data[at:]
+        parser.feed_data(data)
+        return data
+
+    def _limit_before_error(self, data: bytes) -> Cause | None:
+        """A raw head failed to parse: the limit it crossed before its first syntax error,
+        if any, found by replaying it (from ``head_from``) per field in steps.  Nothing is
+        dispatched: the connection counts as broken while replaying."""
+        parsing = self.parsing
+        self.broken = True
+        self.parsing = None
+        self.raw = False
+        self.head_open = False
+        self.line_bytes = 0
+        self.parser = _parser(_FieldCallbacks(self))
+        cause: Cause | None = None
+        try:
+            self._feed_fields(data[self.head_from :])
+        except httptools.HttpParserError:
+            cause = self.reject_cause
+        except RequestRejected as e:
+            cause = e.cause
+        self.broken = False
+        self.parsing = parsing
+        return cause
+
+    def _head_excess(self, data: bytes) -> bool:
+        """Count the unfinished line at the end of ``data``: is the head over its limits?"""
+        i = data.rfind(b"\n")
+        self.line_bytes = self.line_bytes + len(data) if i == -1 else len(data) - i - 1
+        return self.line_bytes > self.head_left or len(self.headers) > self.limits.max_headers
 
     def _head_pending(self, data: bytes) -> None:
         """A head is still incomplete after this read: bound its size, its fields and its time."""
-        i = data.rfind(b"\n")
-        self.line_bytes = self.line_bytes + len(data) if i == -1 else len(data) - i - 1
-        if self.line_bytes > self.head_left or len(self.headers) > self.limits.max_headers:
+        if self._head_excess(data):
             self._reject(Cause.HEADERS_TOO_LARGE)
             return
         if not self.head_deadline:
@@ -321,7 +395,7 @@ class ClientConnection(asyncio.Protocol):
         """``on_header``, for a connection that left raw heads (see ``_FieldCallbacks``)."""
         self.headers.append((name, value))
         left = self.head_left = self.head_left - len(name) - len(value) - 4
-        if left < 0:
+        if left < 0 or len(self.headers) > self.limits.max_headers:
             self._stop_parsing(Cause.HEADERS_TOO_LARGE)
 
     def on_headers_complete(self) -> None:

@@ -656,6 +656,45 @@ LIMITS = [
         chunked(b"1\r\nx\r\n0\r\n" + b"".join(b"X-T%d: v\r\n" % i for i in range(200)) + b"\r\n"),
         431,
     ),
+    # A syntax error past a limit: the limit was met first in byte order, as nginx answers
+    # (it parses only what fits its buffers), however TCP cuts the bytes (issue 20).
+    bad("uri-over-8k-then-ctl", b"GET /" + b"u" * 9000 + b"\x01 HTTP/1.1\r\n" + H + b"\r\n", 414),
+    bad("uri-over-8k-then-ctl-no-end", b"GET /" + b"u" * 9000 + b"\x01", 414),
+    bad(
+        "header-over-32k-then-ctl",
+        req(headers=H + b"X-Big: " + b"a" * 33000 + b"\x01\r\n"),
+        431,
+    ),
+    bad(
+        "header-over-32k-then-bad-name",
+        req(headers=H + b"X-Big: " + b"a" * 33000 + b"\r\nBad Name: x\r\n"),
+        431,
+    ),
+    bad(
+        "header-over-32k-then-bare-lf",
+        req(headers=H + b"X-Big: " + b"a" * 33000 + b"\nX-After: y\r\n"),
+        431,
+    ),
+    bad(
+        "headers-total-over-32k-then-bad-name",
+        req(
+            headers=H
+            + b"".join(b"X-H%02d: %s\r\n" % (i, b"a" * 1000) for i in range(40))
+            + b"Bad Name: x\r\n"
+        ),
+        431,
+    ),
+    bad(
+        "headers-101-then-bad-name",
+        req(headers=H + b"".join(b"X-H%d: v\r\n" % i for i in range(101)) + b"Bad Name: x\r\n"),
+        431,
+    ),
+    # ... and before it: the error is met first.
+    bad("ctl-then-uri-over-8k", b"GET /u\x01" + b"u" * 9000 + b" HTTP/1.1\r\n" + H + b"\r\n"),
+    bad(
+        "bad-name-then-header-over-32k",
+        req(headers=H + b"Bad Name: x\r\nX-Big: " + b"a" * 33000 + b"\r\n"),
+    ),
     bad("body-cl-over-limit", post(b"Content-Length: 1025\r\n", b"b" * 1025), 413),
     bad("body-cl-huge", post(b"Content-Length: 10000000000\r\n", b"b" * 10), 413),
     bad(
@@ -714,6 +753,15 @@ SMUGGLING_PIPELINES = [
     Case(
         "good-then-header-too-big",
         req(b"GET /1 HTTP/1.1") + req(headers=H + b"X-Big: " + b"a" * 40000 + b"\r\n"),
+        [200, 431],
+        True,
+        [("GET", "/1")],
+    ),
+    Case(
+        "good-then-header-too-big-then-ctl",
+        req(b"GET /1 HTTP/1.1")
+        + req(headers=H + b"X-Big: " + b"a" * 40000 + b"\x01\r\n")
+        + req(b"GET /never HTTP/1.1"),
         [200, 431],
         True,
         [("GET", "/1")],

@@ -143,3 +143,21 @@ def test_any_cut_agrees_with_one_read(
 ) -> None:
     data = CORPUS[case_id]
     assert answer(loop, cut_at(data, cuts)) == answer(loop, [data])
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    before=st.integers(min_value=8185, max_value=8200),
+    cuts=st.lists(st.integers(min_value=0), max_size=4),
+)
+def test_first_problem_in_byte_order_decides(
+    before: int, cuts: list[int], loop: asyncio.AbstractEventLoop
+) -> None:
+    """A control byte after ``before`` bytes of target: 400 while the target is within
+    ``max_uri_bytes`` (8192) up to it, 414 once the limit was crossed before it (nginx's
+    order), however the bytes are cut."""
+    data = b"GET /" + b"u" * (before - 1) + b"\x01u HTTP/1.1\r\nHost: a\r\n\r\n"
+    status = answer(loop, cut_at(data, cuts))[0].split(b" ", 2)[1]
+    assert status == (b"414" if before > 8192 else b"400")
