@@ -256,8 +256,14 @@ def _filled_result(  # noqa: PLR0917 - the calculator's figures, in its order
 
 
 def _change_in_period(events: deque[tuple[float, int]], now: float, period_s: float) -> int:
+    """Replicas changed in the ``period_s`` ending at ``now`` (events oldest first)."""
     cutoff = now - period_s
-    return sum(change for at, change in events if at > cutoff)
+    total = 0
+    for at, change in reversed(events):
+        if at <= cutoff:
+            break
+        total += change
+    return total
 
 
 def scale_up_limit(
@@ -322,16 +328,12 @@ class HpaBehaviorState:
         self._down_max: deque[tuple[float, int]] = deque()
         self._up_events: deque[tuple[float, int]] = deque()
         self._down_events: deque[tuple[float, int]] = deque()
-        periods = [p.period_s for p in behavior.scale_up.policies] + [
-            p.period_s for p in behavior.scale_down.policies
-        ]
+        # Scale events matter only within a rate policy's period (the stabilisation windows
+        # keep their own deques).
         self._longest_s = max(
-            [
-                *periods,
-                behavior.scale_up.stabilization_window_s,
-                behavior.scale_down.stabilization_window_s,
-                0.0,
-            ]
+            [p.period_s for p in behavior.scale_up.policies]
+            + [p.period_s for p in behavior.scale_down.policies]
+            + [0.0]
         )
 
     def __repr__(self) -> str:

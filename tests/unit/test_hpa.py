@@ -288,3 +288,183 @@ def test_cpu_metric_drives_the_engine_in_hpa_mode() -> None:
     assert d.rule == "hpa"
     assert d.replicas == 4  # ceil(1.6 × 2)
     assert any(s.kind == "hpa.utilization" for s in d.explanation.steps)
+
+
+# -- Kubernetes' own table: replica_calculator_test.go, GetResourceReplicas (CPU utilisation) --
+#
+# Each pod is (ready, usage in millicores or None when its metric is missing, request in
+# millicores).  Kubernetes' fixtures give every pod two containers with the same request and
+# level; one container per pod gives the same utilisation.  Failed pods and pods being deleted
+# are left out by the caller (they are not in the list), as the HPA ignores them.
+
+
+def pods(*spec: tuple[bool, int | None, int]) -> list[CpuSample]:
+    return [
+        CpuSample(ok, None if used is None else used / 1000, request / 1000)
+        for ok, used, request in spec
+    ]
+
+
+R = 1000  # a 1-core request
+
+
+@pytest.mark.parametrize(
+    ("name", "samples", "current", "target", "replicas", "utilization"),
+    [
+        ("scale up", pods((True, 300, R), (True, 500, R), (True, 700, R)), 3, 30, 5, 50),
+        (
+            "scale up: unready pod scales less",
+            pods((False, 300, R), (True, 500, R), (True, 700, R)),
+            3,
+            30,
+            4,
+            60,
+        ),
+        (
+            "no scale: unready pods ignored",
+            pods((True, 400, R), (False, 500, R), (False, 700, R)),
+            3,
+            30,
+            3,
+            40,
+        ),
+        ("scale up: failed pods ignored", pods((True, 500, R), (True, 700, R)), 2, 30, 4, 60),
+        (
+            "scale down",
+            pods((True, 100, R), (True, 300, R), (True, 500, R), (True, 250, R), (True, 250, R)),
+            5,
+            50,
+            3,
+            28,
+        ),
+        (
+            "scale down: exclude unready pods",
+            pods((True, 100, R), (True, 300, R), (True, 500, R), (False, 250, R), (False, 250, R)),
+            5,
+            50,
+            2,
+            30,
+        ),
+        (
+            "scale down: exclude unscheduled (pending) pods",
+            pods(
+                (True, 100, R),
+                (False, None, R),
+                (False, None, R),
+                (False, None, R),
+                (False, None, R),
+            ),
+            5,
+            50,
+            1,
+            10,
+        ),
+        (
+            "superfluous metrics",
+            pods((True, 4000, R), (True, 9500, R), (True, 3000, R), (True, 7000, R)),
+            4,
+            100,
+            24,
+            587,
+        ),
+        (
+            "missing metrics: 100 % of request on a scale-down",
+            pods((True, 400, R), (True, 95, R), (True, None, R), (True, None, R)),
+            4,
+            100,
+            3,
+            24,
+        ),
+        (
+            "missing metrics, no change: at the target",
+            pods((True, 1000, R), (True, None, R)),
+            2,
+            100,
+            2,
+            100,
+        ),
+        (
+            "missing metrics, no change: above",
+            pods((True, 1900, R), (True, None, R)),
+            2,
+            100,
+            2,
+            190,
+        ),
+        ("missing metrics, no change: below", pods((True, 600, R), (True, None, R)), 2, 100, 2, 60),
+        (
+            "missing metrics + unready: filling in flips the direction",
+            pods((False, 100, R), (True, 450, R), (True, None, R)),
+            3,
+            50,
+            3,
+            45,
+        ),
+        (
+            "missing metrics + unready: scale up",
+            pods((False, 100, R), (True, 2000, R), (True, None, R)),
+            3,
+            50,
+            4,
+            200,
+        ),
+        (
+            "missing metrics + unready: scale down",
+            pods((False, 100, R), (True, 100, R), (True, 100, R), (True, None, R)),
+            4,
+            50,
+            3,
+            10,
+        ),
+        (
+            "missing metrics on a scale-down, target over 100 %",
+            pods((False, 200, R), (True, 100, R), (True, 100, 2 * R), (True, None, 2 * R)),
+            4,
+            300,
+            2,
+            6,
+        ),
+        (
+            "rolling update with max surge: 3 pods for 2 replicas",
+            pods((True, 100, R), (True, 100, R), (True, None, R)),
+            2,
+            50,
+            2,
+            10,
+        ),
+    ],
+)
+def test_kubernetes_resource_replica_cases(
+    name: str,
+    samples: list[CpuSample],
+    current: int,
+    target: float,
+    replicas: int,
+    utilization: int,
+) -> None:
+    result = calculate_utilization_replicas(samples, current, target, 0.1)
+    assert result.replicas == replicas, name
+    assert round(result.usage_ratio * target) == utilization, name
+
+
+def test_kubernetes_computed_tolerance_case() -> None:
+    # TestReplicaCalcComputedToleranceAlgImplementation: 10 pods using 150m each, requests
+    # spread around 300m (3000m in all): utilisation 50 %.  A 56 % target is just past the
+    # 0.1 tolerance (ratio 0.893) -> 9 pods; a 55 % target is within it (0.909) -> 10.
+    requests = [400, 200, 310, 290, 302, 298, 301, 299, 300, 300]
+    samples = pods(*[(True, 150, r) for r in requests])
+    assert calculate_utilization_replicas(samples, 10, 56, 0.1).replicas == 9
+    assert calculate_utilization_replicas(samples, 10, 55, 0.1).replicas == 10
+
+
+def test_kubernetes_separate_tolerance_case() -> None:
+    # TestReplicaCalcTolerancePerPodCMExternal with Tolerances{0.1, 0.01}: 8600 over 3 pods
+    # against 2800 per pod is a ratio of 1.024 -- within the default 0.1, past a 0.01 scale-up
+    # tolerance -> ceil(8600 / 2800) = 4.
+    samples = [PodSample(True, 8600 / 3)] * 3
+    assert calculate_replicas(samples, 3, 2800, Tolerances(0.1, 0.01)).replicas == 4
+    assert calculate_replicas(samples, 3, 2800, Tolerances(0.1, 0.1)).replicas == 3
+    # The same on the CPU path: 3 pods at 1024m of 1 core against a 100 % target.
+    cpu = pods(*[(True, 1024, R)] * 3)
+    assert calculate_utilization_replicas(cpu, 3, 100, Tolerances(0.1, 0.01)).replicas == 4
+    assert calculate_utilization_replicas(cpu, 3, 100, Tolerances(0.1, 0.1)).replicas == 3
