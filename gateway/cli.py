@@ -6,6 +6,8 @@ Exit codes: 0 ok, 2 bad configuration or usage, 1 runtime failure.
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -225,7 +227,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.given_config = args.config
     if "config" in args and args.config is None:
         args.config = default_config()
-    result: int = args.func(args)
+    try:
+        result: int = args.func(args)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (`sluice schema | head`): stop quietly with the status of a
+        # process killed by SIGPIPE (128 + 13), as well-behaved CLIs do.  stdout now points
+        # at /dev/null so the interpreter's final flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     return result
 
 

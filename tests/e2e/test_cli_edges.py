@@ -4,6 +4,7 @@ and shell completion."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -175,3 +176,26 @@ def test_completion_scripts(tmp_path: Path) -> None:
     zsh = sluice("completion", "zsh")
     assert zsh.returncode == 0 and zsh.stdout.startswith("#compdef sluice")
     assert "completion) _arguments" in zsh.stdout and "'1:value:(bash zsh)'" in zsh.stdout
+
+
+@pytest.mark.parametrize(
+    "args", [["schema"], ["check", "config/sluice.yaml"], ["completion", "bash"]]
+)
+def test_output_into_a_closed_pipe_is_no_traceback(args: list[str]) -> None:
+    """`sluice schema | head -1`: the reader is gone before (or while) sluice writes."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # every write now fails with EPIPE
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "gateway", *args],
+            cwd=ROOT,
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert done.stderr == ""
+    assert done.returncode == 141, "128 + SIGPIPE, like a CLI the signal stopped"
