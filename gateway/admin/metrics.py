@@ -41,6 +41,8 @@ From the scaler's latest decisions (``DecisionCollector``; absent when no scaler
 * ``sluice_scaler_demand_cores{service}`` — the CPU the service demanded this tick
 * ``sluice_scaler_clamped{service,quantity,bound}`` — 1 for every bound that clamped the
   decision (``max_replicas``, ``max_scale_up_rate``, ``budget``, ``hysteresis``, ...)
+* ``sluice_scaler_resize_blocked{service}`` — 1 when in-place CPU resize is blocked
+  (Kubernetes: a pod's resize ``Infeasible``/``Deferred``), so replicas scale instead
 * ``sluice_scaler_cpu_flow_cores{service,kind}`` — CPU lent / borrowed / reclaimed / given
   back / taken for others' floors this tick
 * ``sluice_scaler_leader`` — 1 while this gateway leads (decides and applies; always 1
@@ -263,6 +265,11 @@ class DecisionCollector(Collector):
             "1 for every bound that clamped the service's decision.",
             labels=["service", "quantity", "bound"],
         )
+        resize_blocked = GaugeMetricFamily(
+            "sluice_scaler_resize_blocked",
+            "1 when in-place CPU resize is blocked for the service (replicas scale instead).",
+            labels=["service"],
+        )
         flows = GaugeMetricFamily(
             "sluice_scaler_cpu_flow_cores",
             "CPU lent, borrowed, reclaimed, given back or taken for floors this tick (cores).",
@@ -282,6 +289,8 @@ class DecisionCollector(Collector):
                 clamped.add_metric([name, *clamp], 1)
             for kind in FLOW_KINDS:
                 flows.add_metric([name, kind], explanation.flow_cores(kind))
+            blocked = any(s.kind.startswith("split.resize_blocked") for s in explanation.steps)
+            resize_blocked.add_metric([name], 1 if blocked else 0)
         budget = GaugeMetricFamily("sluice_budget_cpu_cores", "The shared CPU budget (cores).")
         budget.add_metric([], self._budget_cpu())
         applied = GaugeMetricFamily(
@@ -290,7 +299,8 @@ class DecisionCollector(Collector):
         )
         applied.add_metric([], 1 if self._applied() else 0)
         out: list[Metric] = [
-            *(replicas, cpu, allocated, budget, applied, rule, frozen, demand, clamped, flows)
+            *(replicas, cpu, allocated, budget, applied, rule, frozen, demand, clamped, flows),
+            resize_blocked,
         ]
         out += self._targets(decisions)
         leader = GaugeMetricFamily(

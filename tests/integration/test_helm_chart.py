@@ -42,7 +42,13 @@ NAMESPACED = {
     "Service",
     "ServiceAccount",
     "ServiceMonitor",
+    "HorizontalPodAutoscaler",
+    "PrometheusRule",
+    "NetworkPolicy",
 }
+TOKEN = "testtoken0123456789abcdefghijklmnopqrstuv"
+"""adminToken.value for renders that do not set adminToken (the chart requires one)."""
+CRDS = {"ServiceMonitor": "monitoring.coreos.com/v1", "PrometheusRule": "monitoring.coreos.com/v1"}
 Manifest = dict[str, Any]
 
 
@@ -52,6 +58,7 @@ def _values(path: Path) -> dict[str, Any]:
 
 
 def _render(values: dict[str, Any]) -> list[Manifest]:
+    values = {"adminToken": {"value": TOKEN}} | values
     with helm.Chart.load(CHART) as chart:
         rendered = chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
     docs = []
@@ -82,6 +89,12 @@ def _one(docs: list[Manifest], kind: str) -> Manifest:
     found = _kind(docs, kind)
     assert len(found) == 1, f"expected one {kind}, got {len(found)}"
     return found[0]
+
+
+def _config_map(docs: list[Manifest]) -> Manifest:
+    """The ConfigMap with Sluice's config (the dashboard's is another one)."""
+    (found,) = [d for d in docs if d["__template__"].endswith("/configmap.yaml")]
+    return found
 
 
 def _matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
@@ -116,12 +129,8 @@ def test_lint_is_clean(path: Path, kube_version: str) -> None:
 def test_the_packaged_chart_renders_the_same(tmp_path: Path) -> None:
     archive = helm.package(CHART, destination=tmp_path)
     with helm.Chart.load(archive) as packaged, helm.Chart.load(CHART) as source:
-        a, b = (c.render({}, name=RELEASE, namespace=NAMESPACE) for c in (packaged, source))
-        secret = "sluice/templates/secret.yaml"  # a fresh random token on every render
-        assert (
-            yaml.safe_load(a.pop(secret))["data"].keys()
-            == yaml.safe_load(b.pop(secret))["data"].keys()
-        )
+        values = {"adminToken": {"value": TOKEN}}
+        a, b = (c.render(values, name=RELEASE, namespace=NAMESPACE) for c in (packaged, source))
         assert a == b
         assert packaged.schema == source.schema is not None
     assert not [f for f in packaged_names(archive) if "/ci/" in f], ".helmignore keeps ci/ out"
@@ -181,7 +190,7 @@ def test_schema_rejects_bad_values() -> None:
 )
 def test_render_refuses_installs_that_cannot_work(values: dict[str, Any], message: str) -> None:
     with helm.Chart.load(CHART) as chart, pytest.raises(helm.HelmRenderError) as info:
-        chart.render(values, name=RELEASE, namespace=NAMESPACE)
+        chart.render({"adminToken": {"value": TOKEN}} | values, name=RELEASE, namespace=NAMESPACE)
     assert message in str(info.value)
 
 
@@ -192,6 +201,14 @@ def test_objects_and_kinds(case: tuple[dict[str, Any], list[Manifest]]) -> None:
     values, docs = case
     kinds = sorted(d["kind"] for d in docs)
     expected = ["ConfigMap", "Deployment", "Service", "Service"]
+    for key, kind in [
+        ("autoscaling", "HorizontalPodAutoscaler"),
+        ("prometheusRule", "PrometheusRule"),
+        ("grafanaDashboard", "ConfigMap"),
+        ("networkPolicy", "NetworkPolicy"),
+    ]:
+        if values[key]["enabled"]:
+            expected.append(kind)
     if values["serviceAccount"]["create"]:
         expected.append("ServiceAccount")
     if values["rbac"]["create"]:
@@ -224,8 +241,8 @@ def test_every_field_is_known_to_the_kubernetes_api(
     case: tuple[dict[str, Any], list[Manifest]],
 ) -> None:
     for doc in case[1]:
-        if doc["kind"] == "ServiceMonitor":  # a CRD: not in the official client's models
-            assert doc["apiVersion"] == "monitoring.coreos.com/v1"
+        if doc["kind"] in CRDS:  # not in the official client's models
+            assert doc["apiVersion"] == CRDS[doc["kind"]]
             continue
         manifest = {k: v for k, v in doc.items() if k != "__template__"}
         assert field_errors(manifest) == [], doc["__template__"]
@@ -250,7 +267,10 @@ def test_selectors_match_the_pods(case: tuple[dict[str, Any], list[Manifest]]) -
     selector = deployment["spec"]["selector"]["matchLabels"]
     assert set(selector) == set(NAME_LABELS), "the selector is immutable: keep it minimal"
     assert _matches(selector, pod_labels)
-    assert deployment["spec"]["replicas"] == values["replicaCount"]
+    if values["autoscaling"]["enabled"]:
+        assert "replicas" not in deployment["spec"], "the HPA owns the replicas"
+    else:
+        assert deployment["spec"]["replicas"] == values["replicaCount"]
     ports = {p["name"]: p["containerPort"] for p in _container(docs)["ports"]}
     services = {
         s["metadata"]["labels"]["app.kubernetes.io/component"]: s for s in _kind(docs, "Service")
@@ -276,7 +296,7 @@ def test_selectors_match_the_pods(case: tuple[dict[str, Any], list[Manifest]]) -
         assert endpoint["port"] in {p["name"] for p in admin["spec"]["ports"]}
         assert endpoint["path"] == "/metrics"
     # the leader finds its peers in the EndpointSlices of the Service the config names
-    kube = yaml.safe_load(_one(docs, "ConfigMap")["data"]["sluice.yaml"])["kubernetes"]
+    kube = yaml.safe_load(_config_map(docs)["data"]["sluice.yaml"])["kubernetes"]
     assert kube["gateway_service"] == {
         "namespace": NAMESPACE,
         "name": admin["metadata"]["name"],
@@ -331,7 +351,7 @@ def test_the_image_and_the_chart_agree(case: tuple[dict[str, Any], list[Manifest
     (mount,) = [m for m in container["volumeMounts"] if m["name"] == "config"]
     assert mount["mountPath"] == str(config_path.parent)
     (volume,) = [v for v in pod["volumes"] if v["name"] == "config"]
-    configmap = _one(docs, "ConfigMap")
+    configmap = _config_map(docs)
     assert volume["configMap"]["name"] == configmap["metadata"]["name"]
     assert volume["configMap"]["items"] == [{"key": config_path.name, "path": config_path.name}]
     uid = next(a.words[0] for a in runtime.all("ARG") if a.words[0].startswith("SLUICE_UID="))
@@ -342,7 +362,7 @@ def test_configmap_passes_sluice_check(
     case: tuple[dict[str, Any], list[Manifest]], tmp_path: Path
 ) -> None:
     values, docs = case
-    text = _one(docs, "ConfigMap")["data"]["sluice.yaml"]
+    text = _config_map(docs)["data"]["sluice.yaml"]
     rendered = yaml.safe_load(text)
     kube = rendered.pop("kubernetes")
     expected = dict(values["config"])
@@ -558,7 +578,7 @@ def test_rbac_off_renders_no_rbac() -> None:
 
 def test_notes_render_with_the_real_names() -> None:
     with helm.Chart.load(CHART) as chart:
-        rendered = chart.render({}, name=RELEASE, namespace=NAMESPACE)
+        rendered = chart.render({"adminToken": {"value": TOKEN}}, name=RELEASE, namespace=NAMESPACE)
     notes = rendered["sluice/templates/NOTES.txt"]
     assert "ingressClassName: sluice" in notes
     assert f"svc/{RELEASE}-sluice-admin 9901:9901" in notes
@@ -616,7 +636,7 @@ def test_the_docs_values_example_installs_a_valid_config(tmp_path: Path) -> None
     ]
     manifests = _render(yaml.safe_load(example))
     config = tmp_path / "sluice.yaml"
-    config.write_text(_one(manifests, "ConfigMap")["data"]["sluice.yaml"])
+    config.write_text(_config_map(manifests)["data"]["sluice.yaml"])
     out = subprocess.run(
         [sys.executable, "-m", "gateway", "check", "--config", str(config)],
         cwd=ROOT,
@@ -655,3 +675,289 @@ def test_digest_history_and_extra_args_volumes_and_mounts() -> None:
     assert "@" not in _container(plain)["image"] and "args" not in _container(plain)
     with pytest.raises(Exception, match="digest"):
         _render({"image": {"digest": "latest"}})
+
+
+# ---------------------------------------------------------------- operators' objects (issue 19)
+
+METRICS_SOURCE = ROOT / "gateway" / "admin" / "metrics.py"
+
+
+def _exposed_metric_names() -> set[str]:
+    """Every series name gateway/admin/metrics.py can expose (counters get ``_total``,
+    histograms ``_bucket``/``_sum``/``_count``), plus Prometheus' own ``up``."""
+    source = METRICS_SOURCE.read_text()
+    names = {"up"}
+    for kind, name in re.findall(r"(\w+)MetricFamily\(\s*\"(sluice_\w+)\"", source):
+        if kind == "Counter":
+            names.add(f"{name}_total")
+        elif kind == "Histogram":
+            names |= {f"{name}_bucket", f"{name}_sum", f"{name}_count"}
+        else:
+            names.add(name)
+    return names
+
+
+def _metric_names(expr: str) -> set[str]:
+    return set(re.findall(r"\b(sluice_\w+|up)\s*\{", expr)) | set(
+        re.findall(r"\b(sluice_\w+)\b", expr)
+    )
+
+
+def test_the_metric_name_reader_knows_the_exposition() -> None:
+    names = _exposed_metric_names()
+    assert {"sluice_requests_total", "sluice_scaler_leader", "sluice_endpoints"} <= names
+    assert "sluice_request_duration_seconds_bucket" in names
+    assert "sluice_scaler_resize_blocked" in names
+
+
+def test_the_gateway_hpa_scales_the_deployment_on_cpu() -> None:
+    docs = _render(
+        {"autoscaling": {"enabled": True, "minReplicas": 2, "maxReplicas": 7}, "replicaCount": 5}
+    )
+    hpa = _one(docs, "HorizontalPodAutoscaler")
+    deployment = _one(docs, "Deployment")
+    assert hpa["spec"]["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": deployment["metadata"]["name"],
+    }
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 7)
+    (metric,) = hpa["spec"]["metrics"]
+    assert metric["resource"]["name"] == "cpu"
+    assert metric["resource"]["target"] == {"type": "Utilization", "averageUtilization": 70}
+    assert "replicas" not in deployment["spec"]
+    assert _container(docs)["resources"]["requests"]["cpu"], "Utilization needs a CPU request"
+    assert not _kind(_render({}), "HorizontalPodAutoscaler"), "off by default"
+    with pytest.raises(helm.HelmRenderError, match="must not exceed"):
+        _render({"autoscaling": {"enabled": True, "minReplicas": 9, "maxReplicas": 3}})
+    with pytest.raises(helm.HelmRenderError, match=r"resources.requests.cpu"):
+        _render({"autoscaling": {"enabled": True}, "resources": {"requests": {"cpu": None}}})
+
+
+def _rule_groups(docs: list[Manifest]) -> dict[str, Any]:
+    return {"groups": _one(docs, "PrometheusRule")["spec"]["groups"]}
+
+
+def test_the_alerts_use_real_metrics_and_pass_promtool(tmp_path: Path) -> None:
+    docs = _render({"prometheusRule": {"enabled": True}, "serviceMonitor": {"enabled": True}})
+    groups = _rule_groups(docs)
+    alerts = {r["alert"]: r for g in groups["groups"] for r in g["rules"]}
+    assert {
+        "SluiceBudgetExhausted",
+        "SluiceResizeBlocked",
+        "SluiceNoReadyEndpoints",
+        "SluiceLeaderLost",
+    } <= set(alerts)
+    exposed = _exposed_metric_names()
+    for name, rule in alerts.items():
+        used = _metric_names(rule["expr"])
+        assert used and used <= exposed, f"{name} uses {used - exposed}"
+        assert rule["labels"]["severity"] in {"warning", "critical"}
+        assert f'job="{RELEASE}-sluice-admin"' in rule["expr"], "the ServiceMonitor's job"
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(yaml.safe_dump(groups))
+    out = subprocess.run(
+        ["promtool", "check", "rules", str(rules)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_each_alert_fires_on_its_condition_only(tmp_path: Path) -> None:
+    """promtool's rule unit tests: series as a follower and a leader pod would expose them."""
+    docs = _render({"prometheusRule": {"enabled": True, "for": "2m"}})
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(_rule_groups(docs)))
+    job = f'job="{RELEASE}-sluice-admin", namespace="{NAMESPACE}"'
+    series = [
+        # shop/api is clamped by the budget; shop/web is not
+        (
+            f'sluice_scaler_clamped{{{job}, pod="a", service="shop/api", quantity="cores", bound="budget"}}',
+            "1x10",
+        ),
+        (
+            f'sluice_scaler_clamped{{{job}, pod="a", service="shop/web", quantity="replicas", bound="max_replicas"}}',
+            "1x10",
+        ),
+        (f'sluice_scaler_resize_blocked{{{job}, pod="a", service="shop/api"}}', "1x10"),
+        (f'sluice_scaler_resize_blocked{{{job}, pod="a", service="shop/web"}}', "0x10"),
+        # shop/web has requests and no ready endpoint; shop/api has one
+        (f'sluice_endpoints{{{job}, pod="a", service="shop/web", state="ready"}}', "0x10"),
+        (f'sluice_endpoints{{{job}, pod="a", service="shop/api", state="ready"}}', "1x10"),
+        (f'sluice_arrivals_total{{{job}, pod="a", service="shop/web"}}', "0+60x10"),
+        (f'sluice_arrivals_total{{{job}, pod="a", service="shop/api"}}', "0+60x10"),
+        # leadership lost after 3 minutes
+        (f'sluice_scaler_leader{{{job}, pod="a"}}', "1 1 1 0x7"),
+        (f'sluice_scaler_leader{{{job}, pod="b"}}', "0x10"),
+        (f'up{{{job}, pod="a"}}', "1x10"),
+    ]
+    service_labels = {"namespace": NAMESPACE}
+    tests = {
+        "rule_files": ["rules.yaml"],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [{"series": s, "values": v} for s, v in series],
+                "alert_rule_test": [
+                    {
+                        "eval_time": "9m",
+                        "alertname": "SluiceBudgetExhausted",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {
+                                    **service_labels,
+                                    "service": "shop/api",
+                                    "severity": "warning",
+                                }
+                            }
+                        ],
+                    },
+                    {
+                        "eval_time": "9m",
+                        "alertname": "SluiceResizeBlocked",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {
+                                    **service_labels,
+                                    "service": "shop/api",
+                                    "severity": "warning",
+                                }
+                            }
+                        ],
+                    },
+                    {
+                        "eval_time": "9m",
+                        "alertname": "SluiceNoReadyEndpoints",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {
+                                    **service_labels,
+                                    "service": "shop/web",
+                                    "severity": "critical",
+                                }
+                            }
+                        ],
+                    },
+                    {"eval_time": "4m", "alertname": "SluiceLeaderLost", "exp_alerts": []},
+                    {
+                        "eval_time": "9m",
+                        "alertname": "SluiceLeaderLost",
+                        "exp_alerts": [{"exp_labels": {**service_labels, "severity": "critical"}}],
+                    },
+                    {"eval_time": "9m", "alertname": "SluiceMetricsAbsent", "exp_alerts": []},
+                ],
+            }
+        ],
+    }
+    for alert in tests["tests"][0]["alert_rule_test"]:  # type: ignore[index]
+        for expected in alert["exp_alerts"]:
+            expected["exp_annotations"] = _annotations(
+                docs, alert["alertname"], expected["exp_labels"]
+            )
+    (tmp_path / "tests.yaml").write_text(yaml.safe_dump(tests))
+    out = subprocess.run(
+        ["promtool", "test", "rules", "tests.yaml"],
+        cwd=tmp_path,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def _annotations(docs: list[Manifest], alert: str, labels: dict[str, str]) -> dict[str, str]:
+    """The alert's annotations with ``{{ $labels.x }}`` expanded (promtool compares them)."""
+    (rule,) = [
+        r for g in _rule_groups(docs)["groups"] for r in g["rules"] if r.get("alert") == alert
+    ]
+    return {
+        key: re.sub(r"\{\{ \$labels\.(\w+) \}\}", lambda m: labels[m.group(1)], value)
+        for key, value in rule["annotations"].items()
+    }
+
+
+def test_the_grafana_dashboard_is_a_labelled_configmap_on_real_metrics() -> None:
+    docs = _render({"grafanaDashboard": {"enabled": True}})
+    (dashboard,) = [d for d in _kind(docs, "ConfigMap") if d is not _config_map(docs)]
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert dashboard["metadata"]["namespace"] == NAMESPACE
+    model = json.loads(dashboard["data"]["sluice.json"])
+    assert model["uid"] and model["panels"]
+    exposed = _exposed_metric_names()
+    exprs = [t["expr"] for p in model["panels"] for t in p["targets"]]
+    titles = " ".join(p["title"] for p in model["panels"]).lower()
+    for word in ("requests", "latency", "replicas", "budget", "endpoints", "leader"):
+        assert word in titles
+    for expr in exprs:
+        assert _metric_names(expr) <= exposed, expr
+    plain = _render({})
+    assert _kind(plain, "ConfigMap") == [_config_map(plain)], "off by default"
+
+
+def test_the_network_policy_admits_traffic_and_peers_on_named_ports() -> None:
+    monitoring = {"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}
+    docs = _render({"networkPolicy": {"enabled": True, "adminFrom": [monitoring]}})
+    policy = _one(docs, "NetworkPolicy")
+    pod_labels = _one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert _matches(policy["spec"]["podSelector"]["matchLabels"], pod_labels)
+    assert policy["spec"]["policyTypes"] == ["Ingress"], "egress stays open (API server, backends)"
+    ports = {p["name"] for p in _container(docs)["ports"]}
+    traffic, admin = policy["spec"]["ingress"]
+    assert [p["port"] for p in traffic["ports"]] == ["http"] and "from" not in traffic
+    assert [p["port"] for p in admin["ports"]] == ["admin"]
+    assert {p["port"] for r in policy["spec"]["ingress"] for p in r["ports"]} <= ports
+    peers, extra = admin["from"]
+    assert _matches(peers["podSelector"]["matchLabels"], pod_labels), "peers fetch /api/signals"
+    assert extra == monitoring
+
+
+def test_the_lease_rule_names_the_lease() -> None:
+    for config, lease in [
+        ({}, f"{RELEASE}-sluice-scaler"),
+        ({"lease": {"name": "edge-lock"}}, "edge-lock"),
+    ]:
+        docs = _render({"config": {"kubernetes": config}} if config else {})
+        kube = yaml.safe_load(_config_map(docs)["data"]["sluice.yaml"])["kubernetes"]
+        assert kube["lease"]["name"] == lease
+        role = next(d for d in _kind(docs, "Role"))
+        rules = [r for r in role["rules"] if r["resources"] == ["leases"]]
+        named = [r for r in rules if "resourceNames" in r]
+        assert named == [
+            {
+                "apiGroups": ["coordination.k8s.io"],
+                "resources": ["leases"],
+                "resourceNames": [lease],
+                "verbs": ["get", "update"],
+            }
+        ]
+        (create,) = [r for r in rules if "resourceNames" not in r]
+        assert create["verbs"] == ["create"], "RBAC cannot limit create by name"
+
+
+def test_the_token_secret_is_the_same_on_every_render_and_never_invented() -> None:
+    """No lookup, no random: `helm template` and Argo CD see the same objects every run."""
+    values = {"adminToken": {"value": TOKEN}}
+    with helm.Chart.load(CHART) as chart:
+        first = chart.render(values, name=RELEASE, namespace=NAMESPACE)
+        second = chart.render(values, name=RELEASE, namespace=NAMESPACE)
+        assert first == second
+        secret = yaml.safe_load(first["sluice/templates/secret.yaml"])
+        assert base64.b64decode(secret["data"]["token"]).decode() == TOKEN
+        with pytest.raises(
+            helm.HelmRenderError, match=re.escape("adminToken: set adminToken.existingSecret")
+        ):
+            chart.render({}, name=RELEASE, namespace=NAMESPACE)
+        with pytest.raises(helm.HelmValuesError, match="adminToken/value"):
+            chart.render({"adminToken": {"value": "short"}}, name=RELEASE, namespace=NAMESPACE)
+    deployment = _one(_render(values), "Deployment")
+    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+    rotated = _one(_render({"adminToken": {"value": TOKEN[::-1]}}), "Deployment")
+    assert (
+        annotations["checksum/admin-token"]
+        != rotated["spec"]["template"]["metadata"]["annotations"]["checksum/admin-token"]
+    ), "a new token rolls the pods (the token is an environment variable)"
+    assert not re.search(r"\blookup\s+\"", (CHART / "templates" / "secret.yaml").read_text())

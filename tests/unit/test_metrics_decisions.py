@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from gateway.admin.metrics import DecisionCollector
 from scaler.decision import Decision
-from scaler.explanation import Clamp, Explanation, Flow
+from scaler.explanation import Clamp, Explanation, Flow, Step
 from tests.unit.test_metrics_quota import samples
 
 
@@ -49,3 +49,18 @@ def test_rule_frozen_demand_clamps_and_flows() -> None:
     assert got[("sluice_scaler_cpu_flow_cores", (("kind", "borrowed"), ("service", "api")))] == 0.9
     assert got[("sluice_scaler_cpu_flow_cores", (("kind", "lent"), ("service", "idle")))] == 0.9
     assert got[("sluice_scaler_cpu_flow_cores", (("kind", "lent"), ("service", "api")))] == 0.0
+
+
+def test_resize_blocked_is_read_from_the_decision_steps() -> None:
+    def decision(name: str, parts: tuple[Step, ...]) -> Decision:
+        return Decision(
+            name, 1.0, 3, 0.5, 1.5, "stable", explanation=Explanation("stable", {}, parts)
+        )
+
+    blocked = decision("api", (Step("split.resize_blocked", {"cpu": 0.5}),))
+    free = decision("web", (Step("split.cores", {}),))
+    got = samples(
+        DecisionCollector(lambda: {"api": blocked, "web": free}, lambda: 4.0, lambda: True)
+    )
+    assert got[("sluice_scaler_resize_blocked", (("service", "api"),))] == 1
+    assert got[("sluice_scaler_resize_blocked", (("service", "web"),))] == 0

@@ -72,9 +72,7 @@ The config file: values.config with the kubernetes: keys only the chart can know
 {{- $_ := set $kube "gateway_service" (dict "namespace" .Release.Namespace "name" (include "sluice.adminServiceName" .) "admin_port_name" "admin") }}
 {{- $lease := get $kube "lease" | default dict }}
 {{- $_ := set $lease "namespace" .Release.Namespace }}
-{{- if not (hasKey $lease "name") }}
-{{- $_ := set $lease "name" (printf "%s-scaler" (include "sluice.fullname" . | trunc 56 | trimSuffix "-")) }}
-{{- end }}
+{{- $_ := set $lease "name" (include "sluice.leaseName" .) }}
 {{- $_ := set $kube "lease" $lease }}
 {{- if not (hasKey $kube "ingress_class") }}
 {{- $_ := set $kube "ingress_class" .Values.ingressClass.name }}
@@ -113,11 +111,33 @@ Checks that make a broken install fail at render time instead of in a crash-loop
 {{- if and (not .Values.rbac.clusterWide) $namespaces (ne (toJson $namespaces) (toJson (list .Release.Namespace))) }}
 {{- fail (printf "config.kubernetes.namespaces is %v but rbac.clusterWide=false grants access to the release namespace (%s) only" $namespaces .Release.Namespace) }}
 {{- end }}
+{{- if and $config.admin.token_env (not .Values.adminToken.existingSecret) }}
+{{- if not .Values.adminToken.value }}
+{{- fail (printf "adminToken: set adminToken.existingSecret to a Secret you created (kubectl -n %s create secret generic sluice-admin-token --from-literal=%s=\"$(openssl rand -hex 32)\") or adminToken.value (>= 32 characters). The chart does not invent a token, so helm template and Argo CD render the same objects every time" .Release.Namespace .Values.adminToken.secretKey) }}
+{{- end }}
+{{- if lt (len .Values.adminToken.value) 32 }}
+{{- fail (printf "adminToken.value must be at least 32 characters, got %d" (len .Values.adminToken.value)) }}
+{{- end }}
+{{- end }}
+{{- if and .Values.autoscaling.enabled (gt (int .Values.autoscaling.minReplicas) (int .Values.autoscaling.maxReplicas)) }}
+{{- fail (printf "autoscaling.minReplicas (%v) must not exceed autoscaling.maxReplicas (%v)" .Values.autoscaling.minReplicas .Values.autoscaling.maxReplicas) }}
+{{- end }}
+{{- if and .Values.autoscaling.enabled (not (dig "requests" "cpu" "" .Values.resources)) }}
+{{- fail "autoscaling.enabled needs resources.requests.cpu: the HPA's target is a percentage of it" }}
+{{- end }}
 {{- $shutdown := get $config "shutdown" | default dict }}
 {{- $drain := get $shutdown "drain_s" | default .Values.drainSeconds }}
 {{- if le (float64 .Values.terminationGracePeriodSeconds) (addf .Values.preStopDelaySeconds $drain) }}
 {{- fail (printf "terminationGracePeriodSeconds (%v) must exceed preStopDelaySeconds (%v) + the drain time (%v s), or in-flight requests are killed" .Values.terminationGracePeriodSeconds .Values.preStopDelaySeconds $drain) }}
 {{- end }}
+{{- end }}
+
+{{/* The leader-election Lease: config.kubernetes.lease.name, else <fullname>-scaler (the
+Role's get/update rule names it). */}}
+{{- define "sluice.leaseName" -}}
+{{- $kube := get .Values.config "kubernetes" | default dict }}
+{{- $lease := get $kube "lease" | default dict }}
+{{- get $lease "name" | default (printf "%s-scaler" (include "sluice.fullname" . | trunc 56 | trimSuffix "-")) }}
 {{- end }}
 
 {{/* The Secret holding the admin token: the user's, or the one the chart creates. */}}
