@@ -83,15 +83,23 @@ class TlsTermination:
             raise ConfigError(
                 [f"{source}: tls.listen: cannot change while running (restart Sluice)"]
             )
+        alpn = [p for p in self.listener.alpn if p != "h2"]
+        if new.tls.http2:
+            alpn.insert(0, "h2")
         try:
-            certificates = load_certificates(new.tls, self.listener.alpn)
+            certificates = load_certificates(new.tls, alpn)
         except TlsError as e:
             raise ConfigError(
                 [f"{source}: tls.certificates: {line}" for line in str(e).splitlines()]
             ) from None
         for line in expiry_warnings(certificates.certificates, time.time()):
             log.warning("tls: %s", line)
-        self.listener.update(certificates, new.tls.min_version)
+        self.listener.update(certificates, new.tls.min_version, alpn)
+        if new.tls.http2 != self.config.http2:
+            if new.tls.http2:
+                self.dataplane.offer_h2()
+            else:
+                self.dataplane.withdraw_h2()
         self.config = new.tls
         self.dataplane.redirect_to_https(self.port if new.tls.redirect_http else None)
         log.info("tls: %d certificate(s) loaded", len(certificates.certificates))
@@ -257,6 +265,8 @@ async def serve(
                 )
             runtime.apply_settings(new)
             dataplane.configure(new.trusted_proxies, HeadLimits.from_settings(new.limits))
+            if new.listen.h2c != dataplane.h2c:
+                dataplane.serve_h2c(new.listen.h2c)
 
         def refresh(new: Settings) -> None:
             if tls is not None:

@@ -94,7 +94,8 @@ class ListenConfig(_Model):
     h2c: bool = Field(
         default=False,
         description="Also serve HTTP/2 over plain TCP to clients that open with the HTTP/2 "
-        "preface (h2c by prior knowledge); HTTP/1.1 is served as before.",
+        "preface (h2c by prior knowledge); HTTP/1.1 is served as before. Turned off by a "
+        "reload: open h2c connections get GOAWAY and finish their streams.",
     )
 
 
@@ -466,7 +467,8 @@ class TlsConfig(_Model):
     http2: bool = Field(
         default=False,
         description="Offer HTTP/2 by ALPN ('h2', preferred over 'http/1.1'); each stream goes "
-        "through the same routing, admission and balancing as a request (read at start).",
+        "through the same routing, admission and balancing as a request. Turned off by a "
+        "reload: open HTTP/2 connections get GOAWAY and finish their streams.",
     )
     unknown_sni: Literal["default", "reject"] = Field(
         default="default",

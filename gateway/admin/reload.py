@@ -4,8 +4,9 @@ A reload reads and validates the whole file first; only a valid config is handed
 ``apply`` (the runtime swaps routes, services and limits in one synchronous step, so no
 request ever sees half of it).  An invalid one is rejected: its problems are logged (one
 ``file: key.path: problem`` line each) and returned to the caller, and the running config
-keeps serving.  Keys that need a restart (``listen``, ``admin``, ``platform``, and ``telemetry``,
-whose tracer provider is built once at start) are rejected the same way when they differ.
+keeps serving.  Keys that need a restart (``listen`` but its ``h2c``, ``admin``, ``platform``, and
+``telemetry``, whose tracer provider is built once at start) are rejected the same way when they
+differ.
 
 The watcher polls the file every ``reload.interval_s``: a changed (mtime, size, inode)
 triggers a read, and only changed *content* triggers a reload, so ``touch`` does nothing
@@ -57,6 +58,11 @@ def restart_only_changes(old: Settings, new: Settings, source: str) -> list[str]
     problems = []
     for key in RESTART_ONLY_KEYS:
         before, after = getattr(old, key), getattr(new, key)
+        if key == "listen":  # listen.h2c is applied live (the socket stays)
+            before, after = (
+                before.model_copy(update={"h2c": False}),
+                after.model_copy(update={"h2c": False}),
+            )
         if before != after:
             problems.append(
                 f"{source}: {key}: cannot change while running (restart Sluice to apply it)"

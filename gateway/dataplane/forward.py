@@ -575,8 +575,10 @@ class Exchange:
             self.wbuf = []
         self.wbuf.append(LAST_CHUNK)
 
-    def upstream_lost(self, got_bytes: bool) -> None:
-        """The bound upstream connection closed or was reset (``got_bytes``: after answering)."""
+    def upstream_lost(self, got_bytes: bool, unprocessed: bool = False) -> None:
+        """The bound upstream connection closed or was reset (``got_bytes``: after answering;
+        ``unprocessed``: an HTTP/2 stream the upstream refused or never took, retried like a
+        connect failure)."""
         if self.done:
             return
         self.upstream = None
@@ -601,7 +603,7 @@ class Exchange:
                     )
                 self.connect()
                 return
-            if not self._retry(Cause.RESET):
+            if not self._retry(Cause.RESET, unprocessed):
                 self.fail(Cause.RESET)
         elif self.resp_close_delimited:
             if self.resp_chunked:
@@ -894,22 +896,28 @@ class Exchange:
             self.replay = None
             self.replay_bytes = policy.replay_body_bytes + 1
 
-    def _retry(self, cause: Cause) -> bool:
-        """Start another attempt on an untried endpoint if that is safe; True if started."""
+    def _retry(self, cause: Cause, unprocessed: bool = False) -> bool:
+        """Start another attempt on an untried endpoint if that is safe; True if started.
+        ``unprocessed``: an HTTP/2 stream the upstream refused (REFUSED_STREAM) or never
+        took (beyond its GOAWAY): safe like a connect failure."""
         service = self.service
         ep = self.endpoint
         if service is None or ep is None or self.done or self.client.closed:
             return False
-        if self.h2up is not None:
-            return False  # not yet for HTTP/2 upstreams
-        failure = _FAILURE_OF[cause]
+        h2up = self.h2up
+        if h2up is not None and h2up.replay is None:
+            return False  # body bytes went out on the stream that are no longer kept
+        failure = Failure.CONNECT if unprocessed else _FAILURE_OF[cause]
         tried = self.tried = [*(self.tried or ()), ep]
         never_sent = failure is Failure.CONNECT
         if never_sent:
             self.unreached += 1
-        replayable = (
-            not self.head.has_body or never_sent or (self.replay is not None and self.req_done)
-        )
+        if h2up is not None:  # its replay holds the whole body so far
+            replayable = not self.head.has_body or never_sent or self.req_done
+        else:
+            replayable = (
+                not self.head.has_body or never_sent or (self.replay is not None and self.req_done)
+            )
         reached = len(tried) - self.unreached
         if retry_reason(service.retry_policy, failure, reached, self.method, replayable) is None:
             return False
@@ -928,7 +936,10 @@ class Exchange:
         service.outlier.failure(ep.address, now)
         service.balancer.observe(ep, now - self.started_at, now)
         ep.release()
-        if not never_sent:
+        if h2up is not None:
+            h2up.release()
+            self.h2up = h2up.retry_copy()
+        elif not never_sent:
             self.body_buf = self.replay
             self.replay = None
             self.replay_bytes = 0
@@ -944,6 +955,9 @@ class Exchange:
             if self.attempt_span is not None:
                 self.attempt_span.end(None, cause.code)
             self.attempt_span = self.span.attempt(new.host, new.port, retry_reason=cause.code)
+        if self.h2up is not None:
+            self.h2up.open(new)
+            return True
         pool = self.pool = _pool_of(new)
         conn = pool.take(now)
         if conn is not None:

@@ -23,6 +23,7 @@ import h2.errors
 import h2.events
 import h2.exceptions
 import h2.settings
+from hyperframe.frame import GoAwayFrame
 
 from gateway.dataplane.errors import Cause
 from gateway.dataplane.forward import Exchange
@@ -474,7 +475,10 @@ class H2Connection(asyncio.Protocol):
             stream = self.streams.get(event.stream_id)
             ex = stream.exchange if stream is not None else None
             if ex is not None and not ex.req_done:
-                ex.on_request_end()  # request trailers are not forwarded
+                h2up = ex.h2up
+                if h2up is not None:  # trailers travel end to end only h2 <-> h2
+                    h2up.request_trailers([(n, v) for n, v in event.headers if n not in HOP_BY_HOP])
+                ex.on_request_end()
         elif isinstance(event, h2.events.StreamReset):
             self._stream_reset(event.stream_id)
         elif isinstance(event, h2.events.WindowUpdated):
@@ -663,9 +667,15 @@ class H2Connection(asyncio.Protocol):
         if self.going_away or self.closed:
             return
         self.going_away = True
-        with contextlib.suppress(h2.exceptions.ProtocolError):
-            self.h2.close_connection()
+        # Written by hand: h2's close_connection() would move the connection to CLOSED, and
+        # the open streams could send nothing more.  Streams above the last one are refused
+        # (``_request``).
+        frame = GoAwayFrame(0)
+        frame.last_stream_id = self.h2.highest_inbound_stream_id
+        frame.error_code = h2.errors.ErrorCodes.NO_ERROR
         self._send()
+        if not self.closed:
+            self.dp.outbox.write(self.transport, frame.serialize())
         if not self.streams:
             self.close()
 

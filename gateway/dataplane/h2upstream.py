@@ -261,7 +261,8 @@ class H2UpstreamConnection(asyncio.Protocol):
             stream = self.streams.pop(event.stream_id, None)
             if stream is not None:
                 self.blocked.discard(stream)
-                stream.on_reset()
+                # REFUSED_STREAM: not processed at all (RFC 9113 §8.7), safe to retry
+                stream.on_reset(event.error_code == h2.errors.ErrorCodes.REFUSED_STREAM)
                 self.pool.drain_waiting()
         elif isinstance(event, h2.events.WindowUpdated):
             self._window_opened()
@@ -273,7 +274,7 @@ class H2UpstreamConnection(asyncio.Protocol):
             last = event.last_stream_id if event.last_stream_id is not None else 0
             for sid in [s for s in self.streams if s > last]:
                 stream = self.streams.pop(sid)
-                stream.on_reset()  # never processed: the exchange may retry it
+                stream.on_reset(True)  # never processed: the exchange may retry it
             self.pool.lost(self)
             if not self.streams:
                 self.close()
@@ -338,6 +339,11 @@ class H2UpstreamConnection(asyncio.Protocol):
             self.h2.end_stream(sid)
         self._send()
 
+    def send_trailers(self, sid: int, fields: list[tuple[bytes, bytes]]) -> None:
+        with contextlib.suppress(h2.exceptions.ProtocolError):
+            self.h2.send_headers(sid, fields, end_stream=True)
+        self._send()
+
     def ack(self, sid: int, n: int) -> None:
         if n:
             with contextlib.suppress(h2.exceptions.ProtocolError):
@@ -396,9 +402,12 @@ class H2Upstream:
         "head_ends",
         "pending",
         "read_paused",
+        "replay",
+        "replay_bytes",
         "req_end",
         "response_ended",
         "sid",
+        "trailers",
         "unacked",
     )
 
@@ -419,6 +428,27 @@ class H2Upstream:
         self.unacked = 0
         self.cancelled = False
         self.connect_s = 1.0
+        self.trailers: list[tuple[bytes, bytes]] | None = None
+        """The request's trailer fields (an HTTP/2 client's), sent after the body."""
+        self.replay: list[bytes] | None = []
+        """Every request body piece so far, kept (up to the retry policy's
+        ``replay_body_bytes``) so a stream the upstream never processed can be sent again
+        elsewhere; None once the body outgrew that."""
+        self.replay_bytes = 0
+
+    def retry_copy(self) -> H2Upstream:
+        """A fresh stream for another attempt, carrying the request body so far (the caller
+        checked ``replay`` is not None), its end and its trailers."""
+        new = H2Upstream(self.ex)
+        replay = self.replay
+        assert replay is not None
+        new.buf = list(replay)
+        new.buf_bytes = self.replay_bytes
+        new.replay = replay
+        new.replay_bytes = self.replay_bytes
+        new.req_end = self.req_end
+        new.trailers = self.trailers
+        return new
 
     def open(self, ep: Endpoint) -> None:
         ex = self.ex
@@ -445,7 +475,7 @@ class H2Upstream:
         self.conn = conn
         self.sid = sid
         ex = self.ex
-        end = self.req_end and not self.buf
+        end = self.req_end and not self.buf and self.trailers is None
         conn.h2.send_headers(sid, self._request_headers(conn.pool.scheme), end_stream=end)
         if self.buf:
             buf, self.buf = self.buf, []
@@ -453,10 +483,10 @@ class H2Upstream:
             ex.client.unpause(PAUSE_BUFFER)
             for piece in buf:
                 self._send_body(piece)
-            if self.req_end:
-                self._end()
-        elif end:
+        if end:
             ex._request_sent()
+        elif self.req_end:
+            self._end()
 
     def _request_headers(self, conn_scheme: bytes) -> list[tuple[bytes, bytes]]:
         ex = self.ex
@@ -497,6 +527,14 @@ class H2Upstream:
         return fields
 
     def body(self, data: bytes) -> None:
+        replay = self.replay
+        if replay is not None:
+            self.replay_bytes += len(data)
+            service = self.ex.service
+            if service is not None and self.replay_bytes <= service.retry_policy.replay_body_bytes:
+                replay.append(data)
+            else:
+                self.replay = None
         if self.conn is None:
             self.buf.append(data)
             self.buf_bytes += len(data)
@@ -517,6 +555,11 @@ class H2Upstream:
             conn.blocked.add(self)
             self.ex.client.pause(PAUSE_BACKPRESSURE)
 
+    def request_trailers(self, fields: list[tuple[bytes, bytes]]) -> None:
+        """The client's trailer fields: sent after the body, ending the request stream (call
+        before :meth:`end`)."""
+        self.trailers = fields
+
     def end(self) -> None:
         self.req_end = True
         if self.conn is not None:
@@ -527,7 +570,10 @@ class H2Upstream:
             return  # sent when the window opens (window_opened)
         conn = self.conn
         assert conn is not None
-        conn.end_stream(self.sid)
+        if self.trailers is not None:
+            conn.send_trailers(self.sid, self.trailers)
+        else:
+            conn.end_stream(self.sid)
         self.ex._request_sent()
 
     def window_opened(self) -> bool:
@@ -547,7 +593,9 @@ class H2Upstream:
 
     def connect_failed(self, cause: Cause) -> None:
         if not self.cancelled:
-            self.ex.fail(cause)
+            ex = self.ex
+            if not ex._retry(cause):
+                ex.fail(cause)
 
     # -- the response ----------------------------------------------------------------------
 
@@ -597,12 +645,13 @@ class H2Upstream:
         self.response_ended = True
         self.ex.on_upstream_complete()
 
-    def on_reset(self) -> None:
-        """The stream was reset or its connection lost."""
+    def on_reset(self, unprocessed: bool = False) -> None:
+        """The stream was reset or its connection lost (``unprocessed``: refused, or beyond
+        a GOAWAY's last stream: the upstream did nothing with it)."""
         self.conn = None
         if not self.response_ended:
             self.response_ended = True
-            self.ex.upstream_lost(self.got_bytes)
+            self.ex.upstream_lost(self.got_bytes, unprocessed and not self.got_bytes)
 
     # -- flow control toward the client -----------------------------------------------------
 

@@ -819,11 +819,30 @@ class DataPlane:
         return str(bound[0]), int(bound[1])
 
     def offer_h2(self) -> None:
-        """Serve HTTP/2 to TLS clients that choose ``h2`` by ALPN (advertised first)."""
-        self.tls_protocols = {
-            "h2": lambda: H2Connection(self, tls=True),
-            **self.tls_protocols,
-        }
+        """Serve HTTP/2 to TLS clients that choose ``h2`` by ALPN (advertised first).  The
+        mapping is changed in place: the TLS listener's dispatch reads it per connection."""
+        rest = {k: v for k, v in self.tls_protocols.items() if k != "h2"}
+        self.tls_protocols.clear()
+        self.tls_protocols["h2"] = lambda: H2Connection(self, tls=True)
+        self.tls_protocols.update(rest)
+
+    def withdraw_h2(self) -> None:
+        """Reload turned ``tls.http2`` off: no ``h2`` for new TLS connections; open ones get
+        GOAWAY (their streams in progress finish)."""
+        self.tls_protocols.pop("h2", None)
+        self._goaway_h2(tls=True)
+
+    def serve_h2c(self, on: bool) -> None:
+        """Reload: HTTP/2 by prior knowledge on the plain listener (``listen.h2c``) on or off;
+        off answers new prefaces 505 and sends GOAWAY to open h2c connections."""
+        self.h2c = on
+        if not on:
+            self._goaway_h2(tls=False)
+
+    def _goaway_h2(self, tls: bool) -> None:
+        for conn in list(self.connections):
+            if isinstance(conn, H2Connection) and conn.tls == tls:
+                conn.goaway()
 
     def redirect_to_https(self, tls_port: int | None) -> None:
         """Send plain requests to https on ``tls_port`` with 308 (None: serve them)."""

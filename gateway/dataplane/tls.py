@@ -249,10 +249,16 @@ class TlsListener:
         default = self.certificates.default
         self.context.load_cert_chain(default.cert_file, default.key_file)
 
-    def update(self, certificates: CertificateSet, min_version: str) -> None:
-        """Hot reload: new handshakes use ``certificates``; established connections keep theirs."""
+    def update(
+        self, certificates: CertificateSet, min_version: str, alpn: Iterable[str] | None = None
+    ) -> None:
+        """Hot reload: new handshakes use ``certificates`` (and ``alpn``, when given);
+        established connections keep theirs."""
         self.certificates = certificates
         self.context.minimum_version = _VERSIONS[min_version]
+        if alpn is not None:
+            self.alpn = list(alpn)
+            self.context.set_alpn_protocols(self.alpn)
         try:  # the default certificate, for clients sending no SNI
             self._load_default()
         except (OSError, ssl.SSLError) as e:  # changed again since it was loaded

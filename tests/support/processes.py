@@ -137,6 +137,27 @@ class WsUpstream(Process):
         self.url = f"ws://{self.address}"
 
 
+class H2Upstream(Process):
+    """``tests.support.h2_upstream`` (an h2c server on the ``h2`` library) in its own process."""
+
+    def __init__(self, name: str, refuse_first: int = 0) -> None:
+        self.name = name
+        super().__init__(
+            [
+                sys.executable,
+                "-m",
+                "tests.support.h2_upstream",
+                "--name",
+                name,
+                "--refuse-first",
+                str(refuse_first),
+            ],
+            re.compile(r"listening (\S+)"),
+        )
+        assert self.match is not None
+        self.address = self.match.group(1)
+
+
 class GrpcUpstream(Process):
     """``tests.support.grpc_upstream`` (a grpcio server: h2c, or h2 over TLS with ``tls``'s
     certificate and key files) in its own process."""
