@@ -206,6 +206,10 @@ class Exchange:
                 self.span.client_headers(self.headers)
                 if client.tls:
                     self.span.attributes["url.scheme"] = "https"
+                if self.client_h2:
+                    self.span.attributes["network.protocol.version"] = "2"
+                elif not self.http11:
+                    self.span.attributes["network.protocol.version"] = "1.0"
                 if head.traceparent is not None:
                     self._drop_client_traceparent()
         if dp.https_redirect is not None and not client.tls and not self.client_h2:

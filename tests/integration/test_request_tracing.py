@@ -6,7 +6,10 @@ traceparent the upstream got and checks it against the spans the gateway exporte
 
 from __future__ import annotations
 
+import json
+import shutil
 import socket
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -57,6 +60,7 @@ def gw(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Gateway]:
     cfg = {
+        "listen": {"host": "127.0.0.1", "port": 0, "h2c": True},
         "services": {
             "api": {"routes": [{"path": "/api"}], "endpoints": [up.address]},
             "dead": {"routes": [{"path": "/dead"}], "endpoints": [f"127.0.0.1:{free_port()}"]},
@@ -118,6 +122,7 @@ def test_a_request_is_one_server_span_with_a_client_span_the_upstream_joins(
     assert server.trace_state == "vendor=abc"
     assert server.name == "GET"
     assert server.attributes["http.request.method"] == "GET"
+    assert server.attributes["network.protocol.version"] == "1.1"
     assert server.attributes["url.path"] == "/api/items"
     assert server.attributes["server.address"] == "shop.example"
     assert server.attributes["server.port"] == 8443
@@ -135,6 +140,39 @@ def test_a_request_is_one_server_span_with_a_client_span_the_upstream_joins(
     assert client.start_ns >= server.start_ns and client.end_ns <= server.end_ns
     assert server.resource["service.name"] == "sluice"
     assert receiver.headers_seen[-1]["x-tenant"] == "t1"
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+def test_an_http2_request_is_a_server_span_of_protocol_version_2(
+    gw: Gateway, receiver: OtlpReceiver
+) -> None:
+    out = subprocess.run(
+        ["curl", "-sS", "--http2-prior-knowledge", "--max-time", "10", f"{gw.url}/api/h2"],
+        capture_output=True, text=True, timeout=30, check=True,
+    ).stdout  # fmt: skip
+    seen = {k.lower(): v for k, v in json.loads(out)["headers"]}
+    _, trace_id, _, _ = seen["traceparent"].split("-")
+    spans = trace_of(receiver, trace_id, 2)
+    server = next(s for s in spans if s.kind == "SERVER")
+    assert server.attributes["network.protocol.version"] == "2"
+    assert server.attributes["url.path"] == "/api/h2"
+
+
+def test_an_http10_request_is_a_server_span_of_protocol_version_1_0(
+    gw: Gateway, receiver: OtlpReceiver
+) -> None:
+    with socket.create_connection((gw.host, gw.port), timeout=10) as s:
+        s.sendall(b"GET /api/h10 HTTP/1.0\r\nHost: h10.test\r\n\r\n")
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") or head.startswith(b"HTTP/1.0 200")
+    seen = {k.lower(): v for k, v in json.loads(body)["headers"]}
+    _, trace_id, _, _ = seen["traceparent"].split("-")
+    spans = trace_of(receiver, trace_id, 2)
+    server = next(s for s in spans if s.kind == "SERVER")
+    assert server.attributes["network.protocol.version"] == "1.0"
 
 
 def test_a_request_without_traceparent_starts_a_trace(gw: Gateway, receiver: OtlpReceiver) -> None:
