@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gateway.admin.app_metrics import push_route
 from gateway.admin.decisions import decisions_route
 from gateway.admin.metrics import TlsCollector
 from gateway.admin.reload import Reloader
@@ -280,6 +281,7 @@ async def serve(
         extra_routes=[
             traces_route(telemetry.buffer, telemetry.tracer is not None),
             decisions_route(runtime),
+            push_route(runtime),
         ],
         reloader=reloader,
         unmatched=lambda: dataplane.unmatched_total,

@@ -184,7 +184,14 @@ class Runtime:
 
     def signals_of(self, name: str, now: float) -> ServiceSignals:
         service = self.services[name]
-        return service.stats.snapshot(now, ready_replicas=len(service.endpoints.routable))
+        routable = service.endpoints.routable
+        app = service.app_metrics
+        return service.stats.snapshot(
+            now,
+            ready_replicas=len(routable),
+            app_metrics=None if app is None else app.values(now, {ep.address for ep in routable}),
+            latency_histogram=service.wants_latency_histogram,
+        )
 
     def signals(self, now: float | None = None) -> dict[str, ServiceSignals]:
         at = self.now() if now is None else now

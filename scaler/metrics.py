@@ -14,7 +14,9 @@ import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from scaler.explanation import Explanation
 from scaler.policy import PRIMARY_TYPES, MetricSpec, MetricStep, MetricStepsThen, ScalingPolicy
 from scaler.signals import BucketedWindow, ServiceSignals
 
@@ -378,3 +380,32 @@ class ServiceMetrics:
                 replicas, winner = a.replicas, a.name
         bounded = min(max(replicas, self.min_replicas), self.max_replicas)
         return MetricsVerdict(bounded, winner, held, tuple(answers))
+
+
+def metrics_of(explanation: Explanation) -> dict[str, Any] | None:
+    """A decision's ``scaling.metrics`` part as JSON: each metric's answer, the winner, and the
+    metrics without data that held the service (None when it has no ``metrics``)."""
+    answers: list[dict[str, Any]] = []
+    out: dict[str, Any] = {"winner": None, "held_by": [], "replicas": None, "answers": answers}
+    found = False
+    for step in explanation.steps:
+        v = step.values
+        if step.kind == "metrics.answer":
+            found = True
+            value, replicas = v["value"], v["replicas"]
+            answers.append(
+                {
+                    "name": v["name"],
+                    "type": v["type"],
+                    "value": None if value == "-" else float(value),
+                    "replicas": None if replicas == "-" else replicas,
+                    "note": v["note"],
+                }
+            )
+        elif step.kind == "metrics.won":
+            out["winner"] = None if v["name"] == "-" else v["name"]
+            out["replicas"] = v["replicas"]
+        elif step.kind == "metrics.held":
+            out["held_by"] = str(v["missing"]).split(", ")
+            out["replicas"] = v["replicas"]
+    return out if found else None

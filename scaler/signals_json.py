@@ -85,5 +85,35 @@ def signals_from_json(data: Any) -> list[ServiceSignals]:
         for f in _OPTIONAL_INT:
             if item.get(f) is not None:
                 kw[f] = int(_number(item[f], f"{where}.{f}", True))
+        kw.update(_metric_fields(item, where))
         out.append(ServiceSignals(**kw))
     return out
+
+
+def _metric_fields(item: dict[str, Any], where: str) -> dict[str, Any]:
+    """``app_metrics`` (name -> number) and the latency histogram, when present."""
+    kw: dict[str, Any] = {}
+    app = item.get("app_metrics")
+    if app is not None:
+        if not isinstance(app, dict):
+            raise SignalsFormatError(f"{where}.app_metrics: must be an object of name -> number")
+        kw["app_metrics"] = {
+            str(k): float(_number(v, f"{where}.app_metrics[{k!r}]", False)) for k, v in app.items()
+        }
+    counts, bounds = item.get("latency_counts"), item.get("latency_bounds_s")
+    if counts is not None or bounds is not None:
+        if not isinstance(counts, list) or not isinstance(bounds, list):
+            raise SignalsFormatError(
+                f"{where}.latency_counts: must be a list, with latency_bounds_s a list"
+            )
+        if len(counts) != len(bounds) + 1:
+            raise SignalsFormatError(
+                f"{where}.latency_counts: must have one more entry than latency_bounds_s"
+            )
+        kw["latency_counts"] = tuple(
+            int(_number(v, f"{where}.latency_counts[{k}]", True)) for k, v in enumerate(counts)
+        )
+        kw["latency_bounds_s"] = tuple(
+            float(_number(v, f"{where}.latency_bounds_s[{k}]", False)) for k, v in enumerate(bounds)
+        )
+    return kw

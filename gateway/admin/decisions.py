@@ -2,7 +2,8 @@
 
 * :func:`decision_json` — one :class:`~scaler.decision.Decision` as JSON (replicas, CPU per
   replica, budget share, the rule that fired, the reasons, inputs and the explanation as
-  data: steps, clamps, flows), never with NaN or infinity;
+  data: steps, clamps, flows; with ``scaling.metrics``, ``metrics``: each metric's answer
+  and the winner), never with NaN or infinity;
 * :func:`decisions_route` — ``GET /api/decisions[?service=NAME][&limit=N]``: the scaler
   loop's recent decisions (an unknown or malformed parameter -> 400; a bounded ring of those that changed something), newest first,
   plus the latest decision of every service and the budget, with what the platform reports
@@ -20,6 +21,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from scaler.decision import Decision
+from scaler.metrics import metrics_of
 
 if TYPE_CHECKING:
     from gateway.runtime import Runtime
@@ -49,6 +51,9 @@ def decision_json(d: Decision) -> dict[str, Any]:
             "explanation": explanation,
         }
     )
+    metrics = metrics_of(d.explanation)
+    if metrics is not None:
+        out["metrics"] = finite_json(metrics)
     return out
 
 

@@ -89,6 +89,7 @@ from gateway.dataplane.service import Service
 from gateway.dataplane.stats import LATENCY_BUCKETS_S
 from scaler.decision import Decision
 from scaler.explanation import FLOW_KINDS
+from scaler.metrics import metrics_of
 from scaler.policy import ScalingPolicy
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -156,7 +157,16 @@ class ServiceCollector(Collector):
         ejections = CounterMetricFamily(
             "sluice_ejections", "Endpoints ejected by outlier detection.", labels=["service"]
         )
+        malformed = CounterMetricFamily(
+            "sluice_app_metric_malformed",
+            "App metric header values ignored as malformed (scaling.metrics, type: app).",
+            labels=["service", "metric"],
+        )
         for name, service in sorted(self._services().items()):
+            app = service.app_metrics
+            if app is not None:
+                for metric, n in sorted(app.malformed.items()):
+                    malformed.add_metric([name, metric], n)
             stats = service.stats
             for code, n in sorted(stats.codes.items()):
                 requests.add_metric([name, str(code)], n)
@@ -204,6 +214,7 @@ class ServiceCollector(Collector):
             retries,
             retries_denied,
             ejections,
+            malformed,
         ]
 
 
@@ -275,6 +286,16 @@ class DecisionCollector(Collector):
             "CPU lent, borrowed, reclaimed, given back or taken for floors this tick (cores).",
             labels=["service", "kind"],
         )
+        answer = GaugeMetricFamily(
+            "sluice_scaler_metric_replicas",
+            "scaling.metrics: the replicas each metric asked for (absent: no data or no opinion).",
+            labels=["service", "metric"],
+        )
+        winner = GaugeMetricFamily(
+            "sluice_scaler_metric_won",
+            "scaling.metrics: 1 for the metric whose answer was taken.",
+            labels=["service", "metric"],
+        )
         for name, d in sorted(decisions.items()):
             replicas.add_metric([name], d.replicas)
             cpu.add_metric([name], d.cpu_per_replica_cores)
@@ -291,6 +312,12 @@ class DecisionCollector(Collector):
                 flows.add_metric([name, kind], explanation.flow_cores(kind))
             blocked = any(s.kind.startswith("split.resize_blocked") for s in explanation.steps)
             resize_blocked.add_metric([name], 1 if blocked else 0)
+            verdict = metrics_of(explanation)
+            if verdict is not None:
+                for a in verdict["answers"]:
+                    if a["replicas"] is not None:
+                        answer.add_metric([name, a["name"]], a["replicas"])
+                    winner.add_metric([name, a["name"]], 1 if a["name"] == verdict["winner"] else 0)
         budget = GaugeMetricFamily("sluice_budget_cpu_cores", "The shared CPU budget (cores).")
         budget.add_metric([], self._budget_cpu())
         applied = GaugeMetricFamily(
@@ -301,6 +328,7 @@ class DecisionCollector(Collector):
         out: list[Metric] = [
             *(replicas, cpu, allocated, budget, applied, rule, frozen, demand, clamped, flows),
             resize_blocked,
+            *(answer, winner),
         ]
         out += self._targets(decisions)
         leader = GaugeMetricFamily(

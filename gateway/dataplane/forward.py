@@ -514,6 +514,9 @@ class Exchange:
             return
         self.resp_status = status
         self.resp_head = raw_head
+        service = self.service
+        if service is not None and service.app_headers is not None and self.endpoint is not None:
+            service.app_headers.observe(self.endpoint.address, raw_head, self.client.dp.loop.time())
         head_only = self.method == b"HEAD" or status in {204, 304}
         keep_alive = self.keep_alive
         if keep_alive and self.head.expect_continue and not self.continue_sent:

@@ -157,6 +157,9 @@ class StreamExchange(Exchange):
             return
         self.resp_status = status
         self.resp_head = raw_head
+        service = self.service
+        if service is not None and service.app_headers is not None and self.endpoint is not None:
+            service.app_headers.observe(self.endpoint.address, raw_head, self.client.dp.loop.time())
         self.resp_state = 1
         head_only = self.method == b"HEAD"
         if not head_only and status not in {204, 304}:

@@ -13,6 +13,7 @@ import logging
 import ssl
 
 from gateway.dataplane.admission import Admission
+from gateway.dataplane.app_metrics import AppMetrics
 from gateway.dataplane.balancers import Balancer, RandomSource, make_balancer
 from gateway.dataplane.endpoints import EndpointSet
 from gateway.dataplane.outlier import OutlierDetector
@@ -27,6 +28,8 @@ log = logging.getLogger(__name__)
 class Service:
     __slots__ = (
         "admission",
+        "app_headers",
+        "app_metrics",
         "balancer",
         "balancer_name",
         "config",
@@ -44,6 +47,7 @@ class Service:
         "upstream_h2",
         "upstream_sni",
         "upstream_ssl",
+        "wants_latency_histogram",
     )
 
     def __init__(
@@ -77,6 +81,12 @@ class Service:
         """``upstream_tls``: the client context for the endpoints (None: plain HTTP)."""
         self.upstream_sni: str | None = None
         """The SNI and verified name (None: the endpoint's host)."""
+        self.app_metrics: AppMetrics | None = None
+        """``app`` metrics of ``scaling.metrics`` (None: the service has none)."""
+        self.app_headers: AppMetrics | None = None
+        """The same when some are read from response headers (the hot path's check)."""
+        self.wants_latency_histogram = False
+        """A ``latency`` metric reads the latency histogram from the signals."""
         self.endpoints.on_change = self._endpoints_changed
 
     @classmethod
@@ -109,7 +119,21 @@ class Service:
             self.config.protocol == "h2"
         ):
             self._configure_upstream_tls(config.upstream_tls, config.protocol == "h2")
+        self._configure_metrics(config)
         self.config = config
+
+    def _configure_metrics(self, config: ServiceConfig) -> None:
+        """``scaling.metrics``: what the data plane reads for them (values kept on a reload
+        that keeps the same app metrics)."""
+        metrics = config.scaling.metrics
+        apps = [m for m in metrics if m.type == "app"]
+        if not apps:
+            self.app_metrics = None
+        elif self.app_metrics is None or not self.app_metrics.same_specs(apps):
+            self.app_metrics = AppMetrics(apps)
+        app = self.app_metrics
+        self.app_headers = app if app is not None and app.reads_headers else None
+        self.wants_latency_histogram = any(m.type == "latency" for m in metrics)
 
     def allows_upgrade(self, upgrade: bytes) -> bool:
         """Whether a request's ``Upgrade`` value names only protocols this service takes."""

@@ -241,7 +241,15 @@ class ServiceStats:
     def completions_total(self) -> int:
         return sum(self.codes.values())
 
-    def snapshot(self, now: float, ready_replicas: int | None = None) -> ServiceSignals:
+    def snapshot(
+        self,
+        now: float,
+        ready_replicas: int | None = None,
+        app_metrics: dict[str, float] | None = None,
+        latency_histogram: bool = False,
+    ) -> ServiceSignals:
+        """The signals now; ``app_metrics`` and (with ``latency_histogram``) the latency
+        histogram since start are added for the services whose ``scaling.metrics`` read them."""
         recent = self.recent_latency_counts(now)
         return ServiceSignals(
             service=self.service,
@@ -255,6 +263,9 @@ class ServiceStats:
             latency_p50_s=quantile(recent, 0.5),
             latency_p99_s=quantile(recent, 0.99),
             ready_replicas=ready_replicas,
+            app_metrics=app_metrics,
+            latency_counts=tuple(self.latency_counts) if latency_histogram else None,
+            latency_bounds_s=LATENCY_BUCKETS_S if latency_histogram else None,
         )
 
     def __repr__(self) -> str:

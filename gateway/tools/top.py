@@ -3,7 +3,8 @@
 Reads the admin API of a running gateway (``/api/services`` and ``/api/decisions``) every
 ``--interval`` seconds and shows per service: request rate, in flight, queued, p99 latency,
 replicas (ready / decided), CPU per replica, its share of the budget, and the reason of the
-scaler's last decision.  ``--once`` prints one frame and exits (scripts, tests).
+scaler's last decision (with ``scaling.metrics``: the metric that won and each metric's own
+answer).  ``--once`` prints one frame and exits (scripts, tests).
 """
 
 from __future__ import annotations
@@ -52,7 +53,24 @@ def last_reason(decision: dict[str, Any] | None) -> str:
     ]
     key = [line for line in lines if line.startswith(KEY_REASONS)]
     shown = key or lines[-1:]
-    return "; ".join([str(decision["rule"]), *shown])
+    metrics = metric_summary(decision.get("metrics"))
+    return "; ".join([str(decision["rule"]), *metrics, *shown])
+
+
+def metric_summary(metrics: dict[str, Any] | None) -> list[str]:
+    """``scaling.metrics`` in one phrase: the winner and every metric's own answer
+    (``-``: no data or no opinion), e.g. ``active_users won: 3 (concurrency 1, p95 -)``."""
+    if not metrics:
+        return []
+    answers = ", ".join(
+        f"{a['name']} {'-' if a['replicas'] is None else a['replicas']}"
+        for a in metrics.get("answers") or []
+    )
+    if metrics.get("held_by"):
+        held = ", ".join(metrics["held_by"])
+        return [f"held at {metrics['replicas']}: no data from {held} ({answers})"]
+    winner = metrics.get("winner") or "-"
+    return [f"{winner} won: {metrics['replicas']} ({answers})"]
 
 
 COLUMNS: tuple[tuple[str, str, int], ...] = (

@@ -21,6 +21,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 
@@ -36,6 +37,28 @@ class PeerReport:
     answered: tuple[str, ...]
     failed: Mapping[str, str] = field(default_factory=dict)
     """peer -> why it gave nothing usable."""
+
+
+def merged_metrics(snaps: Sequence[ServiceSignals]) -> dict[str, Any]:
+    """``scaling.metrics`` figures across gateway replicas: each app metric's largest value
+    (every replica of the gateway sees every replica of the service), and the latency
+    histograms added up (when they share their bounds)."""
+    out: dict[str, Any] = {}
+    app: dict[str, float] = {}
+    for s in snaps:
+        for name, value in (s.app_metrics or {}).items():
+            app[name] = max(value, app.get(name, value))
+    if any(s.app_metrics is not None for s in snaps):
+        out["app_metrics"] = app
+    hists = [s for s in snaps if s.latency_counts is not None and s.latency_bounds_s is not None]
+    if hists and all(s.latency_bounds_s == hists[0].latency_bounds_s for s in hists):
+        counts = [0] * len(hists[0].latency_counts or ())
+        for s in hists:
+            for k, n in enumerate(s.latency_counts or ()):
+                counts[k] += n
+        out["latency_counts"] = tuple(counts)
+        out["latency_bounds_s"] = hists[0].latency_bounds_s
+    return out
 
 
 class SignalMerger:
@@ -81,6 +104,7 @@ class SignalMerger:
                 ready_replicas=int(ready) if ready is not None else None,
                 cpu_seconds_total=biggest("cpu_seconds_total"),
                 cpu_throttled_seconds_total=biggest("cpu_throttled_seconds_total"),
+                **merged_metrics(snaps),
             )
         return out
 
