@@ -641,11 +641,13 @@ class Engine:
             verdicts[i] = verdict
             if not on:
                 continue
+            # The replicas are at least soft demand (as the KPA's held ones): with measured CPU
+            # the demand is the use, and replicas beyond it are served from spare CPU first.
             if metrics.primary_listed:
                 load[i] = max(int(load[i]), verdict.replicas)
+                hold[i] = max(int(hold[i]), verdict.replicas)
             else:
-                load[i] = verdict.replicas
-                hold[i] = 0
+                load[i] = hold[i] = verdict.replicas
             wanted[i] = verdict.replicas
         return verdicts
 

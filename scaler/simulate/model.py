@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from itertools import chain
 
 from scaler.decision import ServiceState
@@ -125,8 +125,11 @@ class ServiceModel:
         cores_max: float = math.inf,
         signal_window_s: float = 10.0,
         tick_s: float = 1.0,
+        app: Mapping[str, Sequence[tuple[float, float]]] | None = None,
     ) -> None:
         self.name = name
+        self.app = {k: list(v) for k, v in (app or {}).items()}
+        """App metrics the service reports: per name, (from time, value) steps."""
         self.times = arrivals.times_s.tolist()
         self.works = arrivals.cpu_s.tolist()
         self.next_arrival = 0
@@ -248,7 +251,20 @@ class ServiceModel:
             ready,
             self.removed_cpu_s + cpu_s,
             self.removed_throttled_s + throttled_s,
+            self._app_values(now) if self.app else None,
         )
+
+    def _app_values(self, now: float) -> dict[str, float]:
+        """Each app metric's value at ``now`` (the last step started by then)."""
+        out: dict[str, float] = {}
+        for name, steps in self.app.items():
+            value = steps[0][1]
+            for at_s, v in steps:
+                if at_s > now:
+                    break
+                value = v
+            out[name] = value
+        return out
 
     def state(self) -> ServiceState:
         """What the platform reports: replicas asked for, ready, CPU in force, blocked resizes."""

@@ -186,6 +186,10 @@ def run(
             request_cores_max=scenario.loads[s].request_cores_max,
             cores_max=policies[s].cpu.max,
             tick_s=tick,
+            app={
+                name: [(v.at_s, v.value) for v in values]
+                for name, values in scenario.loads[s].app.items()
+            },
         )
         for s in scenario.services
     }

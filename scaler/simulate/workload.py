@@ -16,6 +16,8 @@ Two file formats, one model (:class:`Workload`):
           slo_s: 0.5
           load: [{at_s: 0, rps: 0, cpu_s: 0.05}]
           bursts: [{every_s: 60, for_s: 10, start_s: 30, rps: 20, cpu_s: 0.05}]
+          app:                      # app metrics the service reports (scaling.metrics)
+            active_users: [{at_s: 0, value: 500}, {at_s: 120, value: 15000}]
 
 * **CSV** — piecewise constant only, one row per step: ``service,at_s,rps,cpu_s,slo_s``
   (optional columns ``startup_s``, ``cpu_cv``, ``request_cores_max``, each constant per service).
@@ -78,6 +80,13 @@ class Burst(_Model):
         return self
 
 
+class AppValue(_Model):
+    """From ``at_s`` until the next entry, the service reports ``value`` for an app metric."""
+
+    at_s: float = Field(ge=0, description="When this value starts (seconds from the start).")
+    value: float = Field(ge=0, description="The value the service reports (e.g. active users).")
+
+
 class ServiceLoad(_Model):
     """One service's offered load, latency objective and replica behaviour."""
 
@@ -104,9 +113,26 @@ class ServiceLoad(_Model):
         gt=0,
         description="Most cores one request can use at once (1 = single-threaded).",
     )
+    app: dict[str, list[AppValue]] = Field(
+        default_factory=dict,
+        description=(
+            "App metrics (scaling.metrics type: app) the service reports, by name: "
+            "piecewise-constant values over time, the first at at_s 0."
+        ),
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Self:
+        for name, values in self.app.items():
+            if not values or values[0].at_s != 0:
+                raise KeyedValueError(f"app.{name}", "needs values, the first at at_s 0")
+            for i in range(1, len(values)):
+                if values[i].at_s <= values[i - 1].at_s:
+                    raise KeyedValueError(
+                        f"app.{name}.{i}.at_s",
+                        f"must be > the previous value's at_s ({values[i - 1].at_s:g}), "
+                        f"got {values[i].at_s:g}",
+                    )
         if self.load[0].at_s != 0:
             raise KeyedValueError(
                 "load[0].at_s", f"the first step must start at 0, got {self.load[0].at_s:g}"

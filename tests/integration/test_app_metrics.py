@@ -1,9 +1,11 @@
 """``scaling.metrics`` app metrics end to end on the static platform: a real upstream's
 ``X-Active-Users`` header drives the decided replicas through the issue's steps table, and
-``POST /api/metrics/<service>`` feeds a pushed metric (token-protected, 400 on a bad body)."""
+``POST /api/metrics/<service>`` feeds a pushed metric (token-protected, 400 on a bad body);
+on the local platform the same header starts and stops real replicas."""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +13,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.tools.top import fetch, last_reason
+from tests.support.localpool import ROOT, needs_cgroups
 from tests.support.processes import gateway, upstreams
 from tests.support.procs import wait_until
 
@@ -152,3 +155,55 @@ def test_an_upstreams_header_and_a_push_drive_the_decided_replicas(tmp_path: Pat
             assert answers == {"concurrency": 1, "queue_length": 5}
             admin.close()
             client.close()
+
+
+@needs_cgroups
+def test_on_the_local_platform_the_header_starts_the_replicas_the_table_asks_for(
+    tmp_path: Path,
+) -> None:
+    start = random.randrange(20000, 60000, 100)
+    cfg = {
+        "platform": "local",
+        "admin": {"host": "127.0.0.1", "port": 0, "token": TOKEN},
+        "budget": {"cpu": 2},
+        "services": {
+            "api": {
+                "routes": [{"path": "/"}],
+                "replicas": {
+                    "command": [
+                        "{python}",
+                        "-m",
+                        "tests.support.upstream",
+                        "--name",
+                        "r",
+                        "--port",
+                        "{port}",
+                    ],
+                    "port_range": [start, start + 10],
+                    "env": {"PYTHONPATH": str(ROOT)},
+                    "grace_s": 5,
+                },
+                "scaling": {**SCALING, "max_replicas": 5, "metrics": [STEPS]},
+            }
+        },
+    }
+    with gateway(cfg, tmp_path / "local.yaml") as g:
+        admin = httpx.Client(base_url=g.admin_url, timeout=10, headers=AUTH)
+        client = httpx.Client(base_url=g.url, timeout=10)
+
+        def routable() -> int:
+            view = admin.get("/api/services").json()["services"]["api"]
+            return sum(1 for ep in view["endpoints"] if ep["routable"])
+
+        assert wait_until(lambda: routable() >= 1, timeout_s=30)
+        # 15,000 active users: 3 replicas decided, started and routable
+        assert wait_until(lambda: decided(admin, client, "15000", 3), timeout_s=30)
+        assert wait_until(
+            lambda: routable() == 3 and decided(admin, client, "15000", 3), timeout_s=40
+        )
+        # 500: back down to the first row's 2
+        assert wait_until(
+            lambda: decided(admin, client, "500", 2) and routable() == 2, timeout_s=40
+        )
+        admin.close()
+        client.close()

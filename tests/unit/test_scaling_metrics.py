@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import pytest
 from hypothesis import given
@@ -409,3 +410,65 @@ def test_fast_latency_has_no_opinion() -> None:
     assert latency[0].values["replicas"] == "-"
     assert "<= 0.3s" in str(latency[0].values["note"])
     assert not math.isnan(d.allocated_cores)
+
+
+# -- sluice simulate ----------------------------------------------------------------------------
+
+
+def test_a_simulated_workload_carries_an_app_metric_that_drives_the_replicas() -> None:
+    from scaler.simulate.baselines import EngineController
+    from scaler.simulate.runner import build_scenario, run
+    from scaler.simulate.workload import WorkloadError, parse_workload
+
+    workload = parse_workload(
+        {
+            "duration_s": 90,
+            "services": {
+                "api": {
+                    "slo_s": 1.0,
+                    "load": [{"at_s": 0, "rps": 2, "cpu_s": 0.01}],
+                    "app": {
+                        "active_users": [
+                            {"at_s": 0, "value": 500},
+                            {"at_s": 30, "value": 15000},
+                            {"at_s": 60, "value": 35000},
+                        ]
+                    },
+                }
+            },
+        }
+    )
+    policies = {"api": policy([{**APP, "window_s": 1, "stabilization_window_s": 0}])}
+    budget = BudgetConfig(cpu=4)
+    controller = EngineController("sluice", policies, budget)
+    decided: dict[float, int] = {}
+    engine_tick = controller.engine.tick
+
+    def tick(
+        now: float, signals: Mapping[str, ServiceSignals], states: Mapping[str, ServiceState]
+    ) -> dict[str, Decision]:
+        decisions = engine_tick(now, signals, states)
+        decided[now] = decisions["api"].replicas
+        return decisions
+
+    controller.engine.tick = tick  # type: ignore[method-assign]
+    run(build_scenario(workload, policies), "sluice", policies, budget, controller=controller)
+    assert {decided[float(t)] for t in range(1, 30)} == {2}
+    assert {decided[float(t)] for t in range(31, 60)} == {3}
+    assert {decided[float(t)] for t in range(61, 90)} == {4}
+    with pytest.raises(WorkloadError) as e:
+        parse_workload(
+            {
+                "services": {
+                    "api": {
+                        "slo_s": 1,
+                        "load": [{"at_s": 0, "rps": 1, "cpu_s": 0.1}],
+                        "app": {"u": [{"at_s": 0, "value": 1}, {"at_s": 0, "value": 2}]},
+                    }
+                }
+            },
+            "w.yaml",
+        )
+    assert e.value.problems == [
+        "w.yaml: services.api.app.u[1].at_s: must be > the previous value's at_s (0), got 0"
+    ]
