@@ -102,7 +102,7 @@ def _metric_fields(item: dict[str, Any], where: str) -> dict[str, Any]:
         }
     counts, bounds = item.get("latency_counts"), item.get("latency_bounds_s")
     if counts is not None or bounds is not None:
-        if not isinstance(counts, list) or not isinstance(bounds, list):
+        if not isinstance(counts, list | tuple) or not isinstance(bounds, list | tuple):
             raise SignalsFormatError(
                 f"{where}.latency_counts: must be a list, with latency_bounds_s a list"
             )
