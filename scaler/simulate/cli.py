@@ -64,6 +64,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--seed", type=int, default=None, help="random seed (default: the workload's seed)"
     )
+    parser.add_argument(
+        "--plot",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="draw report.png and zoom.png (needs matplotlib: pip install 'sluice[sim]'); "
+        "--plot fails at once without it, --no-plot skips them (default: draw them when "
+        "matplotlib is installed, else say how to install it)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -139,6 +147,11 @@ def run_command(
     if problem is not None:
         print(f"sluice simulate: --out {out}: {problem}", file=sys.stderr)
         return 2
+    plot: bool | None = getattr(args, "plot", None)
+    cannot_draw = missing() if plot is not False else None
+    if plot and cannot_draw is not None:
+        print(f"sluice simulate: --plot: {cannot_draw}", file=sys.stderr)
+        return 2
 
     err = Console(stderr=True)
     if args.enforcement is not None:
@@ -186,8 +199,7 @@ def run_command(
     try:
         write_json(report, out / "report.json")
         written = [out / "report.json"]
-        cannot_draw = missing()
-        if cannot_draw is None:
+        if plot is not False and cannot_draw is None:
             written += write_plots(report, out)
     except OSError as e:
         print(f"sluice simulate: --out {out}: cannot write: {e.strerror or e}", file=sys.stderr)

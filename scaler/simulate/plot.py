@@ -133,6 +133,7 @@ def _summary(report: Mapping[str, Any], path: Path) -> None:
         ax.set_ylim(0, 1.01)
         ax.set_title(f"{service}: latency CDF", fontsize=9)
         ax.set_xlabel("latency (s)", fontsize=8)
+        ax.set_ylabel("share of requests <= latency", fontsize=8)
         ax.legend(fontsize=7, loc="lower right")
     span = cols // len(runs)
     for k, run in enumerate(runs):
@@ -142,9 +143,10 @@ def _summary(report: Mapping[str, Any], path: Path) -> None:
         ax.axhline(budget, color="black", linewidth=1.0, label=f"budget {budget:g}")
         _shade(ax, time_s, contention)
         util = report["runs"][run]["budget"].get("utilisation_during_contention")
-        note = f", {util:.0%} in contention (shaded)" if util is not None else ""
-        smooth_note = f", {window * float(scenario['tick_s']):g} s means" if window > 1 else ""
-        ax.set_title(f"{run}: CPU used by service{note}{smooth_note}", fontsize=9)
+        note = f"{util:.0%} of the budget used in contention (shaded)" if util is not None else ""
+        smooth_note = f"{window * float(scenario['tick_s']):g} s means" if window > 1 else ""
+        detail = "; ".join(x for x in (note, smooth_note) if x)
+        ax.set_title(f"{run}: CPU used by service\n{detail}", fontsize=9)
         ax.set_ylim(0, budget * 1.15)
         ax.set_xlabel("time (s)", fontsize=8)
         ax.set_ylabel("cores", fontsize=8)

@@ -166,3 +166,21 @@ def test_without_matplotlib_it_says_how_to_install_it(
     assert "pip install 'sluice[sim]'" in err
     assert (tmp_path / "report.json").is_file()
     assert not (tmp_path / "report.png").exists()
+
+
+def test_plot_without_matplotlib_fails_at_once_saying_how_to_install_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    args = ["simulate", "--config", str(CONFIG), "--workload", str(WORKLOAD), "--plot"]
+    assert main([*args, "--out", str(tmp_path), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "--plot" in err and "pip install 'sluice[sim]'" in err
+    assert not (tmp_path / "report.json").exists()  # nothing was run
+
+
+def test_no_plot_writes_the_json_only(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    simulate(tmp_path, "--no-plot")
+    assert (tmp_path / "report.json").is_file()
+    assert not (tmp_path / "report.png").exists() and not (tmp_path / "zoom.png").exists()
+    assert "sluice[sim]" not in capsys.readouterr().err
