@@ -6,7 +6,9 @@ command runs from that venv, outside the repository.
 Differences from ``docker build``, all forced by running offline: the wheel is built
 without build isolation (the test environment's setuptools instead of a downloaded one) and
 the image venv reaches Sluice's dependencies through a ``.pth`` line naming the *test
-environment's* site-packages instead of downloading them. Never ``--system-site-packages``:
+environment's* site-packages instead of downloading them (the build's ``pip install
+--require-hashes -r requirements.lock``; the lock itself is checked in
+tests/unit/test_dockerfile.py). Never ``--system-site-packages``:
 that is the base interpreter's site-packages, which on a fresh machine holds none of them.
 """
 

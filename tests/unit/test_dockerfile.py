@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from gateway.settings import load_settings
 from tests.support.dockerfile import (
@@ -38,7 +40,9 @@ def ignore_rules() -> list[tuple[bool, re.Pattern[str]]]:
 def test_two_stages_on_a_slim_python_311_base(dockerfile: Dockerfile) -> None:
     assert [s.name for s in dockerfile.stages] == ["build", "runtime"]
     for stage in dockerfile.stages:
-        assert re.fullmatch(r"python:3\.11-slim(-[a-z]+)?", stage.image), stage.image
+        assert re.fullmatch(r"python:3\.11-slim(-[a-z]+)?(@sha256:[0-9a-f]{64})?", stage.image), (
+            stage.image
+        )
     assert dockerfile.directives.get("syntax", "").startswith("docker/dockerfile:")
 
 
@@ -197,3 +201,60 @@ def test_labels_and_a_healthcheck_on_the_shipped_admin_port(dockerfile: Dockerfi
     text = " ".join(check.words)
     settings = load_settings(ROOT / "config/examples/container.yaml")
     assert f"http://127.0.0.1:{settings.admin.port}/healthz" in text
+
+
+def _lock() -> dict[str, tuple[str, list[str]]]:
+    """requirements.lock as {name: (version, [sha256...])}."""
+    text = (ROOT / "requirements.lock").read_text()
+    pins: dict[str, tuple[str, list[str]]] = {}
+    for block in re.split(r"\n(?=[A-Za-z])", text):
+        match = re.match(r"([A-Za-z0-9_.-]+)==(\S+)", block)
+        if match:
+            hashes = re.findall(r"--hash=sha256:([0-9a-f]{64})\b", block)
+            pins[canonicalize_name(match.group(1))] = (match.group(2), hashes)
+    return pins
+
+
+def test_the_lock_pins_every_runtime_dependency_with_hashes() -> None:
+    """The image installs requirements.lock with --require-hashes: every dependency of
+    pyproject.toml (and theirs) pinned to one version with the sha256 of its files."""
+    pins = _lock()
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    for line in project["project"]["dependencies"]:
+        requirement = Requirement(line)
+        if requirement.marker is not None and not requirement.marker.evaluate(
+            {"sys_platform": "linux", "python_version": "3.11", "platform_system": "Linux"}
+        ):
+            continue
+        name = canonicalize_name(requirement.name)
+        assert name in pins, f"{requirement.name} is not in requirements.lock"
+        assert requirement.specifier.contains(pins[name][0], prereleases=True), (
+            f"{name}=={pins[name][0]} does not satisfy {requirement.specifier}"
+        )
+    for name, (version, hashes) in pins.items():
+        assert hashes, f"{name}=={version} has no hash"
+    text = (ROOT / "requirements.lock").read_text()
+    assert "--index-url" not in text and "--find-links" not in text, "no local indexes"
+    assert "sluice" not in pins, "Sluice itself is the wheel, installed after"
+
+
+def test_the_build_installs_the_lock_with_hashes_before_the_wheel(dockerfile: Dockerfile) -> None:
+    build = dockerfile.stage("build")
+    runs = [" ".join(r.words) for r in build.all("RUN")]
+    (lock_run,) = [r for r in runs if "requirements.lock" in r]
+    assert "--require-hashes" in lock_run and "-r requirements.lock" in lock_run
+    (wheel_run,) = [r for r in runs if "sluice-*.whl" in r]
+    assert runs.index(lock_run) < runs.index(wheel_run), "dependencies first (a cached layer)"
+    install = wheel_run[wheel_run.index("install") :]
+    assert "--no-deps" in install, "nothing but the lock's files reaches the venv"
+    copied = [src for copy in build.all("COPY") for src in copy.words[:-1]]
+    assert copied.index("requirements.lock") < copied.index("gateway/")
+
+
+def test_the_base_image_is_a_build_argument_pinnable_by_digest(dockerfile: Dockerfile) -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    (default,) = re.findall(r"^ARG PYTHON_IMAGE=(\S+)$", text, re.M)
+    assert re.fullmatch(r"python:3\.11-slim-bookworm(@sha256:[0-9a-f]{64})?", default)
+    for stage in dockerfile.stages:
+        assert stage.image == default, "both stages on the same (pinnable) base"
+    assert (ROOT / ".ci" / "pin-base-image").is_file()
