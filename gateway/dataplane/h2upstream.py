@@ -344,6 +344,18 @@ class H2UpstreamConnection(asyncio.Protocol):
             self.h2.send_headers(sid, fields, end_stream=True)
         self._send()
 
+    def ack_connection(self, n: int) -> None:
+        """Give ``n`` received bytes back to the connection's window only."""
+        if n:
+            with contextlib.suppress(h2.exceptions.ProtocolError):
+                self.h2.increment_flow_control_window(n)
+
+    def ack_stream(self, sid: int, n: int) -> None:
+        """Give ``n`` received bytes back to one stream's window only."""
+        if n:
+            with contextlib.suppress(h2.exceptions.ProtocolError):
+                self.h2.increment_flow_control_window(n, stream_id=sid)
+
     def ack(self, sid: int, n: int) -> None:
         if n:
             with contextlib.suppress(h2.exceptions.ProtocolError):
@@ -419,7 +431,7 @@ class H2Upstream:
         self.buf_bytes = 0
         self.pending: list[bytes] = []
         """Request bytes waiting for the upstream's window."""
-        self.req_end = False
+        self.req_end = ex.req_done  # (an HTTP/2 GET ended with its HEADERS: no end() call)
         self.response_ended = False
         self.got_bytes = False
         self.head_ends = False
@@ -624,11 +636,15 @@ class H2Upstream:
 
     def on_data(self, data: bytes, flow_len: int) -> None:
         self.got_bytes = True
+        conn = self.conn
+        assert conn is not None
         if self.read_paused:
+            # The stream's window is held until the client takes more (at most one stream
+            # window is buffered for it); the connection's is given back at once, so a slow
+            # client cannot stall the other exchanges sharing this upstream connection.
             self.unacked += flow_len
+            conn.ack_connection(flow_len)
         else:
-            conn = self.conn
-            assert conn is not None
             conn.ack(self.sid, flow_len)
         ex = self.ex
         if data:
@@ -662,7 +678,7 @@ class H2Upstream:
         self.read_paused = False
         if self.unacked and self.conn is not None:
             n, self.unacked = self.unacked, 0
-            self.conn.ack(self.sid, n)
+            self.conn.ack_stream(self.sid, n)
             self.conn._send()
 
     def release(self) -> None:
@@ -670,9 +686,7 @@ class H2Upstream:
         conn = self.conn
         if conn is not None:
             self.conn = None
-            if self.unacked:  # the connection's window gets these bytes back
-                conn.ack(self.sid, self.unacked)
-                self.unacked = 0
+            self.unacked = 0  # (the connection's window got them back as they came)
             conn.release(self)
 
     def __repr__(self) -> str:

@@ -116,6 +116,20 @@ def test_request_trailers_reach_an_h2_upstream_and_response_trailers_come_back(
         c.close()
 
 
+def test_a_get_ends_its_upstream_stream(gw: Gateway) -> None:
+    """A request without a body (END_STREAM on its HEADERS, or an HTTP/1.1 GET) reaches an
+    h2c upstream as a complete stream."""
+    c = Client(gw)
+    try:
+        sid = c.request("/echo?get=1")
+        c.pump({sid})
+        assert json.loads(c.responses[sid]["body"])["method"] == "GET"
+    finally:
+        c.close()
+    with urllib.request.urlopen(gw.url + "/echo?get=2", timeout=10) as r:
+        assert json.loads(r.read())["path"] == "/echo?get=2"
+
+
 def test_trailers_without_a_body(gw: Gateway) -> None:
     c = Client(gw)
     try:

@@ -12,7 +12,8 @@ prints ``listening HOST:PORT`` once serving.  Every response carries ``x-upstrea
 
 With ``--refuse-first N`` the first N streams (counted over all connections) are reset with
 ``REFUSED_STREAM`` before anything is processed.  ``/_count`` (not refused) answers how many
-streams were refused and how many served.
+streams were refused, how many served, and how many response body bytes were handed to the
+connection so far (``sent_bytes``: what the gateway's windows let through).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class State:
         self.refuse_left = refuse_first
         self.refused = 0
         self.served = 0
+        self.sent_bytes = 0
 
 
 class Stream:
@@ -44,8 +46,8 @@ class Stream:
         self.headers = headers
         self.trailers: list[tuple[bytes, bytes]] = []
         self.body_bytes = 0
-        self.pending = b""
-        self.end_after = False
+        self.remaining = 0
+        """Response body bytes still to send (``/big``)."""
 
 
 class Server(asyncio.Protocol):
@@ -118,7 +120,10 @@ class Server(asyncio.Protocol):
         query = parse_qs(url.query)
         head = [(b":status", b"200"), (b"x-upstream", self.state.name.encode())]
         if url.path == "/_count":
-            body = json.dumps({"refused": self.state.refused, "served": self.state.served})
+            state = self.state
+            body = json.dumps(
+                {"refused": state.refused, "served": state.served, "sent_bytes": state.sent_bytes}
+            )
             self.conn.send_headers(sid, [*head, (b"content-type", b"application/json")])
             self.conn.send_data(sid, body.encode(), end_stream=True)
             self.streams.pop(sid, None)
@@ -130,8 +135,7 @@ class Server(asyncio.Protocol):
         if url.path == "/big":
             n = int(query.get("bytes", ["0"])[0])
             self.conn.send_headers(sid, [*head, (b"content-length", b"%d" % n)])
-            stream.pending = b"x" * n
-            stream.end_after = True
+            stream.remaining = n
             self.send_pending(sid)
             return
         answer = {
@@ -155,16 +159,20 @@ class Server(asyncio.Protocol):
 
     def send_pending(self, sid: int) -> None:
         stream = self.streams.get(sid)
-        if stream is None or not stream.pending:
+        if stream is None or not stream.remaining:
             return
-        while stream.pending:
+        while stream.remaining:
             window = min(
-                self.conn.local_flow_control_window(sid), self.conn.max_outbound_frame_size, CHUNK
+                self.conn.local_flow_control_window(sid),
+                self.conn.max_outbound_frame_size,
+                CHUNK,
+                stream.remaining,
             )
             if window <= 0:
                 return
-            piece, stream.pending = stream.pending[:window], stream.pending[window:]
-            self.conn.send_data(sid, piece, end_stream=not stream.pending and stream.end_after)
+            stream.remaining -= window
+            self.state.sent_bytes += window
+            self.conn.send_data(sid, b"x" * window, end_stream=not stream.remaining)
         self.streams.pop(sid, None)
 
     def connection_lost(self, exc: Exception | None) -> None:
