@@ -269,11 +269,13 @@ class MetricTrack:
 
     def _stabilized(self, now: float, raw: int) -> int:
         """The largest answer of the stabilization window (a lower one counts only after it)."""
-        answers = self._answers
+        answers = self._answers  # decreasing answers, oldest first: the front is the max
+        while answers and answers[-1][1] <= raw:
+            answers.pop()
         answers.append((now, raw))
-        while answers and answers[0][0] < now - self.stabilization_s - _EPS:
+        while answers[0][0] < now - self.stabilization_s - _EPS:
             answers.popleft()
-        return max(r for _, r in answers)
+        return answers[0][1]
 
     def _answer_latency(self, now: float, inputs: MetricInputs, base: int) -> MetricAnswer:
         """Above target: ``ceil(ready × min(p / target, 2))``, never below ``base``.

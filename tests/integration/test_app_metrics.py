@@ -207,3 +207,46 @@ def test_on_the_local_platform_the_header_starts_the_replicas_the_table_asks_for
         )
         admin.close()
         client.close()
+
+
+def test_a_slow_upstreams_latency_asks_for_more_replicas(tmp_path: Path) -> None:
+    with upstreams("s1") as ups:
+        cfg = {
+            "platform": "static",
+            "budget": {"cpu": 4},
+            "services": {
+                "slow": {
+                    "routes": [{"path": "/"}],
+                    "endpoints": [ups[0].address],
+                    "scaling": {
+                        **SCALING,
+                        "metrics": [
+                            {"type": "concurrency", "target": 10},
+                            {"type": "latency", "percentile": 95, "target_s": 0.1, "window_s": 5},
+                        ],
+                    },
+                }
+            },
+        }
+        with gateway(cfg, tmp_path / "latency.yaml") as g:
+            admin = httpx.Client(base_url=g.admin_url, timeout=10)
+            client = httpx.Client(base_url=g.url, timeout=10)
+
+            def slow_decided() -> bool:
+                # one 0.3 s request per poll (bounded by wait_until): p95 ~0.3-0.5 s > 0.1 s
+                assert client.get("/delay", params={"s": "0.3"}).status_code == 200
+                d = latest(admin, "slow")
+                return (d.get("metrics") or {}).get("winner") == "latency"
+
+            assert wait_until(slow_decided, timeout_s=60, pause_s=0)
+            d = latest(admin, "slow")
+            answers = {a["name"]: a for a in d["metrics"]["answers"]}
+            # one replica ready: at most twice that per step, never below concurrency's answer
+            assert d["replicas"] == answers["latency"]["replicas"] == 2
+            assert answers["latency"]["value"] > 0.1
+            assert answers["concurrency"]["replicas"] == 1
+            signals = admin.get("/api/signals").json()["signals"]["slow"]
+            assert sum(signals["latency_counts"]) >= 10
+            assert len(signals["latency_counts"]) == len(signals["latency_bounds_s"]) + 1
+            admin.close()
+            client.close()

@@ -472,3 +472,27 @@ def test_a_simulated_workload_carries_an_app_metric_that_drives_the_replicas() -
     assert e.value.problems == [
         "w.yaml: services.api.app.u[1].at_s: must be > the previous value's at_s (0), got 0"
     ]
+
+
+@given(
+    st.floats(min_value=0, max_value=30),
+    st.lists(
+        st.tuples(st.floats(min_value=0.01, max_value=10), st.integers(min_value=0, max_value=50)),
+        min_size=1,
+        max_size=60,
+    ),
+)
+def test_a_metrics_answer_is_the_largest_of_its_stabilization_window(
+    window_s: float, steps: list[tuple[float, int]]
+) -> None:
+    from scaler.metrics import MetricTrack
+
+    spec = {**APP, "stabilization_window_s": window_s}
+    track = MetricTrack(policy([spec]).metrics[0], policy([spec]), 100)
+    now = 0.0
+    seen: list[tuple[float, int]] = []
+    for dt, raw in steps:
+        now += dt
+        seen.append((now, raw))
+        expected = max(r for t, r in seen if t >= now - window_s - 1e-9)
+        assert track._stabilized(now, raw) == expected
