@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -468,3 +470,86 @@ def test_kubernetes_separate_tolerance_case() -> None:
     cpu = pods(*[(True, 1024, R)] * 3)
     assert calculate_utilization_replicas(cpu, 3, 100, Tolerances(0.1, 0.01)).replicas == 4
     assert calculate_utilization_replicas(cpu, 3, 100, Tolerances(0.1, 0.1)).replicas == 3
+
+
+_rate_policies = st.lists(
+    st.builds(
+        lambda kind, value, period: {"type": kind, "value": value, "period_s": period},
+        st.sampled_from(["Pods", "Percent"]),
+        st.integers(1, 200),
+        st.sampled_from([5, 15, 60, 120]),
+    ),
+    min_size=1,
+    max_size=3,
+)
+
+
+def _period_start(events: list[tuple[float, int]], now: float, current: int, period: float) -> int:
+    """Replicas at the start of the period: now's, less those added, plus those removed in it."""
+    changes = [c for at, c in events if at > now - period]
+    return current - sum(changes)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(1, 40), st.integers(0, 60)), min_size=1, max_size=50),
+    _rate_policies,
+    _rate_policies,
+    st.sampled_from(["Max", "Min"]),
+    st.sampled_from(["Max", "Min"]),
+)
+def test_rate_policies_equal_the_hpa_sums_over_the_whole_event_history(
+    steps: list[tuple[int, int]],
+    up_policies: list[dict[str, object]],
+    down_policies: list[dict[str, object]],
+    up_select: str,
+    down_select: str,
+) -> None:
+    """The HPA's rate limit (convertDesiredReplicasWithBehaviorRate): each policy allows a
+    change relative to the replica count at the start of its period (now - replicas added +
+    replicas removed within it), Max/Min across policies; computed here from every scale
+    event ever made, against the state that keeps only the events a period can still see."""
+    behavior = HpaBehavior(
+        scale_up=HpaScalingRules.model_validate(
+            {"stabilization_window_s": 0, "policies": up_policies, "select_policy": up_select}
+        ),
+        scale_down=HpaScalingRules.model_validate(
+            {"stabilization_window_s": 0, "policies": down_policies, "select_policy": down_select}
+        ),
+    )
+    state = HpaBehaviorState(behavior)
+    events: list[tuple[float, int]] = []  # (at, +added / -removed), all of them
+    now = 0.0
+    current = 10
+    for gap, desired in steps:
+        now += gap
+
+        expected = desired
+        if desired > current:
+            limits = []
+            for p in behavior.scale_up.policies:
+                start = _period_start(events, now, current, p.period_s)
+                limits.append(
+                    start + p.value
+                    if p.type == "Pods"
+                    else math.ceil(start * (1 + p.value / 100) - 1e-9)
+                )
+            limit = max(current, max(limits) if up_select == "Max" else min(limits))
+            expected = min(desired, limit)
+        elif desired < current:
+            limits = []
+            for p in behavior.scale_down.policies:
+                start = _period_start(events, now, current, p.period_s)
+                limits.append(
+                    start - p.value
+                    if p.type == "Pods"
+                    else math.floor(start * (1 - p.value / 100) + 1e-9)
+                )
+            limit = min(current, min(limits) if down_select == "Max" else max(limits))
+            expected = max(desired, limit)
+        got = normalize(state, now, current, desired, lo=0, hi=1_000_000)
+        assert got == expected, (now, current, desired, events)
+        state.record_scale(now, current, got)
+        if got != current:
+            events.append((now, got - current))
+        current = got
