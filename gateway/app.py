@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
+import socket
 import ssl
 import sys
 import time
@@ -41,8 +43,12 @@ from gateway.platforms.static import StaticPlatform
 from gateway.runtime import Runtime
 from gateway.settings import ConfigError, Settings, load_runtime_settings
 from gateway.telemetry.api import traces_route
+from gateway.telemetry.logs import JsonFormatter, configure
 from gateway.telemetry.provider import Telemetry, TelemetryError
 from gateway.telemetry.scaler import TracedEngine
+from gateway.workers.ipc import Channel, Ready, Start
+from gateway.workers.supervisor import Workers
+from gateway.workers.worker import WorkerLink
 from scaler.engine import Engine
 from scaler.loop import ScalerLoop, TickEngine
 from scaler.policy import ScalingPolicy
@@ -217,6 +223,14 @@ async def serve(
             print(f"sluice: access_log.path: cannot open it: {e}", file=sys.stderr, flush=True)
             return 2
     runtime = Runtime(settings)
+    workers: Workers | None = None
+    if settings.worker_count > 1:
+        # The data plane runs in worker processes; this one keeps the scaler, the admin
+        # plane and the platform, and sends the workers what it applies.
+        workers = Workers(runtime, settings.worker_count, log_setup=_log_setup())
+        if access_log is not None:
+            access_log.close()  # each worker opens its own (the path was checked)
+            access_log = None
     runtime.apply_routes(routes_from_settings(settings))
     for update in endpoints_from_settings(settings):
         runtime.apply_endpoints(update)
@@ -226,6 +240,9 @@ async def serve(
         print(f"sluice: telemetry: {e}", file=sys.stderr, flush=True)
         return 2
     scaling = Scaling(runtime, open_platform(settings, runtime), settings, telemetry.tracer)
+    if workers is not None:
+        early = settings.budget.early_ticks
+        scaling.loop.on_decisions = lambda d: workers.arm_early_wakes(d, scaling.loop.wake, early)
     await scaling.start()
     stop = stop or asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -241,6 +258,8 @@ async def serve(
     if access_log is not None:
         dataplane.access_log = access_log
         loop.add_signal_handler(signal.SIGUSR1, access_log.reopen)
+    elif workers is not None and settings.access_log.enabled:
+        loop.add_signal_handler(signal.SIGUSR1, workers.signal, signal.SIGUSR1)
     tls: TlsTermination | None = None
     if settings.tls is not None:
         try:
@@ -258,6 +277,10 @@ async def serve(
             problems = check_upstream_tls(new, source)
             if problems:
                 raise ConfigError(problems)
+            if new.worker_count != settings.worker_count:
+                raise ConfigError(
+                    [f"{source}: workers: cannot change while running (restart Sluice)"]
+                )
             if tls is not None:
                 tls.reload(new, source)  # first: a bad certificate rejects the whole reload
             elif new.tls is not None:
@@ -282,15 +305,26 @@ async def serve(
             traces_route(telemetry.buffer, telemetry.tracer is not None),
             decisions_route(runtime),
             push_route(runtime),
+            *([] if workers is None else [workers.route()]),
         ],
         reloader=reloader,
-        unmatched=lambda: dataplane.unmatched_total,
+        unmatched=lambda: dataplane.unmatched_total if workers is None else workers.unmatched_total,
         collectors=[] if tls is None else [TlsCollector(tls.expiries, time.time)],
     )
     tls_url = ""
     try:
-        data_host, data_port = await dataplane.start(settings.listen.host, settings.listen.port)
-        if tls is not None and settings.tls is not None:
+        if workers is not None:
+            tls_at = None if settings.tls is None else settings.tls.listen
+            (data_host, data_port), tls_bound = await workers.start(
+                (settings.listen.host, settings.listen.port),
+                None if tls_at is None else (tls_at.host, tls_at.port),
+            )
+            if tls is not None and tls_bound is not None:
+                tls.port = tls_bound[1]
+                tls_url = " tls=" + _url(*tls_bound, "https")
+        else:
+            data_host, data_port = await dataplane.start(settings.listen.host, settings.listen.port)
+        if workers is None and tls is not None and settings.tls is not None:
             tls_host, tls.port = await dataplane.start_tls(
                 settings.tls.listen.host, settings.tls.listen.port, tls.listener
             )
@@ -300,6 +334,8 @@ async def serve(
         admin_host, admin_port = await admin.start(settings.admin.host, settings.admin.port)
     except OSError as e:
         print(f"sluice: cannot listen: {e}", file=sys.stderr, flush=True)
+        if workers is not None:
+            await workers.stop(0)
         await dataplane.stop(0)
         if access_log is not None:
             access_log.close()
@@ -333,6 +369,8 @@ async def serve(
         loop.remove_signal_handler(sig)
     if reloader is not None:
         await reloader.stop()
+    if workers is not None:
+        await workers.stop(drain_s)
     await dataplane.stop(drain_s)
     if access_log is not None:
         loop.remove_signal_handler(signal.SIGUSR1)
@@ -345,6 +383,93 @@ async def serve(
     )  # flushes pending spans (bounded by the export timeout)
     log.info("stopped")
     return 0
+
+
+def _log_setup() -> tuple[str, str]:
+    """(level, format) of this process's logging, for its workers."""
+    root = logging.getLogger()
+    level = logging.getLevelName(root.getEffectiveLevel()).lower()
+    json = any(isinstance(h.formatter, JsonFormatter) for h in root.handlers)
+    return level, "json" if json else "text"
+
+
+async def serve_worker(fd: int) -> int:
+    """One data-plane worker (``workers: N``): serve on the ports the main process reserved,
+    apply what it sends, report the counters, drain when it says stop (or goes away)."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):  # the main process decides when to stop
+        loop.add_signal_handler(sig, lambda: None)
+    channel = await Channel.open(socket.socket(fileno=fd))
+    try:
+        start = await channel.receive()
+    except EOFError:
+        return 1
+    if not isinstance(start, Start):
+        return 2
+    configure(start.log_level, "json" if start.log_format == "json" else "text")
+    settings = start.settings
+    runtime = Runtime(settings)
+    runtime.apply_routes(start.routes)
+    for update in start.endpoints:
+        runtime.apply_endpoints(update)
+    try:
+        telemetry = Telemetry.start(settings.telemetry.traces)
+    except TelemetryError as e:
+        log.error("worker %d: telemetry: %s", start.index, e)
+        return 2
+    dataplane = DataPlane(
+        runtime,
+        settings.trusted_proxies,
+        loop,
+        tracing=telemetry.requests,
+        limits=HeadLimits.from_settings(settings.limits),
+        h2c=settings.listen.h2c,
+    )
+    access_log: AccessLog | None = None
+    if settings.access_log.enabled:
+        access_log = dataplane.access_log = AccessLog(
+            loop, settings.access_log.format, settings.access_log.path
+        )
+        loop.add_signal_handler(signal.SIGUSR1, access_log.reopen)
+    tls = None if settings.tls is None else TlsTermination(dataplane, settings)
+
+    def apply(new: Settings) -> None:
+        if tls is not None:
+            tls.reload(new, "reload")
+        runtime.apply_settings(new)
+        dataplane.configure(new.trusted_proxies, HeadLimits.from_settings(new.limits))
+
+    link = WorkerLink(
+        channel,
+        runtime,
+        apply,
+        lambda: dataplane.unmatched_total,
+        applied=start.seq,
+        hooks=start.hooks,
+    )
+    await dataplane.start(*start.listen, reuse_port=True)
+    if tls is not None and settings.tls is not None and start.tls_listen is not None:
+        _, tls.port = await dataplane.start_tls(*start.tls_listen, tls.listener, reuse_port=True)
+        if settings.tls.redirect_http:
+            dataplane.redirect_to_https(tls.port)
+    runtime._sync_checkers()
+    runtime.ready = True
+    channel.send(Ready(os.getpid()))
+    drain_s = await link.run()
+    runtime.ready = False
+    await dataplane.stop(drain_s)
+    if access_log is not None:
+        access_log.close()
+    await runtime.stop_checkers()
+    await asyncio.to_thread(telemetry.shutdown)
+    channel.close()
+    return 0
+
+
+def run_worker(fd: int) -> int:
+    """A data-plane worker process (``python -m gateway.workers FD``); its exit code."""
+    with asyncio.Runner(loop_factory=_event_loop_factory()) as runner:
+        return runner.run(serve_worker(fd))
 
 
 def _event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import math
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from gateway.dataplane.endpoints import Endpoint, EndpointState
 from gateway.dataplane.outlier import HealthChecker
@@ -37,6 +37,23 @@ log = logging.getLogger(__name__)
 DRAIN_POLL_S = 0.05
 
 
+class WorkerView(Protocol):
+    """What the main process knows of its data-plane workers (``workers: N``,
+    ``gateway.workers.supervisor.Workers``)."""
+
+    def drained(self, service: str, address: str) -> bool:
+        """No worker may still send to or wait on ``address``."""
+        ...
+
+    def endpoint_in_flight(self, service: str, address: str) -> int:
+        """Requests in flight to ``address`` across the workers."""
+        ...
+
+    async def collect(self) -> None:
+        """Fresh counters from every worker."""
+        ...
+
+
 class Runtime:
     """Routes, services (endpoints, balancer, stats) and readiness of one gateway process."""
 
@@ -55,6 +72,10 @@ class Runtime:
         ``GET /api/decisions`` and ``/metrics``."""
         self.platform: Platform | None = None
         """The platform ``serve`` opened (static, local or kubernetes)."""
+        self.on_update: Callable[[Settings | RoutesUpdate | EndpointUpdate], None] | None = None
+        """Told every change applied (``workers: N``: the main process sends it on)."""
+        self.workers: WorkerView | None = None
+        """The data-plane workers when they serve instead of this process (``workers: N``)."""
 
     def now(self) -> float:
         """The injected clock, else the running event loop's."""
@@ -82,16 +103,29 @@ class Runtime:
         for ep in service.endpoints.endpoints:
             if ep.ejected and ep.address in down and ep.state is EndpointState.READY:
                 service.outlier.readmit(ep.address)  # restarted: its failures are old news
+        if self.on_update is not None:
+            self.on_update(update)
 
     def apply_routes(self, update: RoutesUpdate) -> None:
         table = RouteTable.from_update(update)  # validates before anything changes
         for name in table.services:
             self.add_service(name)
         self.routes = table
+        if self.on_update is not None:
+            self.on_update(update)
 
     def is_drained(self, service: str, address: str) -> bool:
         s = self.services.get(service)
-        return s is None or s.endpoints.is_drained(address)
+        here = s is None or s.endpoints.is_drained(address)
+        return here and (self.workers is None or self.workers.drained(service, address))
+
+    def endpoint_in_flight(self, service: str, address: str) -> int:
+        """Requests in flight to ``address`` (summed over the workers when they serve)."""
+        if self.workers is not None:
+            return self.workers.endpoint_in_flight(service, address)
+        s = self.services.get(service)
+        ep = None if s is None else s.endpoints.get(address)
+        return 0 if ep is None else ep.in_flight
 
     async def wait_drained(
         self, service: str, address: str, timeout_s: float | None = None
@@ -156,9 +190,14 @@ class Runtime:
                     service.outlier.close()
         self.settings = new
         self._sync_checkers()
+        if self.on_update is not None:
+            self.on_update(new)
 
     def _sync_checkers(self) -> None:
-        """Run an active health checker for every service that configures one."""
+        """Run an active health checker for every service that configures one (in the
+        workers when they serve: each checks for itself)."""
+        if self.workers is not None:
+            return
         try:
             asyncio.get_running_loop()
         except RuntimeError:
@@ -181,6 +220,12 @@ class Runtime:
             await checker.stop()
 
     # -- what the scaler and the admin plane read -----------------------------------------------
+
+    async def refresh(self) -> None:
+        """Bring the counters up to date before the admin plane answers (with workers: a
+        fresh report from each; otherwise nothing to do)."""
+        if self.workers is not None:
+            await self.workers.collect()
 
     def signals_of(self, name: str, now: float) -> ServiceSignals:
         service = self.services[name]

@@ -804,6 +804,13 @@ def _check_network(value: str) -> str:
 class Settings(_Model):
     """Sluice's whole configuration."""
 
+    @property
+    def worker_count(self) -> int:
+        """``workers`` resolved (``auto``: the cores this process may run on)."""
+        if self.workers == "auto":
+            return max(1, len(os.sched_getaffinity(0)))
+        return self.workers
+
     listen: ListenConfig = Field(
         default_factory=ListenConfig, description="The data plane (proxy) listener."
     )
@@ -812,6 +819,12 @@ class Settings(_Model):
     )
     tls: TlsConfig | None = Field(
         default=None, description="The TLS (HTTPS) listener; omitted = plain HTTP only."
+    )
+    workers: Annotated[int, Field(ge=1, le=256)] | Literal["auto"] = Field(
+        default=1,
+        description="Data-plane processes accepting on the same ports (SO_REUSEPORT); "
+        "auto = one per core; 1 = everything in one process. The scaler, the admin plane "
+        "and (on local) the replicas stay in the main process. Restart to change.",
     )
     platform: PlatformName = Field(
         default="static",

@@ -92,6 +92,7 @@ def dashboard_routes(runtime: Runtime) -> list[Route]:
         return Route("/" if name == "index.html" else f"/{name}", page)
 
     async def overview(request: Request) -> Response:
+        await runtime.refresh()
         return JSONResponse(overview_json(runtime))
 
     return [*(serve(name) for name in STATIC_FILES), Route("/api/overview", overview)]

@@ -71,7 +71,7 @@ def service_view(runtime: Runtime, name: str, now: float) -> dict[str, Any]:
                 "state": ep.state.value,
                 "ejected": ep.ejected,
                 "routable": ep in service.endpoints.routable,
-                "in_flight": ep.in_flight,
+                "in_flight": runtime.endpoint_in_flight(name, ep.address),
                 "latency_ewma_s": ep.ewma_s if ep.ewma_at is not None else None,
             }
             for ep in service.endpoints.endpoints
@@ -143,9 +143,11 @@ def build_app(
         return PlainTextResponse("not ready\n", status_code=503)
 
     async def metrics(request: Request) -> Response:
+        await runtime.refresh()
         return Response(render(registry), media_type=CONTENT_TYPE)
 
     async def services(request: Request) -> Response:
+        await runtime.refresh()
         now = runtime.now()
         return JSONResponse(
             {
@@ -157,6 +159,7 @@ def build_app(
         )
 
     async def signals(request: Request) -> Response:
+        await runtime.refresh()
         now = runtime.now()
         return JSONResponse(
             {

@@ -801,9 +801,12 @@ class DataPlane:
             return False
         return any(addr in net for net in self.networks)
 
-    async def start_tls(self, host: str, port: int, listener: TlsListener) -> tuple[str, int]:
+    async def start_tls(
+        self, host: str, port: int, listener: TlsListener, reuse_port: bool = False
+    ) -> tuple[str, int]:
         """Listen for TLS (``listener`` holds the certificates and the ALPN list, which must
-        be ``tls_protocols``' names); return the bound (host, port)."""
+        be ``tls_protocols``' names); return the bound (host, port). ``reuse_port``: share
+        the port with other processes (``SO_REUSEPORT``, data-plane workers)."""
         self.tls = listener
         protocols = self.tls_protocols
         self.tls_server = await self.loop.create_server(
@@ -813,6 +816,7 @@ class DataPlane:
             ssl=listener.context,
             backlog=2048,
             reuse_address=True,
+            reuse_port=reuse_port or None,
             ssl_handshake_timeout=self.limits.header_timeout_s,
         )
         bound = self.tls_server.sockets[0].getsockname()
@@ -851,10 +855,16 @@ class DataPlane:
         else:
             self.https_redirect = b"" if tls_port == 443 else b":%d" % tls_port
 
-    async def start(self, host: str, port: int) -> tuple[str, int]:
-        """Listen; return the bound (host, port) (``port=0`` picks a free one)."""
+    async def start(self, host: str, port: int, reuse_port: bool = False) -> tuple[str, int]:
+        """Listen; return the bound (host, port) (``port=0`` picks a free one). ``reuse_port``:
+        share the port with other processes (``SO_REUSEPORT``, data-plane workers)."""
         self.server = await self.loop.create_server(
-            lambda: ClientConnection(self), host, port, backlog=2048, reuse_address=True
+            lambda: ClientConnection(self),
+            host,
+            port,
+            backlog=2048,
+            reuse_address=True,
+            reuse_port=reuse_port or None,
         )
         self._sweeper = self.loop.call_later(SWEEP_S, self._sweep)
         bound = self.server.sockets[0].getsockname()

@@ -11,6 +11,8 @@ read time by :meth:`ServiceStats.snapshot`, which takes ``now`` (the event loop'
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from scaler.signals import ServiceSignals
 
@@ -55,6 +57,46 @@ def quantile(
             return lower + (bounds[i] - lower) * max(rank - seen, 0.0) / n
         seen += n
     return bounds[-1]
+
+
+@dataclass(frozen=True, slots=True)
+class StatsState:
+    """Everything :meth:`ServiceStats.merged` needs of one process's counters (plain data,
+    sent by each data-plane worker to the main process; ``gateway.workers``)."""
+
+    arrivals_total: int
+    in_flight: int
+    queued: int
+    upgraded: int
+    upgrades_total: int
+    errors_total: int
+    codes: dict[int, int]
+    latency_counts: list[int]
+    latency_sum_s: float
+    seconds: dict[int, int]
+    """Arrivals per whole second, for the seconds the rate ring still holds."""
+    latency_epoch: int
+    latency_current: list[int]
+    latency_previous: list[int]
+
+    def retired(self) -> StatsState:
+        """The counters of a process that is gone: its gauges (in flight, queued, upgraded)
+        are 0, its monotonic counts are kept (so merged totals never go back)."""
+        return StatsState(
+            self.arrivals_total,
+            0,
+            0,
+            0,
+            self.upgrades_total,
+            self.errors_total,
+            self.codes,
+            self.latency_counts,
+            self.latency_sum_s,
+            self.seconds,
+            self.latency_epoch,
+            self.latency_current,
+            self.latency_previous,
+        )
 
 
 class ServiceStats:
@@ -267,6 +309,75 @@ class ServiceStats:
             latency_counts=tuple(self.latency_counts) if latency_histogram else None,
             latency_bounds_s=LATENCY_BUCKETS_S if latency_histogram else None,
         )
+
+    # -- across processes (``workers: N``) ----------------------------------------------------
+
+    def state(self) -> StatsState:
+        """This process's counters as plain data (copies)."""
+        seconds = {
+            sec: n for sec, n in zip(self._slot_sec, self._slot_count, strict=True) if sec >= 0
+        }
+        if self._sec >= 0:
+            seconds[self._sec] = self.arrivals_total - self._sec_base
+        return StatsState(
+            self.arrivals_total,
+            self.in_flight,
+            self.queued,
+            self.upgraded,
+            self.upgrades_total,
+            self.errors_total,
+            dict(self.codes),
+            list(self.latency_counts),
+            self.latency_sum_s,
+            seconds,
+            self._lat_epoch,
+            list(self._lat_current),
+            list(self._lat_previous),
+        )
+
+    @classmethod
+    def merged(
+        cls,
+        service: str,
+        states: Sequence[StatsState],
+        rate_window_s: int = DEFAULT_RATE_WINDOW_S,
+        latency_window_s: float = DEFAULT_LATENCY_WINDOW_S,
+    ) -> ServiceStats:
+        """The counters of several processes as one: counts and gauges summed, arrivals per
+        second summed second by second, latency windows aligned on the newest (the processes
+        share the monotonic clock, so their seconds and windows line up)."""
+        out = cls(service, rate_window_s, latency_window_s)
+        seconds: dict[int, int] = {}
+        epoch = max((s.latency_epoch for s in states), default=-1)
+        for s in states:
+            out.arrivals_total += s.arrivals_total
+            out.in_flight += s.in_flight
+            out.queued += s.queued
+            out.upgraded += s.upgraded
+            out.upgrades_total += s.upgrades_total
+            out.errors_total += s.errors_total
+            for code, n in s.codes.items():
+                out.codes[code] = out.codes.get(code, 0) + n
+            for i, n in enumerate(s.latency_counts):
+                out.latency_counts[i] += n
+            out.latency_sum_s += s.latency_sum_s
+            for sec, n in s.seconds.items():
+                seconds[sec] = seconds.get(sec, 0) + n
+            if s.latency_epoch == epoch:
+                for i, n in enumerate(s.latency_current):
+                    out._lat_current[i] += n
+                for i, n in enumerate(s.latency_previous):
+                    out._lat_previous[i] += n
+            elif s.latency_epoch == epoch - 1:
+                for i, n in enumerate(s.latency_current):
+                    out._lat_previous[i] += n
+        newest = max(seconds, default=-1)
+        for sec, n in seconds.items():
+            if sec > newest - len(out._slot_sec):  # the ring's span: no slot shared
+                out._count_second(sec, n)
+        out._sec_base = out.arrivals_total  # no second in progress: all of them in the ring
+        out._lat_epoch = epoch
+        return out
 
     def __repr__(self) -> str:
         return (

@@ -1,0 +1,147 @@
+"""The messages between the main process and a data-plane worker, and the channel (a Unix
+socket pair, length-prefixed pickles: both ends are this program) that carries them."""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import socket
+import struct
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from gateway.dataplane.stats import StatsState
+from gateway.dataplane.updates import EndpointUpdate, RoutesUpdate
+
+if TYPE_CHECKING:
+    from gateway.settings import Settings
+
+MAX_FRAME_BYTES = 64 * 1024 * 1024
+_HEADER = struct.Struct("!I")
+
+
+@dataclass(frozen=True, slots=True)
+class Hooks:
+    """What the main process wants to hear from a worker's admissions, per service."""
+
+    wake_levels: dict[str, float] = field(default_factory=dict)
+    """Per-worker early-wake level (``Decision.wake_concurrency`` / N); absent = disarmed."""
+    hold: frozenset[str] = frozenset()
+    """Services that hold requests while they have no endpoint (scale from zero)."""
+    busy: frozenset[str] = frozenset()
+    """Services whose busy/idle edges are wanted (CPU lending on ``local``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    """The first message to a worker: everything it needs to serve."""
+
+    index: int
+    settings: Settings
+    routes: RoutesUpdate
+    endpoints: tuple[EndpointUpdate, ...]
+    hooks: Hooks
+    seq: int
+    listen: tuple[str, int]
+    tls_listen: tuple[str, int] | None
+    log_level: str = "info"
+    log_format: str = "text"
+
+
+@dataclass(frozen=True, slots=True)
+class Update:
+    """A change the main process applied, to apply the same way (``seq`` orders them)."""
+
+    seq: int
+    change: Settings | RoutesUpdate | EndpointUpdate | Hooks
+
+
+@dataclass(frozen=True, slots=True)
+class Collect:
+    """Send a :class:`Report` now (the admin plane is about to answer)."""
+
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """Stop accepting, drain in-flight requests for up to ``drain_s``, exit."""
+
+    drain_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """The worker listens."""
+
+    pid: int
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionState:
+    in_use: int
+    queued: int
+    rejected: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """A worker's counters: only the services that changed since its last report."""
+
+    applied: int
+    """The ``seq`` of the last update applied."""
+    stats: dict[str, StatsState]
+    admission: dict[str, AdmissionState]
+    endpoints_in_flight: dict[tuple[str, str], int]
+    """(service, address) -> requests in flight, for every endpoint with any (complete)."""
+    unmatched_total: int
+    token: int = 0
+    """The :class:`Collect` this answers (0: a periodic report)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """An admission edge: ``wake`` (early tick), ``hold`` (scale from zero), ``busy``/``idle``."""
+
+    kind: str
+    service: str
+
+
+Message = Start | Update | Collect | Stop | Ready | Report | Event
+
+
+class Channel:
+    """One end of a worker's socket pair."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    @classmethod
+    async def open(cls, sock: socket.socket) -> Channel:
+        reader, writer = await asyncio.open_unix_connection(sock=sock)
+        return cls(reader, writer)
+
+    def send(self, message: Message) -> None:
+        """Queue ``message`` (written by the event loop; a closed peer is not an error here)."""
+        if self.writer.is_closing():
+            return
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        self.writer.write(_HEADER.pack(len(data)) + data)
+
+    async def receive(self) -> Message:
+        """The next message; EOFError when the peer closed."""
+        try:
+            (size,) = _HEADER.unpack(await self.reader.readexactly(_HEADER.size))
+            if size > MAX_FRAME_BYTES:
+                raise EOFError(f"frame of {size} bytes")
+            message: Message = pickle.loads(await self.reader.readexactly(size))
+        except (asyncio.IncompleteReadError, ConnectionError) as e:
+            raise EOFError(str(e)) from None
+        return message
+
+    def close(self) -> None:
+        self.writer.close()
+
+    def __repr__(self) -> str:
+        return f"Channel(closing={self.writer.is_closing()})"

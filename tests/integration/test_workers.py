@@ -1,0 +1,258 @@
+"""``workers: 2``: two real data-plane worker processes behind one scaler and admin plane.
+
+Every request is counted once in ``/api/services``, ``/api/signals`` and ``/metrics``,
+in-flight requests are summed, reloads under load fail nothing, SIGTERM drains every worker,
+and a killed worker is restarted (its counts kept)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from tests.support.processes import Gateway, Upstream, gateway, upstreams
+
+
+@pytest.fixture(scope="module")
+def ups() -> Iterator[list[Upstream]]:
+    with upstreams("u1", "u2") as started:
+        yield started
+
+
+def config(endpoints: list[str], queue_max: int = 100, **top: Any) -> dict[str, Any]:
+    return {
+        "workers": 2,
+        "reload": {"watch": False},
+        **top,
+        "services": {
+            "svc": {
+                "routes": [{"path": "/"}],
+                "endpoints": endpoints,
+                "limits": {"concurrency_per_replica": 50, "queue": {"max": queue_max}},
+            }
+        },
+    }
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def workers_of(g: Gateway) -> list[dict[str, Any]]:
+    data: list[dict[str, Any]] = httpx.get(g.admin_url + "/api/workers", timeout=10).json()[
+        "workers"
+    ]
+    return data
+
+
+def signals_of(g: Gateway) -> dict[str, Any]:
+    data: dict[str, Any] = httpx.get(g.admin_url + "/api/signals", timeout=10).json()
+    return data["signals"]["svc"]
+
+
+def send(g: Gateway, n: int) -> list[int]:
+    """``n`` GETs, each on a new connection (so the kernel spreads them over the workers)."""
+    statuses = []
+    limits = httpx.Limits(max_keepalive_connections=0)
+    with httpx.Client(base_url=g.url, timeout=30, limits=limits) as client:
+        for _ in range(n):
+            statuses.append(client.get("/echo").status_code)
+    return statuses
+
+
+def metric(g: Gateway, line_start: str) -> float:
+    text = httpx.get(g.admin_url + "/metrics", timeout=10).text
+    for line in text.splitlines():
+        if line.startswith(line_start):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no {line_start} in /metrics")
+
+
+def test_two_workers_serve_and_every_request_is_counted_once(
+    ups: list[Upstream], tmp_path: Path
+) -> None:
+    with gateway(config([ups[0].address]), tmp_path / "s.yaml") as g:
+        workers = workers_of(g)
+        assert [w["index"] for w in workers] == [0, 1]
+        assert all(w["ready"] for w in workers)
+        pids = {w["pid"] for w in workers}
+        assert len(pids) == 2 and g.pid not in pids
+        assert send(g, 200) == [200] * 200
+        services = httpx.get(g.admin_url + "/api/services", timeout=10).json()["services"]
+        assert services["svc"]["signals"]["arrivals_total"] == 200
+        assert services["svc"]["signals"]["completions_total"] == 200
+        assert services["svc"]["completions"] == {"2xx": 200}
+        assert metric(g, 'sluice_arrivals_total{service="svc"}') == 200
+        assert metric(g, 'sluice_requests_total{code="200",service="svc"}') == 200
+        per_worker = [w["arrivals_total"] for w in workers_of(g)]
+        assert sum(per_worker) == 200
+        assert all(n > 0 for n in per_worker), per_worker  # both workers took connections
+        # A request no route matches is counted once too.
+        r = httpx.get(g.url + "/echo", headers={"host": "nowhere.example"}, timeout=10)
+        assert r.status_code == 200  # the route matches any host
+
+
+def test_in_flight_is_summed_and_sigterm_drains_every_worker(
+    ups: list[Upstream], tmp_path: Path
+) -> None:
+    g = Gateway(config([ups[0].address], shutdown={"drain_s": 30}), tmp_path / "s.yaml")
+    try:
+        pids = [w["pid"] for w in workers_of(g)]
+        with ThreadPoolExecutor(10) as pool:
+
+            def slow() -> int:
+                with httpx.Client(timeout=60) as client:  # one connection each
+                    return client.get(g.url + "/delay?s=4").status_code
+
+            futures = [pool.submit(slow) for _ in range(10)]
+            assert wait_for(lambda: signals_of(g)["in_flight"] == 10)
+            per_worker = [w["arrivals_total"] for w in workers_of(g)]
+            assert sum(per_worker) == 10
+            g.signal(signal.SIGTERM)
+            assert wait_for(
+                lambda: httpx.get(g.admin_url + "/readyz", timeout=10).status_code == 503
+            )
+            assert wait_for(lambda: refused(g))  # no worker accepts any more
+            statuses = [f.result() for f in futures]
+        assert statuses == [200] * 10
+        assert g.wait(30) == 0
+        for pid in pids:
+            assert (
+                not Path(f"/proc/{pid}").exists()
+                or "zombie" in Path(f"/proc/{pid}/status").read_text()
+            )
+    finally:
+        g.stop()
+
+
+def refused(g: Gateway) -> bool:
+    try:
+        with socket.create_connection((g.host, g.port), timeout=1):
+            return False
+    except OSError:
+        return True
+
+
+class Load:
+    """``threads`` clients sending GETs back to back, a new connection each, until stopped."""
+
+    def __init__(self, url: str, threads: int = 4) -> None:
+        self.url = url
+        self.ok = 0
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._run) for _ in range(threads)]
+
+    def _run(self) -> None:
+        limits = httpx.Limits(max_keepalive_connections=0)
+        with httpx.Client(base_url=self.url, timeout=30, limits=limits) as client:
+            for _ in range(100_000):  # bounded; stopped long before
+                if self._stop.is_set():
+                    return
+                try:
+                    r = client.get("/echo")
+                except httpx.HTTPError as e:
+                    with self._lock:
+                        self.failures.append(repr(e))
+                    continue
+                with self._lock:
+                    if r.status_code == 200:
+                        self.ok += 1
+                    else:
+                        self.failures.append(f"{r.status_code} {r.headers.get('sluice-error')}")
+
+    def __enter__(self) -> Load:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(30)
+
+
+def rewrite(g: Gateway, cfg: dict[str, Any]) -> None:
+    tmp = g.config_path.with_suffix(".tmp")
+    listeners = {
+        "listen": {"host": "127.0.0.1", "port": 0},  # as first written (port 0: any)
+        "admin": {"host": "127.0.0.1", "port": 0},
+    }
+    tmp.write_text(yaml.safe_dump({**listeners, **cfg}))
+    tmp.replace(g.config_path)
+
+
+def test_reloads_under_load_reach_every_worker_and_fail_no_request(
+    ups: list[Upstream], tmp_path: Path
+) -> None:
+    a, b = ups[0].address, ups[1].address
+    with gateway(config([a]), tmp_path / "s.yaml") as g:
+        with Load(g.url) as load, httpx.Client(base_url=g.admin_url, timeout=30) as admin:
+            for i in range(30):
+                eps = [b] if i % 2 == 0 else [a]
+                rewrite(g, config(eps, queue_max=100 + i))
+                r = admin.post("/api/reload")
+                assert r.status_code == 200, r.text
+                assert r.json()["ok"] is True
+            time.sleep(0.2)
+        served_by = set()
+        for _ in range(20):  # the last config (endpoint a) is in force in every worker
+            with httpx.Client(timeout=10, limits=httpx.Limits(max_keepalive_connections=0)) as c:
+                served_by.add(c.get(g.url + "/echo").headers["x-upstream"])
+        assert served_by == {"u1"}
+        total = signals_of(g)["arrivals_total"]
+    assert load.failures == []
+    assert load.ok > 30
+    assert total == load.ok + 20
+    print(f"{load.ok} requests over 2 workers, 0 failed, across 30 reloads")
+
+
+def test_a_killed_worker_is_restarted_and_logged_and_its_counts_kept(
+    ups: list[Upstream], tmp_path: Path
+) -> None:
+    with gateway(config([ups[0].address]), tmp_path / "s.yaml") as g:
+        assert send(g, 50) == [200] * 50
+        victim = workers_of(g)[0]
+        os.kill(victim["pid"], signal.SIGKILL)
+        assert wait_for(
+            lambda: (
+                (w := workers_of(g)[0])["restarts"] == 1
+                and w["ready"]
+                and w["pid"] != victim["pid"]
+            )
+        )
+        assert send(g, 50) == [200] * 50
+        assert signals_of(g)["arrivals_total"] == 100
+        assert signals_of(g)["completions_total"] == 100
+    assert any(
+        f"data-plane worker 0 (pid {victim['pid']}) exited with -9" in line
+        for line in g.stderr_lines
+    )
+    assert any("data-plane worker 0 restarted" in line for line in g.stderr_lines)
+
+
+def test_workers_cannot_change_on_reload(ups: list[Upstream], tmp_path: Path) -> None:
+    with gateway(config([ups[0].address]), tmp_path / "s.yaml") as g:
+        rewrite(g, config([ups[0].address], workers=3))
+        r = httpx.post(g.admin_url + "/api/reload", timeout=10)
+        assert r.status_code == 422
+        assert r.json()["errors"] == [
+            f"{g.config_path}: workers: cannot change while running (restart Sluice)"
+        ]
+        assert len(workers_of(g)) == 2
