@@ -8,6 +8,7 @@
     python benchmarks/proxy.py --access-log json    # also Sluice writing a JSON access log
     python benchmarks/proxy.py --websocket          # also the WebSocket echo rows
     python benchmarks/proxy.py --tls           # also both proxies terminating TLS
+    python benchmarks/proxy.py --workers 2     # also nginx and Sluice with 2 worker processes
 
 What runs (all on 127.0.0.1, ports picked free, everything stopped at the end):
 
@@ -32,6 +33,13 @@ certificate (made with ``openssl`` per run) in front of the same plain upstream:
 ``nginx-hs``/``sluice-hs`` (``Connection: close``: every request is a new TCP connection
 and a full handshake, so req/s is new handshakes per second).  Target (issue 16): TLS
 req/s >= 0.6 of nginx's per core.
+
+``--workers N`` adds ``nginx-wN`` (``worker_processes N``) and ``sluice-wN`` (``workers: N``).
+Every core is shared for these rows: the proxy (all its processes), wrk and the upstream are
+all allowed on every core (``taskset -c 0-<cores-1>``; wrk with one thread, the upstream one
+nginx worker), the kernel splits them, so the two proxies meet the same load side.  Ratios:
+req/s sluice-wN/nginx-wN (target >= 0.75, issue 16), and CPU per request sluice-wN over the
+one-process ``sluice`` row (target: unchanged).
 
 Each round runs direct, nginx and Sluice back to back; ``--rounds`` rounds (default 3)
 are reduced to medians.  Targets (issue 2): Sluice/nginx req/s >= 0.5 at c=50, and
@@ -68,6 +76,9 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 PROXY_CORE = "0"
 LOAD_CORE = "1"
+ALL_CORES = f"0-{(os.cpu_count() or 1) - 1}"
+"""``--workers N`` rows: the proxy, wrk and the upstream may all run on every core."""
+WORKERS_TARGET = 0.75
 UPSTREAM_BODY = "ok\n"
 READY_TIMEOUT_S = 30.0
 REQS_TARGET = 0.5
@@ -271,7 +282,7 @@ def _which(binary: str) -> str | None:
 
 
 NGINX_MAIN = """\
-worker_processes 1;
+worker_processes {workers};
 pid {dir}/{name}.pid;
 error_log {dir}/{name}.error.log warn;
 events {{ worker_connections 4096; }}
@@ -382,6 +393,7 @@ def start_gateway(
     *,
     extra_config: str = "",
     cwd: Path = ROOT,
+    core: str = PROXY_CORE,
 ) -> tuple[Process, int]:
     """A Sluice gateway (``cwd``'s tree, default this one) in front of the upstream, on the
     proxy core, ready and serving: (process, data-plane port).  Stopped again if it does not
@@ -393,7 +405,7 @@ def start_gateway(
         + extra_config
     )
     argv = [sys.executable, "-m", "gateway", "run", "--config", str(config)]
-    proc = start(name, argv, PROXY_CORE, workdir, cwd=cwd)
+    proc = start(name, argv, core, workdir, cwd=cwd)
     try:
         wait_until_serving(proc, admin, "/readyz")
         wait_until_serving(proc, port)
@@ -403,9 +415,11 @@ def start_gateway(
     return proc, port
 
 
-def start_nginx(name: str, server_block: str, core: str, workdir: Path) -> Process:
+def start_nginx(
+    name: str, server_block: str, core: str, workdir: Path, workers: int = 1
+) -> Process:
     conf = workdir / f"{name}.conf"
-    conf.write_text(NGINX_MAIN.format(dir=workdir, name=name, body=server_block))
+    conf.write_text(NGINX_MAIN.format(dir=workdir, name=name, body=server_block, workers=workers))
     nginx = _which("nginx") or "nginx"
     argv = [nginx, "-p", str(workdir), "-e", str(workdir / f"{name}.error.log"), "-c", str(conf)]
     argv += ["-g", "daemon off; master_process on;"]
@@ -442,8 +456,9 @@ def wrk(
     timeout_s: float,
     scheme: str = "http",
     close: bool = False,
+    core: str = LOAD_CORE,
 ) -> WrkResult:
-    argv = ["taskset", "-c", LOAD_CORE, "wrk", "-t1", f"-c{connections}", f"-d{duration_s:g}s"]
+    argv = ["taskset", "-c", core, "wrk", "-t1", f"-c{connections}", f"-d{duration_s:g}s"]
     argv += ["--latency", "-H", "Host: bench.test"]
     if close:  # a new connection (and TLS handshake) per request
         argv += ["-H", "Connection: close"]
@@ -457,15 +472,21 @@ def _how(target: str) -> tuple[str, bool]:
     return ("https" if target in TLS_TARGETS else "http"), target.endswith("-hs")
 
 
+def load_core(target: str) -> str:
+    """The cores wrk runs on for ``target`` (every core for the ``-wN`` rows)."""
+    return ALL_CORES if re.search(r"-w\d+$", target) else LOAD_CORE
+
+
 def measure(target: str, port: int, proxy: Process | None, args: argparse.Namespace) -> Sample:
     timeout_s = args.duration_s + 30
     scheme, close = _how(target)
+    core = load_core(target)
     cpu_before = proxy.group_cpu_s() if proxy else 0.0
     wall_before = time.monotonic()
-    c50 = wrk(port, args.connections, args.duration_s, timeout_s, scheme, close)
+    c50 = wrk(port, args.connections, args.duration_s, timeout_s, scheme, close, core)
     wall_s = time.monotonic() - wall_before
     cpu_s = (proxy.group_cpu_s() - cpu_before) if proxy else 0.0
-    c1 = wrk(port, 1, args.latency_duration_s, timeout_s, scheme, close)
+    c1 = wrk(port, 1, args.latency_duration_s, timeout_s, scheme, close, core)
     sample = Sample(target, c50, c1, loadavg_1m=os.getloadavg()[0])
     if proxy is not None and c50.requests:
         sample.proxy_cpu_us_per_request = cpu_s / c50.requests * 1e6
@@ -540,7 +561,55 @@ def ratios(table: dict[str, dict[str, float | None]]) -> dict[str, float | None]
             sluice_added / nginx_added if nginx_added > 0 else None
         )
     out.update(tls_ratios(table))
+    out.update(workers_ratios(table))
     return out
+
+
+def workers_ratios(table: dict[str, dict[str, float | None]]) -> dict[str, float | None]:
+    """``--workers N``: sluice-wN against nginx-wN, and its CPU per request against the
+    one-process ``sluice`` row."""
+    out: dict[str, float | None] = {}
+    for target, row in table.items():
+        m = re.fullmatch(r"sluice-w(\d+)", target)
+        if m is None:
+            continue
+        n = m.group(1)
+        peer, one = table.get(f"nginx-w{n}"), table.get("sluice")
+        if peer is not None and row["rps"] and peer["rps"]:
+            out[f"rps_sluice_w{n}_over_nginx_w{n}"] = row["rps"] / peer["rps"]
+        if peer is not None and row["cpu_us_per_request"] and peer["cpu_us_per_request"]:
+            out[f"cpu_per_request_sluice_w{n}_over_nginx_w{n}"] = (
+                row["cpu_us_per_request"] / peer["cpu_us_per_request"]
+            )
+        if one is not None and row["cpu_us_per_request"] and one["cpu_us_per_request"]:
+            out[f"cpu_per_request_sluice_w{n}_over_sluice"] = (
+                row["cpu_us_per_request"] / one["cpu_us_per_request"]
+            )
+        if one is not None and row["rps"] and one["rps"]:
+            out[f"rps_sluice_w{n}_over_sluice"] = row["rps"] / one["rps"]
+    return out
+
+
+def print_workers_ratios(rat: dict[str, float | None]) -> None:
+    for key, value in rat.items():
+        m = re.fullmatch(r"rps_sluice_w(\d+)_over_nginx_w\d+", key)
+        if m is None or value is None:
+            continue
+        n = m.group(1)
+        verdict = "met" if value >= WORKERS_TARGET else "NOT met"
+        print(
+            f"req/s sluice-w{n}/nginx-w{n} (c=50, cores shared): {value:.2f}"
+            f"  (target >= {WORKERS_TARGET}: {verdict})"
+        )
+        print(
+            f"CPU per request sluice-w{n}/nginx-w{n}:            "
+            f"{_fmt(rat.get(f'cpu_per_request_sluice_w{n}_over_nginx_w{n}'), '.2f')}"
+        )
+        print(
+            f"CPU per request sluice-w{n}/sluice (1 worker):    "
+            f"{_fmt(rat.get(f'cpu_per_request_sluice_w{n}_over_sluice'), '.2f')}"
+            f"  (req/s {_fmt(rat.get(f'rps_sluice_w{n}_over_sluice'), '.2f')}x)"
+        )
 
 
 def tls_ratios(table: dict[str, dict[str, float | None]]) -> dict[str, float | None]:
@@ -642,6 +711,7 @@ def print_table(table: dict[str, dict[str, float | None]], rat: dict[str, float 
             f"CPU per request/nginx {bc:.2f}"
         )
     print_tls_ratios(rat, bool(busy))
+    print_workers_ratios(rat)
     lg = rat.get("rps_logged_over_sluice")
     if lg is not None:
         verdict = (
@@ -938,6 +1008,23 @@ def run(args: argparse.Namespace) -> Run:
                     f"path: {workdir / 'access.log'}}}\n"
                 )
                 gateways.append(("logged", {"extra_config": logged}))
+        if args.workers > 1:
+            n = args.workers
+            multi_port = free_port()
+            multi = start_nginx(
+                f"nginx-w{n}",
+                PROXY_SERVER.format(port=multi_port, upstream_port=upstream_port, tls=""),
+                ALL_CORES,
+                workdir,
+                workers=n,
+            )
+            processes.append(multi)
+            wait_until_serving(multi, multi_port)
+            targets.append((f"nginx-w{n}", multi_port, multi))
+            if not args.skip_sluice:
+                gateways.append(
+                    (f"sluice-w{n}", {"extra_config": f"workers: {n}\n", "core": ALL_CORES})
+                )
         for name, options in gateways:
             gateway, port = start_gateway(name, workdir, upstream_port, **options)
             processes.append(gateway)
@@ -958,7 +1045,7 @@ def run(args: argparse.Namespace) -> Run:
             if status != 200 or body.decode() != UPSTREAM_BODY:
                 raise RuntimeError(f"{name} answered {status} {body!r}, not the upstream's body")
             # warm-up: connection pools, caches
-            wrk(port, args.connections, 1, 30, *_how(name))
+            wrk(port, args.connections, 1, 30, *_how(name), load_core(name))
         for round_no in range(1, args.rounds + 1):
             for name, port, proc in targets:
                 sample = measure(name, port, proc, args)
@@ -1029,6 +1116,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also measure both proxies terminating TLS: keep-alive req/s and new handshakes/s",
     )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="also measure nginx (worker_processes N) and Sluice (workers: N) on every core",
+    )
     parser.add_argument("--out", type=Path, default=None, help="JSON output file")
     return parser
 
@@ -1083,6 +1176,7 @@ def main(argv: list[str] | None = None) -> int:
             "rps_traced_over_sluice": f">= {TRACE_TARGET}",
             "rps_logged_over_sluice": f">= {ACCESS_LOG_TARGET}",
             "rps_sluice_tls_over_nginx_tls": f">= {TLS_TARGET}",
+            "rps_sluice_wN_over_nginx_wN": f">= {WORKERS_TARGET}",
         },
     }
     out.write_text(json.dumps(document, indent=2) + "\n")

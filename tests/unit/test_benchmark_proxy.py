@@ -180,3 +180,22 @@ def test_tls_ratios_compare_like_with_like(bench: ModuleType) -> None:
     assert bench._how("sluice-hs") == ("https", True)
     assert bench._how("nginx-tls") == ("https", False)
     assert bench._how("sluice") == ("http", False)
+
+
+def test_workers_rows_compare_with_nginx_workers_and_one_worker(bench: ModuleType) -> None:
+    table = bench.summarise(
+        [
+            _sample(bench, "direct", 90_000, 0.020, None),
+            _sample(bench, "nginx", 40_000, 0.070, 25.0),
+            _sample(bench, "sluice", 30_000, 0.120, 33.0),
+            _sample(bench, "nginx-w2", 60_000, 0.070, 26.0),
+            _sample(bench, "sluice-w2", 45_000, 0.120, 36.3),
+        ]
+    )
+    ratios = bench.ratios(table)
+    assert ratios["rps_sluice_w2_over_nginx_w2"] == pytest.approx(45 / 60)
+    assert ratios["cpu_per_request_sluice_w2_over_nginx_w2"] == pytest.approx(36.3 / 26)
+    assert ratios["cpu_per_request_sluice_w2_over_sluice"] == pytest.approx(36.3 / 33)
+    assert ratios["rps_sluice_w2_over_sluice"] == pytest.approx(1.5)
+    assert bench.load_core("sluice-w2") == bench.ALL_CORES
+    assert bench.load_core("sluice") == bench.LOAD_CORE
