@@ -318,10 +318,21 @@ def scale_down_limit(
 class HpaBehaviorState:
     """Stabilisation windows and rate policies for one workload (the HPA controller's memory)."""
 
-    __slots__ = ("_down_events", "_down_max", "_longest_s", "_up_events", "_up_min", "behavior")
+    __slots__ = (
+        "_down_events",
+        "_down_max",
+        "_down_window_s",
+        "_longest_s",
+        "_up_events",
+        "_up_min",
+        "_up_window_s",
+        "behavior",
+    )
 
     def __init__(self, behavior: HpaBehavior) -> None:
         self.behavior = behavior
+        self._up_window_s = behavior.scale_up.stabilization_window_s
+        self._down_window_s = behavior.scale_down.stabilization_window_s
         # Past recommendations as monotonic deques: the lowest of the scale-up window and the
         # highest of the scale-down window are at the front, O(1) amortised per tick.
         self._up_min: deque[tuple[float, int]] = deque()
@@ -342,18 +353,16 @@ class HpaBehaviorState:
             f"up_events={len(self._up_events)}, down_events={len(self._down_events)})"
         )
 
-    def _trim(self, now: float) -> None:
-        cutoff = now - self._longest_s
-        for events in (self._up_events, self._down_events):
-            while events and events[0][0] <= cutoff:
-                events.popleft()
-
     def record_scale(self, now: float, old: int, new: int) -> None:
-        """Remember that the workload went from ``old`` to ``new`` replicas at ``now``."""
-        if new > old:
-            self._up_events.append((now, new - old))
-        elif new < old:
-            self._down_events.append((now, old - new))
+        """Remember that the workload went from ``old`` to ``new`` replicas at ``now`` (and
+        forget the events no rate policy's period reaches any more)."""
+        if new == old:
+            return
+        events = self._up_events if new > old else self._down_events
+        cutoff = now - self._longest_s
+        while events and events[0][0] <= cutoff:
+            events.popleft()
+        events.append((now, abs(new - old)))
 
     def normalize(
         self,
@@ -366,29 +375,27 @@ class HpaBehaviorState:
         reasons: Trace,
     ) -> int:
         """Stabilise, rate-limit and clamp ``desired`` (the calculator's answer) as the HPA does."""
-        self._trim(now)
-        behavior = self.behavior
-        up_cutoff = now - behavior.scale_up.stabilization_window_s
-        down_cutoff = now - behavior.scale_down.stabilization_window_s
         up_min, down_max = self._up_min, self._down_max
-        while up_min and up_min[0][0] <= up_cutoff:
+        cutoff = now - self._up_window_s
+        while up_min and up_min[0][0] <= cutoff:
             up_min.popleft()
-        while down_max and down_max[0][0] <= down_cutoff:
+        cutoff = now - self._down_window_s
+        while down_max and down_max[0][0] <= cutoff:
             down_max.popleft()
-        up_rec = min(desired, up_min[0][1]) if up_min else desired
-        down_rec = max(desired, down_max[0][1]) if down_max else desired
+        up_rec = up_min[0][1] if up_min and up_min[0][1] < desired else desired
+        down_rec = down_max[0][1] if down_max and down_max[0][1] > desired else desired
         while up_min and up_min[-1][1] >= desired:
             up_min.pop()
-        up_min.append((now, desired))
+        entry = (now, desired)
+        up_min.append(entry)
         while down_max and down_max[-1][1] <= desired:
             down_max.pop()
-        down_max.append((now, desired))
-        stabilized = current
-        stabilized = max(stabilized, up_rec)
-        stabilized = min(stabilized, down_rec)
+        down_max.append(entry)
+        stabilized = min(max(current, up_rec), down_rec)
         if stabilized != desired:
             reasons.clamp("replicas", desired, stabilized, "stabilization")
         result = stabilized
+        behavior = self.behavior
         if result > current:
             limit = scale_up_limit(
                 current, now, behavior.scale_up, self._up_events, self._down_events
