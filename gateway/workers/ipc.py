@@ -79,9 +79,53 @@ class Ready:
 
 @dataclass(frozen=True, slots=True)
 class AdmissionState:
+    """A worker's admission, retry and ejection figures for one service (beside its
+    :class:`~gateway.dataplane.stats.StatsState`)."""
+
     in_use: int
     queued: int
     rejected: dict[str, int]
+    wait_counts: list[int]
+    wait_sum_s: float
+    retries_started: int
+    retries_denied: int
+    ejections_total: int
+
+    def retired(self) -> AdmissionState:
+        """Of a worker that is gone: the counts kept, nothing in use or queued."""
+        return AdmissionState(
+            0,
+            0,
+            self.rejected,
+            self.wait_counts,
+            self.wait_sum_s,
+            self.retries_started,
+            self.retries_denied,
+            self.ejections_total,
+        )
+
+
+def sum_admission(parts: list[AdmissionState]) -> AdmissionState:
+    """Several workers' figures as one (counts and gauges summed)."""
+    rejected: dict[str, int] = {}
+    waits: list[int] = []
+    for a in parts:
+        for code, n in a.rejected.items():
+            rejected[code] = rejected.get(code, 0) + n
+        if len(waits) < len(a.wait_counts):
+            waits.extend([0] * (len(a.wait_counts) - len(waits)))
+        for i, n in enumerate(a.wait_counts):
+            waits[i] += n
+    return AdmissionState(
+        sum(a.in_use for a in parts),
+        sum(a.queued for a in parts),
+        rejected,
+        waits,
+        sum(a.wait_sum_s for a in parts),
+        sum(a.retries_started for a in parts),
+        sum(a.retries_denied for a in parts),
+        sum(a.ejections_total for a in parts),
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,6 +36,7 @@ from gateway.workers.ipc import (
     Start,
     Stop,
     Update,
+    sum_admission,
 )
 from scaler.decision import Decision
 
@@ -125,7 +126,7 @@ class Workers:
         self.stopping = False
         self._reserved: list[socket.socket] = []
         self._retired: dict[str, StatsState] = {}
-        self._retired_rejected: dict[str, dict[str, int]] = {}
+        self._retired_admission: dict[str, AdmissionState] = {}
         self._retired_unmatched = 0
         self._busy: dict[str, bool] = {}
         self._tokens = itertools.count(1)
@@ -234,10 +235,7 @@ class Workers:
                 *self.log_setup,
             )
         )
-        try:
-            message = await asyncio.wait_for(channel.receive(), START_TIMEOUT_S)
-        except (EOFError, TimeoutError):
-            message = None
+        message = await self._until_ready(w, channel)
         if not isinstance(message, Ready):
             channel.close()
             with contextlib.suppress(ProcessLookupError):
@@ -245,6 +243,22 @@ class Workers:
             code = await w.process.wait()
             raise OSError(f"worker {w.index} exited with {code} before listening")
         w.ready = True
+
+    async def _until_ready(self, w: WorkerProcess, channel: Channel) -> Ready | None:
+        """Wait for ``w``'s Ready (what it sends before, e.g. its first busy/idle edges, is
+        taken as usual); None when it exits or ``START_TIMEOUT_S`` passes first."""
+        try:
+            async with asyncio.timeout(START_TIMEOUT_S):
+                while True:
+                    message = await channel.receive()
+                    if isinstance(message, Ready):
+                        return message
+                    if isinstance(message, Report):
+                        self._absorb(w, message)
+                    elif isinstance(message, Event):
+                        self._relay(w, message)
+        except (EOFError, TimeoutError):
+            return None
 
     async def _supervise(self, w: WorkerProcess) -> None:
         failures = 0
@@ -300,11 +314,12 @@ class Workers:
             parts = [state.retired()] if old is None else [old, state.retired()]
             self._retired[name] = ServiceStats.merged(name, parts).state()
         for name, a in w.admission.items():
-            rejected = self._retired_rejected.setdefault(name, {})
-            for code, n in a.rejected.items():
-                rejected[code] = rejected.get(code, 0) + n
+            kept = self._retired_admission.get(name)
+            self._retired_admission[name] = sum_admission(
+                [a.retired()] if kept is None else [kept, a.retired()]
+            )
         self._retired_unmatched += w.unmatched
-        names = set(w.stats) | w.busy
+        names = set(w.stats) | set(w.admission) | w.busy
         w.stats, w.admission, w.in_flight, w.unmatched = {}, {}, {}, 0
         busy, w.busy = w.busy, set()
         for name in names:
@@ -366,7 +381,7 @@ class Workers:
         w.unmatched = report.unmatched_total
         w.stats.update(report.stats)
         w.admission.update(report.admission)
-        for name in report.stats:
+        for name in report.stats.keys() | report.admission.keys():
             self._merge(name)
         if report.token:
             w.token = max(w.token, report.token)
@@ -389,17 +404,22 @@ class Workers:
             states.append(retired)
         old = service.stats
         service.stats = ServiceStats.merged(name, states, old.rate_window_s, old.latency_window_s)
+        parts = [w.admission[name] for w in self.slots if name in w.admission]
+        kept = self._retired_admission.get(name)
+        if kept is not None:
+            parts.append(kept)
+        total = sum_admission(parts)
         admission = service.admission
-        admission.in_use = sum(w.admission[name].in_use for w in self.slots if name in w.admission)
-        admission.queued = sum(w.admission[name].queued for w in self.slots if name in w.admission)
-        rejected = dict(self._retired_rejected.get(name, {}))
-        for w in self.slots:
-            a = w.admission.get(name)
-            if a is not None:
-                for code, n in a.rejected.items():
-                    rejected[code] = rejected.get(code, 0) + n
+        admission.in_use = total.in_use
+        admission.queued = total.queued
         for code in admission.rejected:
-            admission.rejected[code] = rejected.get(code, 0)
+            admission.rejected[code] = total.rejected.get(code, 0)
+        if len(total.wait_counts) == len(admission.wait_counts):
+            admission.wait_counts = total.wait_counts
+        admission.wait_sum_s = total.wait_sum_s
+        service.retry_budget.started_total = total.retries_started
+        service.retry_budget.denied_total = total.retries_denied
+        service.outlier.ejections_total = total.ejections_total
 
     def _relay(self, w: WorkerProcess, event: Event) -> None:
         name = event.service

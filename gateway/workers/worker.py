@@ -152,6 +152,8 @@ class WorkerLink:
                 s.upgraded,
                 a.queued,
                 sum(a.rejected.values()),
+                service.retry_budget.started_total + service.retry_budget.denied_total,
+                service.outlier.ejections_total,
             )
             for ep in service.endpoints.endpoints:
                 if ep.in_flight:
@@ -159,7 +161,16 @@ class WorkerLink:
             if full or self._sent.get(name) != key:
                 self._sent[name] = key
                 stats[name] = s.state()
-                admission[name] = AdmissionState(a.in_use, a.queued, dict(a.rejected))
+                admission[name] = AdmissionState(
+                    a.in_use,
+                    a.queued,
+                    dict(a.rejected),
+                    list(a.wait_counts),
+                    a.wait_sum_s,
+                    service.retry_budget.started_total,
+                    service.retry_budget.denied_total,
+                    service.outlier.ejections_total,
+                )
         if not (stats or token or full or heartbeat):
             return
         self._last_report_s = asyncio.get_running_loop().time()

@@ -7,10 +7,13 @@ and a killed worker is restarted (its counts kept)."""
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
+import ssl
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -20,7 +23,10 @@ import httpx
 import pytest
 import yaml
 
+from tests.support.certs import make_ca
+from tests.support.localpool import ROOT, needs_cgroups
 from tests.support.processes import Gateway, Upstream, gateway, upstreams
+from tests.support.procs import MARKER_VAR, pids_with_marker
 
 
 @pytest.fixture(scope="module")
@@ -256,3 +262,96 @@ def test_workers_cannot_change_on_reload(ups: list[Upstream], tmp_path: Path) ->
             f"{g.config_path}: workers: cannot change while running (restart Sluice)"
         ]
         assert len(workers_of(g)) == 2
+
+
+def ppid_of(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("PPid:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no PPid for {pid}")
+
+
+@needs_cgroups
+def test_local_replicas_stay_with_the_main_process_and_scale_from_zero_through_workers(
+    tmp_path: Path,
+) -> None:
+    """platform local, min_replicas 0, 2 workers: requests held in the workers wake the
+    main process's scaler, the replica it starts (its child, not a worker's) answers them,
+    and SIGTERM stops the workers and the replica."""
+    marker = uuid.uuid4().hex
+    start = random.randrange(20000, 60000, 100)
+    cfg = {
+        "workers": 2,
+        "platform": "local",
+        "budget": {"cpu": 2},
+        "services": {
+            "reports": {
+                "routes": [{"path": "/reports", "path_type": "Prefix"}],
+                "replicas": {
+                    "command": ["{python}", "-m", "gateway.tools.demo", "--port", "{port}"],
+                    "port_range": [start, start + 20],
+                    "env": {MARKER_VAR: marker, "PYTHONPATH": str(ROOT)},
+                    "grace_s": 5,
+                },
+                "limits": {"queue": {"max": 50, "timeout_s": 60}},
+                "scaling": {
+                    "target": 4,
+                    "min_replicas": 0,
+                    "max_replicas": 2,
+                    "cpu": {"min": 0.2, "max": 1.0, "request": 0.5},
+                },
+            }
+        },
+    }
+    gw = Gateway(cfg, tmp_path / "local.yaml")
+    try:
+        worker_pids = {w["pid"] for w in workers_of(gw)}
+        assert pids_with_marker(marker) == []
+
+        def one(i: int) -> int:
+            with httpx.Client(timeout=90) as c:  # a connection each: both workers hold some
+                return c.get(f"{gw.url}/reports/r{i}?cpu_ms=5").status_code
+
+        with ThreadPoolExecutor(6) as pool:
+            statuses = list(pool.map(one, range(6)))
+        assert statuses == [200] * 6
+        replicas = pids_with_marker(marker)
+        assert 1 <= len(replicas) <= 2
+        parents = {ppid_of(pid) for pid in replicas}
+        assert not parents & worker_pids
+        services = httpx.get(gw.admin_url + "/api/services", timeout=10).json()["services"]
+        assert services["reports"]["signals"]["arrivals_total"] == 6
+        assert services["reports"]["completions"] == {"2xx": 6}
+    finally:
+        gw.signal(signal.SIGTERM)
+        code = gw.wait(60)
+    assert code == 0, gw.output()[-3000:]
+    assert wait_for(lambda: pids_with_marker(marker) == [], timeout_s=15)
+    assert all(not Path(f"/proc/{pid}").exists() for pid in worker_pids)
+
+
+def test_tls_is_served_by_every_worker_with_the_sni_certificate(
+    ups: list[Upstream], tmp_path: Path
+) -> None:
+    ca = make_ca(tmp_path)
+    shop = ca.issue(tmp_path, "shop", ["shop.example.test"])
+    cfg = config([ups[0].address])
+    cfg["tls"] = {"listen": {"host": "127.0.0.1", "port": 0}, "certificates": [shop.config()]}
+    with gateway(cfg, tmp_path / "s.yaml") as g:
+        assert g.tls_url is not None
+        port = int(g.tls_url.rsplit(":", 1)[1])
+        ctx = ssl.create_default_context(cafile=str(ca.ca_file))
+        for _ in range(40):  # a connection each: the kernel spreads them over both workers
+            with (
+                socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
+                ctx.wrap_socket(raw, server_hostname="shop.example.test") as s,
+            ):
+                s.sendall(
+                    b"GET /echo HTTP/1.1\r\nHost: shop.example.test\r\nConnection: close\r\n\r\n"
+                )
+                head = s.recv(65536)
+                assert head.startswith(b"HTTP/1.1 200"), head[:200]
+                while s.recv(65536):
+                    pass
+        assert signals_of(g)["arrivals_total"] == 40
+        assert all(w["arrivals_total"] > 0 for w in workers_of(g))
