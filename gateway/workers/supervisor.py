@@ -168,18 +168,20 @@ class Workers:
                 self.levels[name] = level / self.count
             else:
                 self.levels.pop(name, None)
-        self.sync_hooks()
+        # Sent after every decision even when unchanged: a worker's wake fires once, and
+        # each decision re-arms it (as one process re-arms its admissions).
+        self.sync_hooks(rearm=bool(self.levels))
 
-    def sync_hooks(self) -> None:
+    def sync_hooks(self, rearm: bool = False) -> None:
         """Send the hooks the main runtime's admissions carry (set by the platform) when they
-        changed: scale-from-zero holds, busy edges, early-wake levels."""
+        changed (or ``rearm``): scale-from-zero holds, busy edges, early-wake levels."""
         services = self.runtime.services
         hooks = Hooks(
             wake_levels={n: v for n, v in self.levels.items() if n in services},
             hold=frozenset(n for n, s in services.items() if s.admission.hold_when_empty),
             busy=frozenset(n for n, s in services.items() if s.admission.on_busy_change),
         )
-        if hooks != self.hooks:
+        if rearm or hooks != self.hooks:
             self.hooks = hooks
             self._send_update(hooks)
 

@@ -6,6 +6,7 @@ and a killed worker is restarted (its counts kept)."""
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import signal
@@ -355,3 +356,47 @@ def test_tls_is_served_by_every_worker_with_the_sni_certificate(
                     pass
         assert signals_of(g)["arrivals_total"] == 40
         assert all(w["arrivals_total"] > 0 for w in workers_of(g))
+
+
+def test_a_burst_spread_over_the_workers_ticks_the_scaler_early(
+    ups: list[Upstream], tmp_path: Path
+) -> None:
+    """Each worker is armed at the wake level / 2 (3 in flight -> 1.5 each): a burst of 6
+    held requests over both workers wakes the main process's scaler before its next tick."""
+    cfg: dict[str, Any] = {
+        "workers": 2,
+        "budget": {"cpu": 2, "early_ticks": True},
+        "services": {
+            "api": {
+                "routes": [{"path": "/"}],
+                "endpoints": [ups[0].address],
+                "scaling": {
+                    "target": 2,
+                    "min_replicas": 1,
+                    "max_replicas": 4,
+                    "cpu": {"min": 0.1, "max": 1, "request": 0.25},
+                },
+            }
+        },
+    }
+    with gateway(cfg, tmp_path / "early.yaml") as g, httpx.Client(base_url=g.admin_url) as admin:
+        assert wait_for(lambda: admin.get("/api/decisions").json()["ticks"] >= 2)
+        assert admin.get("/api/decisions").json()["latest"]["api"]["wake_concurrency"] == 3
+        assert admin.get("/api/decisions").json()["early_ticks"] == 0
+
+        def held(_: int) -> int:
+            with httpx.Client(timeout=10) as client:  # a connection each
+                return client.get(g.url + "/hold?s=0.5").status_code
+
+        with ThreadPoolExecutor(6) as pool:
+            assert list(pool.map(held, range(6))) == [200] * 6
+        first = admin.get("/api/decisions").json()["early_ticks"]
+        assert first >= 1
+        # Re-armed by the next decisions: another burst wakes it again.
+        ticks = admin.get("/api/decisions").json()["ticks"]
+        assert wait_for(lambda: admin.get("/api/decisions").json()["ticks"] >= ticks + 2)
+        level = admin.get("/api/decisions").json()["latest"]["api"]["wake_concurrency"]
+        n = min(2 * math.ceil(level) + 2, 40)  # past the level whatever the spread
+        with ThreadPoolExecutor(n) as pool:
+            assert list(pool.map(held, range(n))) == [200] * n
+        assert admin.get("/api/decisions").json()["early_ticks"] > first
