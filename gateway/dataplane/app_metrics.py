@@ -20,6 +20,10 @@ from dataclasses import dataclass
 
 from scaler.policy import MetricSpec
 
+AppState = tuple[dict[str, dict[str, tuple[float, float]]], dict[str, int]]
+"""One process's app metrics as plain data: per metric, replica -> (value, when); and the
+malformed counts (``workers: N``: each worker sends its own to the main process)."""
+
 PUSHED = "(pushed)"
 """The key pushed values are kept under (not a replica address)."""
 
@@ -101,6 +105,26 @@ class AppMetrics:
     def pushable(self) -> tuple[str, ...]:
         """The names ``POST /api/metrics/<service>`` accepts."""
         return tuple(s.name for s in self._sources.values() if s.pattern is None)
+
+    def state(self) -> AppState:
+        """This process's values and counts (copies)."""
+        return {k: dict(v) for k, v in self._last.items()}, dict(self.malformed)
+
+    def absorb(self, states: Collection[AppState]) -> None:
+        """The workers' values merged in (``workers: N``): per replica the newest value (the
+        processes share the monotonic clock), malformed counts summed (never going back)."""
+        for last, _ in states:
+            for name, values in last.items():
+                mine = self._last.get(name)
+                if mine is None:
+                    continue
+                for key, (value, at) in values.items():
+                    held = mine.get(key)
+                    if held is None or held[1] < at:
+                        mine[key] = (value, at)
+        for name in self.malformed:
+            total = sum(m.get(name, 0) for _, m in states)
+            self.malformed[name] = max(self.malformed[name], total)
 
     def values(self, now: float, replicas: Collection[str]) -> dict[str, float]:
         """Each metric's value now: its replicas' (those in ``replicas``) recent last values

@@ -10,6 +10,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from gateway.dataplane.app_metrics import AppState
 from gateway.dataplane.stats import StatsState
 from gateway.dataplane.updates import EndpointUpdate, RoutesUpdate
 
@@ -141,6 +142,8 @@ class Report:
     unmatched_total: int
     token: int = 0
     """The :class:`Collect` this answers (0: a periodic report)."""
+    app: dict[str, AppState] = field(default_factory=dict)
+    """``scaling.metrics`` app metrics read from response headers, per service that has any."""
 
 
 @dataclass(frozen=True, slots=True)

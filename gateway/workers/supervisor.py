@@ -21,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from gateway.dataplane.app_metrics import AppState
 from gateway.dataplane.stats import ServiceStats, StatsState
 from gateway.dataplane.updates import EndpointUpdate, RoutesUpdate
 from gateway.runtime import Runtime
@@ -85,6 +86,8 @@ class WorkerProcess:
         self.token = 0
         self.stats: dict[str, StatsState] = {}
         self.admission: dict[str, AdmissionState] = {}
+        self.app: dict[str, AppState] = {}
+        """``scaling.metrics`` app metrics read from headers, per service."""
         self.in_flight: dict[tuple[str, str], int] = {}
         self.unmatched = 0
         self.busy: set[str] = set()
@@ -383,6 +386,7 @@ class Workers:
         w.unmatched = report.unmatched_total
         w.stats.update(report.stats)
         w.admission.update(report.admission)
+        w.app.update(report.app)
         for name in report.stats.keys() | report.admission.keys():
             self._merge(name)
         if report.token:
@@ -406,6 +410,8 @@ class Workers:
             states.append(retired)
         old = service.stats
         service.stats = ServiceStats.merged(name, states, old.rate_window_s, old.latency_window_s)
+        if service.app_headers is not None:
+            service.app_headers.absorb([w.app[name] for w in self.slots if name in w.app])
         parts = [w.admission[name] for w in self.slots if name in w.admission]
         kept = self._retired_admission.get(name)
         if kept is not None:

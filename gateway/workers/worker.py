@@ -12,6 +12,7 @@ import math
 import os
 from collections.abc import Callable
 
+from gateway.dataplane.app_metrics import AppState
 from gateway.dataplane.updates import EndpointUpdate, RoutesUpdate
 from gateway.runtime import Runtime
 from gateway.settings import Settings
@@ -141,6 +142,7 @@ class WorkerLink:
         ``full``); nothing when none did, unless ``token`` or ``heartbeat``."""
         stats = {}
         admission = {}
+        app: dict[str, AppState] = {}
         in_flight: dict[tuple[str, str], int] = {}
         for name, service in self.runtime.services.items():
             s = service.stats
@@ -171,9 +173,11 @@ class WorkerLink:
                     service.retry_budget.denied_total,
                     service.outlier.ejections_total,
                 )
+                if service.app_headers is not None:
+                    app[name] = service.app_headers.state()
         if not (stats or token or full or heartbeat):
             return
         self._last_report_s = asyncio.get_running_loop().time()
         self.channel.send(
-            Report(self.applied, stats, admission, in_flight, self.unmatched(), token)
+            Report(self.applied, stats, admission, in_flight, self.unmatched(), token, app)
         )

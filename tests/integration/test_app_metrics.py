@@ -250,3 +250,38 @@ def test_a_slow_upstreams_latency_asks_for_more_replicas(tmp_path: Path) -> None
             assert len(signals["latency_counts"]) == len(signals["latency_bounds_s"]) + 1
             admin.close()
             client.close()
+
+
+def test_with_two_workers_the_header_reaches_the_scaler_in_the_main_process(
+    tmp_path: Path,
+) -> None:
+    with upstreams("w1", "w2") as ups:
+        cfg = {
+            "platform": "static",
+            "workers": 2,
+            "budget": {"cpu": 4},
+            "services": {
+                "api": {
+                    "routes": [{"path": "/"}],
+                    "endpoints": [u.address for u in ups],
+                    "scaling": {**SCALING, "metrics": [STEPS]},
+                }
+            },
+        }
+        with gateway(cfg, tmp_path / "workers.yaml") as g:
+            admin = httpx.Client(base_url=g.admin_url, timeout=10)
+
+            def at(users: str, replicas: int) -> bool:
+                # a new connection each time, so the kernel spreads them over the workers
+                answer = httpx.get(
+                    g.url + "/headers", params={"h": f"X-Active-Users:{users}"}, timeout=10
+                )
+                assert answer.status_code == 200
+                return latest(admin, "api").get("replicas") == replicas
+
+            assert wait_until(lambda: at("35000", 4), timeout_s=30)
+            assert wait_until(lambda: at("1500", 3), timeout_s=30)
+            d = latest(admin, "api")
+            assert d["metrics"]["winner"] == "active_users"
+            assert d["metrics"]["answers"][0]["value"] == 1500
+            admin.close()
