@@ -18,7 +18,7 @@ import socket
 import ssl
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -51,7 +51,8 @@ from gateway.workers.supervisor import Workers
 from gateway.workers.worker import WorkerLink
 from scaler.engine import Engine
 from scaler.loop import ScalerLoop, TickEngine
-from scaler.policy import ScalingPolicy
+from scaler.policy import BudgetCpu, ScalingPolicy, within_floors
+from scaler.signals import ServiceSignals
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
@@ -143,9 +144,10 @@ class Scaling:
         self.tracer = tracer
         self._budget = settings.budget
         self._policies: dict[str, ScalingPolicy] = {}
+        self._core: Engine | None = None
         self.loop = ScalerLoop(
             self._engine(),
-            platform.signals,
+            self._signals,
             platform.actuator,
             interval_s=interval_s,
             early_tick_gap_s=settings.budget.early_tick_gap_s,
@@ -159,8 +161,25 @@ class Scaling:
 
     def _engine(self) -> TickEngine:
         self._policies = dict(self.platform.policies())
-        engine = Engine(self._policies, self._budget)
+        cpu = self._budget_cpu()
+        engine = Engine(self._policies, self._budget, cpu=cpu)
+        self._core = engine
+        self.runtime.budget = cpu
         return engine if self.tracer is None else TracedEngine(engine, self.tracer)
+
+    def _budget_cpu(self) -> BudgetCpu:
+        """The platform's budget, held at the services' floors when it is smaller."""
+        return within_floors(self.platform.budget_cpu(), self._policies)
+
+    def _signals(self) -> Mapping[str, ServiceSignals] | Awaitable[Mapping[str, ServiceSignals]]:
+        """The platform's signals, after bringing the engine's budget up to date (with
+        ``budget.cpu: auto`` the platform re-measures it as machines, nodes and pods change)."""
+        cpu = self._budget_cpu()
+        if self._core is not None and cpu != self._core.cpu:
+            log.info("budget: %g cores (%s)", cpu.cores, cpu.source)
+            self._core.set_cpu(cpu)
+            self.runtime.budget = cpu
+        return self.platform.signals()
 
     async def start(self) -> None:
         self.runtime.scaler = self.loop

@@ -16,6 +16,7 @@ from pathlib import Path
 import gateway
 from gateway.settings import (
     ConfigError,
+    Settings,
     json_schema,
     load_or_exit,
     load_settings,
@@ -23,6 +24,18 @@ from gateway.settings import (
 
 DEFAULT_CONFIG = Path("config/sluice.yaml")
 """Used when ``--config`` is not given and this file exists (relative to the working dir)."""
+
+
+def _budget_text(settings: Settings) -> str:
+    cpu = settings.budget.cpu
+    if cpu != "auto":
+        return f"{cpu:g}"
+    if settings.platform == "kubernetes":
+        return "auto (from the nodes and pods, once listed)"
+    from gateway.platforms.machine import budget_cpu
+
+    measured = budget_cpu(settings.budget)
+    return f"{measured.cores:g} ({measured.source})"
 
 
 def packaged_config() -> Path:
@@ -89,7 +102,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(f"warning: {line}", file=sys.stderr)
     print(
         f"{args.config}: ok: platform {settings.platform}, {len(settings.services)} service(s), "
-        f"budget {settings.budget.cpu:g} CPU ({settings.budget.arbitration})"
+        f"budget {_budget_text(settings)} CPU ({settings.budget.arbitration})"
     )
     for name, service in settings.services.items():
         print(f"  {_summary(name, service)}")

@@ -27,6 +27,7 @@ from gateway.dataplane.updates import (
 from gateway.settings import ServiceConfig, Settings
 from scaler.decision import Decision
 from scaler.loop import ScalerLoop
+from scaler.policy import BudgetCpu
 from scaler.signals import ServiceSignals
 
 if TYPE_CHECKING:
@@ -76,6 +77,13 @@ class Runtime:
         """Told every change applied (``workers: N``: the main process sends it on)."""
         self.workers: WorkerView | None = None
         """The data-plane workers when they serve instead of this process (``workers: N``)."""
+        self.budget: BudgetCpu | None = settings.budget.fixed()
+        """The CPU budget in force and where it came from (the scaler sets it before every
+        tick; None until then with ``budget.cpu: auto``)."""
+
+    def budget_cores(self) -> float:
+        """The budget in force in cores (0 before ``budget.cpu: auto`` is first measured)."""
+        return 0.0 if self.budget is None else self.budget.cores
 
     def now(self) -> float:
         """The injected clock, else the running event loop's."""

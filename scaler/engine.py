@@ -54,7 +54,7 @@ from scaler.hpa import (
 )
 from scaler.kpa_batch import RULES, Bools, Floats, Ints, KpaBatch, reference_max
 from scaler.metrics import MetricInputs, MetricsVerdict, ServiceMetrics
-from scaler.policy import BudgetConfig, ScalingPolicy, check_floors
+from scaler.policy import BudgetConfig, BudgetCpu, ScalingPolicy, check_floors
 from scaler.signals import ServiceSignals
 
 _EPS = 1e-9
@@ -155,12 +155,18 @@ class Engine:
         staleness_s: float = 3.0,
         hysteresis_cores: float = 0.05,
         hysteresis_ratio: float = 0.05,
+        cpu: BudgetCpu | None = None,
     ) -> None:
         if staleness_s <= 0:
             raise ValueError(f"staleness_s must be > 0, got {staleness_s!r}")
         self.policies = dict(policies)
         self.budget = budget
-        check_floors(budget, self.policies)
+        in_force = cpu or budget.fixed()
+        if in_force is None:
+            raise ValueError("budget.cpu is auto: pass the measured budget (cpu=BudgetCpu(...))")
+        self.cpu = in_force
+        """The budget in force (``budget.cpu``, or what the platform measured for auto)."""
+        check_floors(in_force, self.policies)
         self.staleness_s = staleness_s
         self.hysteresis_cores = hysteresis_cores
         self.hysteresis_ratio = hysteresis_ratio
@@ -187,7 +193,7 @@ class Engine:
         self.cap = self.max_r * self.cpu_max
         self.target_utilization = arr([p.target_utilization for p in pols])
         self.target = arr([p.target for p in pols])
-        self.fair = fair_shares(budget.cpu, pols) if n else arr([])
+        self.fair = fair_shares(in_force.cores, pols) if n else arr([])
         self.is_rps: BoolArray = np.array([p.metric == "rps" for p in pols], dtype=bool)
         self.is_cpu: BoolArray = np.array([p.metric == "cpu" for p in pols], dtype=bool)
         self.horizontal: BoolArray = np.array([p.prefer == "horizontal" for p in pols], dtype=bool)
@@ -219,9 +225,16 @@ class Engine:
 
     def __repr__(self) -> str:
         return (
-            f"Engine(services={self.n}, budget={self.budget.cpu:g} cores, "
+            f"Engine(services={self.n}, budget={self.cpu.cores:g} cores, "
             f"arbitration={self.budget.arbitration})"
         )
+
+    def set_cpu(self, cpu: BudgetCpu) -> None:
+        """Change the budget in force (``budget.cpu: auto`` re-measured), keeping every window;
+        :class:`~scaler.policy.KeyedValueError` when the floors do not fit it."""
+        check_floors(cpu, self.policies)
+        self.cpu = cpu
+        self.fair = fair_shares(cpu.cores, self._pols) if self.n else self.fair
 
     def fair_share(self, service: str) -> float:
         """Cores ``service`` is entitled to when every service wants all it can use."""
@@ -349,7 +362,7 @@ class Engine:
             split_note = np.zeros(n, dtype=np.int64)
         else:
             cores, ideal, taken = arbitrate_arrays(
-                self.budget.cpu,
+                self.cpu.cores,
                 demand=demand,
                 minimum=self.minimum,
                 floor=self.floor,
@@ -710,7 +723,7 @@ class Engine:
             for i, name in enumerate(self.names)
         ]
         explains = [Trace() for _ in claims]
-        granted = arbitrate_independent(self.budget.cpu, claims, explains)
+        granted = arbitrate_independent(self.cpu.cores, claims, explains)
         replicas = np.array([g[0] for g in granted], dtype=np.int64).reshape(self.n)
         cpu = np.array([g[1] for g in granted], dtype=np.float64).reshape(self.n)
         return replicas, cpu, {i: e for i, e in enumerate(explains) if len(e)}

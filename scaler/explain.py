@@ -244,6 +244,8 @@ class TickView:
             replicas=r,
             cpu=cpu,
             cores=r * cpu,
+            total=e.cpu.cores,
+            source=e.cpu.source,
         )
 
     def inputs(self, i: int) -> dict[str, float]:

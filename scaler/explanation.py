@@ -224,8 +224,8 @@ TEMPLATES: dict[str, str] = {
         "load does not need now is served only from spare CPU"
     ),
     "budget": (
-        "budget: demand {demand:.2f} cores (floor {floor:.2f}, fair share {fair:.2f}) -> "
-        "{replicas}×{cpu:.2f} = {cores:.2f} cores"
+        "budget: demand {demand:.2f} cores (floor {floor:.2f}, fair share {fair:.2f} of "
+        "{total:g} from {source}) -> {replicas}×{cpu:.2f} = {cores:.2f} cores"
     ),
 }
 

@@ -8,9 +8,11 @@ message names the exact key (``services.api.scaling.max_replicas: ...``).
 from __future__ import annotations
 
 import re
-from typing import Any, Literal, Self
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class KeyedValueError(ValueError):
@@ -475,10 +477,34 @@ class ScalingPolicy(_Model):
         return self.min_replicas * self.cpu.min
 
 
+@dataclass(frozen=True, slots=True)
+class BudgetCpu:
+    """The budget in force: how many cores, and where that figure came from."""
+
+    cores: float
+    source: str
+    """``budget.cpu`` for a fixed budget; for ``auto`` what was measured (machine, cgroup,
+    nodes and others' requests)."""
+
+
 class BudgetConfig(_Model):
     """The one CPU budget all services share."""
 
-    cpu: float = Field(default=2.0, gt=0, description="Total CPU (cores) shared by every service.")
+    cpu: Annotated[float, Field(gt=0)] | Literal["auto"] = Field(
+        default=2.0,
+        description=(
+            "Total CPU (cores) shared by every service, or auto: on local and static the cores "
+            "this process may use (its cpuset and cgroup cpu.max) minus reserved; on kubernetes "
+            "the allocatable CPU of the nodes the managed workloads run on minus the CPU "
+            "requests of the pods Sluice does not manage (and reserved), re-read as nodes and "
+            "pods change."
+        ),
+    )
+    reserved: float = Field(
+        default=0.0,
+        ge=0,
+        description="cpu: auto: cores held back from the measured budget (for the gateway, the system...).",
+    )
     arbitration: Literal["shared", "independent"] = Field(
         default="shared",
         description=(
@@ -530,13 +556,63 @@ class BudgetConfig(_Model):
         description="Shortest time between two ticks when ticking early (rate limit on wakes).",
     )
 
+    @field_validator("cpu", mode="before")
+    @classmethod
+    def _cpu_word(cls, value: object) -> object:
+        if value == "auto":
+            return value
+        try:
+            if isinstance(value, bool):
+                raise TypeError
+            cores = float(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            raise ValueError(f"must be a number of cores or auto, got {value!r}") from None
+        if not cores > 0:
+            raise ValueError(f"must be > 0 (cores) or auto, got {value!r}")
+        return cores
 
-def check_floors(budget: BudgetConfig, policies: dict[str, ScalingPolicy]) -> None:
-    """Raise :class:`KeyedValueError` (keyed ``budget.cpu``) when the floors do not fit the budget."""
+    @model_validator(mode="after")
+    def _check_cpu(self) -> Self:
+        if self.cpu != "auto" and self.reserved:
+            raise KeyedValueError("reserved", "only used with cpu: auto")
+        return self
+
+    def fixed_cores(self) -> float:
+        """``cpu`` as a number; :class:`KeyedValueError` for ``auto`` (what only a platform
+        can measure, e.g. for the simulator)."""
+        if self.cpu == "auto":
+            raise KeyedValueError("cpu", "auto is measured by a platform: give a number of cores")
+        return self.cpu
+
+    def fixed(self) -> BudgetCpu | None:
+        """The budget when ``cpu`` is a number; None for ``auto`` (the platform measures it)."""
+        if self.cpu == "auto":
+            return None
+        return BudgetCpu(self.cpu, "budget.cpu")
+
+
+def check_floors(budget: BudgetConfig | BudgetCpu, policies: Mapping[str, ScalingPolicy]) -> None:
+    """Raise :class:`KeyedValueError` (keyed ``budget.cpu``) when the floors do not fit the
+    budget (a config's ``cpu: auto`` is checked once the platform has measured it)."""
+    cores = budget.cores if isinstance(budget, BudgetCpu) else budget.cpu
+    if cores == "auto":
+        return
     total = sum(p.floor_cores for p in policies.values())
-    if total > budget.cpu + 1e-9:
+    if total > cores + 1e-9:
         detail = ", ".join(f"{name}={p.floor_cores:g}" for name, p in sorted(policies.items()))
         raise KeyedValueError(
             "cpu",
-            f"the services' guaranteed CPU ({total:g} cores: {detail}) exceeds the budget ({budget.cpu:g})",
+            f"the services' guaranteed CPU ({total:g} cores: {detail}) exceeds the budget ({cores:g})",
         )
+
+
+def within_floors(cpu: BudgetCpu, policies: Mapping[str, ScalingPolicy]) -> BudgetCpu:
+    """``cpu``, or the services' floors when a measured budget is smaller than they are (the
+    guarantees are kept; the source says so)."""
+    total = sum(p.floor_cores for p in policies.values())
+    if total <= cpu.cores + 1e-9:
+        return cpu
+    return BudgetCpu(
+        total,
+        f"{cpu.source}; {cpu.cores:g} cores is below the services' guaranteed CPU: held at {total:g}",
+    )

@@ -44,7 +44,9 @@ def overview_json(runtime: Runtime) -> dict[str, Any]:
     names = sorted(settings.services)
     policies = [settings.services[n].scaling for n in names]
     fair: list[float] = (
-        [float(c) for c in fair_shares(settings.budget.cpu, policies)] if names else []
+        [float(c) for c in fair_shares(max(runtime.budget_cores(), 1e-9), policies)]
+        if names
+        else []
     )
     services: dict[str, Any] = {}
     for i, name in enumerate(names):
@@ -71,7 +73,9 @@ def overview_json(runtime: Runtime) -> dict[str, Any]:
         "platform": settings.platform,
         "scaler": runtime.scaler is not None,
         "budget": {
-            "cpu": settings.budget.cpu,
+            "cpu": runtime.budget_cores(),
+            "cpu_config": settings.budget.cpu,
+            "source": runtime.budget.source if runtime.budget is not None else "not measured yet",
             "arbitration": settings.budget.arbitration,
             "enforcement": settings.budget.enforcement,
         },

@@ -113,7 +113,13 @@ def decisions_route(runtime: Runtime) -> Route:
                     "ticks": loop.ticks,
                     "early_ticks": loop.early_ticks,
                     "budget": {
-                        "cpu": budget.cpu,
+                        "cpu": runtime.budget_cores(),
+                        "cpu_config": budget.cpu,
+                        "source": (
+                            runtime.budget.source
+                            if runtime.budget is not None
+                            else "not measured yet"
+                        ),
                         "arbitration": budget.arbitration,
                         "enforcement": budget.enforcement,
                         "allocated_cores": sum(d.allocated_cores for d in loop.last.values()),

@@ -114,7 +114,7 @@ def build_app(
         runtime.now,
         DecisionCollector(
             lambda: None if runtime.scaler is None else runtime.scaler.last,
-            lambda: runtime.settings.budget.cpu,
+            runtime.budget_cores,
             lambda: runtime.settings.platform != "static",
             lambda: (
                 dict(runtime.platform.report().get("quota_in_force_cores", {}))

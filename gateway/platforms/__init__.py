@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # types only: gateway.settings imports platforms.local.config
     from gateway.dataplane.updates import EndpointUpdate, RoutesUpdate
     from scaler.actuators import Actuator
     from scaler.loop import ScalerLoop
-    from scaler.policy import ScalingPolicy
+    from scaler.policy import BudgetCpu, ScalingPolicy
     from scaler.signals import ServiceSignals
 
 
@@ -55,6 +55,11 @@ class Platform(Protocol):
 
     def policies(self) -> Mapping[str, ScalingPolicy]:
         """The services the scaler decides for, with their policies."""
+        ...
+
+    def budget_cpu(self) -> BudgetCpu:
+        """The CPU budget in force and where it came from: ``budget.cpu``, or what the platform
+        measured for ``budget.cpu: auto`` (read before every tick: keep it cheap)."""
         ...
 
     def signals(self) -> Mapping[str, ServiceSignals] | Awaitable[Mapping[str, ServiceSignals]]:

@@ -14,11 +14,12 @@ from gateway.dataplane.updates import (
     routes_from_settings,
 )
 from gateway.platforms import Gateway
+from gateway.platforms.machine import budget_cpu
 from gateway.settings import Settings
 from scaler.actuators.none import RecommendOnlyActuator
 from scaler.decision import ServiceState
 from scaler.loop import ScalerLoop
-from scaler.policy import ScalingPolicy
+from scaler.policy import BudgetCpu, ScalingPolicy, within_floors
 from scaler.signals import ServiceSignals
 
 
@@ -30,6 +31,7 @@ class StaticPlatform:
     def __init__(self, settings: Settings, gateway: Gateway) -> None:
         self._settings = settings
         self._gateway = gateway
+        self._budget = within_floors(budget_cpu(settings.budget), self.policies())
         self.actuator = RecommendOnlyActuator(
             {
                 name: ServiceState(
@@ -47,6 +49,10 @@ class StaticPlatform:
 
     def policies(self) -> Mapping[str, ScalingPolicy]:
         return {name: s.scaling for name, s in self._settings.services.items()}
+
+    def budget_cpu(self) -> BudgetCpu:
+        """``budget.cpu``, or for ``auto`` this machine's cores (read at start)."""
+        return self._budget
 
     def signals(self) -> Mapping[str, ServiceSignals]:
         return self._gateway.signals()

@@ -177,7 +177,8 @@ def render(
         b = decided["budget"]
         mode = "applied" if decided["applied"] else "recommend-only"
         title = (
-            f"sluice top — {admin_url} — budget {b['allocated_cores']:.2f} of {b['cpu']:g} CPU "
+            f"sluice top — {admin_url} — budget {b['allocated_cores']:.2f} of {b['cpu']:g} CPU"
+            f"{' (auto)' if b.get('cpu_config') == 'auto' else ''} "
             f"allocated ({b['arbitration']}, {mode}), {decided['ticks']} ticks"
         )
     else:

@@ -120,7 +120,7 @@ class StaticController:
         budget: BudgetConfig,
         shares: Mapping[str, float] | None = None,
     ) -> None:
-        self.targets = static_split(policies, budget.cpu, shares)
+        self.targets = static_split(policies, budget.fixed_cores(), shares)
         self.rules: dict[str, Counter[str]] = {s: Counter() for s in policies}
 
     def initial(self) -> dict[str, Target]:

@@ -154,6 +154,13 @@ def run_command(
         return 2
 
     err = Console(stderr=True)
+    if budget.cpu == "auto":
+        print(
+            "sluice simulate: budget.cpu: auto is measured by a platform; the simulator needs "
+            "a number of cores (set budget.cpu)",
+            file=sys.stderr,
+        )
+        return 2
     if args.enforcement is not None:
         budget = budget.model_copy(update={"enforcement": args.enforcement})
     try:
@@ -195,7 +202,7 @@ def run_command(
         "model": "processor sharing per replica, least-request dispatch, Poisson arrivals",
         "enforcement": budget.enforcement,
     }
-    report = build_report(scenario, results, budget.cpu, meta)
+    report = build_report(scenario, results, budget.fixed_cores(), meta)
     try:
         write_json(report, out / "report.json")
         written = [out / "report.json"]

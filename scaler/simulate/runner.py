@@ -193,7 +193,7 @@ def run(
         )
         for s in scenario.services
     }
-    node = Node(budget.cpu, models)
+    node = Node(budget.fixed_cores(), models)
     lending: Lending | None = None
     if lends(name, budget):
         lending = Lending(
@@ -201,7 +201,7 @@ def run(
             {s: policies[s].cpu.min for s in scenario.services},
             {s: policies[s].weight for s in scenario.services},
         )
-    loop = EventLoop(budget.cpu, models, rule=budget.enforcement, lending=lending)
+    loop = EventLoop(budget.fixed_cores(), models, rule=budget.enforcement, lending=lending)
     claims = node.claims()
     for s, target in ctl.initial().items():
         models[s].set_target(target.replicas, target.cpu_per_replica_cores, claims)

@@ -7,13 +7,14 @@ import asyncio
 from gateway.platforms.kubernetes.actuator import KubernetesActuator
 from gateway.platforms.kubernetes.api import RBAC_RULES, KubeApi
 from gateway.platforms.kubernetes.cache import WorkloadCache
+from gateway.platforms.kubernetes.capacity import ClusterCapacity
 from gateway.platforms.kubernetes.discovery import KubernetesDiscovery
 from gateway.platforms.kubernetes.leader import LeaderElector
 from gateway.platforms.kubernetes.model import Workload
 from gateway.settings import parse_settings
 from scaler.decision import Decision
 from tests.support.fake_kube import FakeKube
-from tests.support.kube_objects import deployment, endpoint_slice, ingress, pod, service
+from tests.support.kube_objects import deployment, endpoint_slice, ingress, node, pod, service
 
 
 async def test_every_call_is_covered_by_rbac_rules_and_every_rule_is_used() -> None:
@@ -40,6 +41,7 @@ async def test_every_call_is_covered_by_rbac_rules_and_every_rule_is_used() -> N
         fake.put(deployment("db", 1, kind="StatefulSet"))
         fake.put(pod("web-1", "web", {"requests": {"cpu": "100m"}, "limits": {"cpu": "200m"}}))
         fake.put(pod("db-1", "db", {"requests": {"cpu": "100m"}, "limits": {"cpu": "200m"}}))
+        fake.put(node("node-a", "4"))
         settings = parse_settings({"platform": "kubernetes"})
         api = KubeApi.connect(host=fake.url)
         try:
@@ -70,6 +72,12 @@ async def test_every_call_is_covered_by_rbac_rules_and_every_rule_is_used() -> N
                     await asyncio.sleep(0.02)
             cached = KubernetesActuator(api, lambda: targets, leader=leader, cache=cache)
             await cached.current()
+            # budget.cpu: auto watches the nodes (and every pod, through the cache)
+            capacity = ClusterCapacity(api, cache, lambda: targets)
+            capacity.start()
+            async with asyncio.timeout(10):
+                while capacity.budget_cpu().source.startswith("auto: waiting"):
+                    await asyncio.sleep(0.02)
             # a repeated Event updates the first one's count
             for _ in range(2):
                 await api.create_event(targets["shop/web"].ref(), "Warning", "Same", "again")

@@ -60,7 +60,10 @@ RESOURCES: dict[tuple[str, str], tuple[str, str]] = {
     ("api/v1", "pods"): ("Pod", ""),
     ("api/v1", "services"): ("Service", ""),
     ("api/v1", "events"): ("Event", ""),
+    ("api/v1", "nodes"): ("Node", ""),
 }
+CLUSTER_SCOPED = ("nodes",)
+"""Served only without a namespace in the path (``/api/v1/nodes``), as the API server does."""
 _PATH = re.compile(
     r"^/(?P<gv>api/v1|apis/[^/]+/[^/]+)(?:/namespaces/(?P<ns>[^/]+))?/(?P<plural>[^/]+)"
     r"(?:/(?P<name>[^/]+))?(?:/(?P<sub>[^/]+))?$"
@@ -310,6 +313,11 @@ class _Handler(BaseHTTPRequestHandler):
             )
             return
         gv, ns, plural, name, sub = m["gv"], m["ns"], m["plural"], m["name"], m["sub"]
+        if ns is not None and plural in CLUSTER_SCOPED:
+            self._send(
+                404, ApiError(404, "NotFound", f"the server could not find {url.path}").status()
+            )
+            return
         _, group = RESOURCES[(gv, plural)]
         watch = query.get("watch") in ("true", "1")
         verb = {
@@ -435,6 +443,9 @@ class _Handler(BaseHTTPRequestHandler):
                 check_resize(current, new)
                 node = (current.get("spec") or {}).get("nodeName")
                 allocatable = fake.node_cpu.get(node) if node else None
+                node_obj = fake.objects.get(("nodes", None, node)) if node else None
+                if allocatable is None and node_obj is not None:
+                    allocatable = (node_obj.get("status") or {}).get("allocatable", {}).get("cpu")
                 others = sum(
                     cpu_millis(((c.get("resources") or {}).get("requests") or {}).get("cpu", "0"))
                     for (p, _, n), o in fake.objects.items()

@@ -150,3 +150,27 @@ def pod(
             ],
         },
     }
+
+
+def node(
+    name: str,
+    cpu: str,
+    ready: bool = True,
+    unschedulable: bool = False,
+    taints: tuple[str, ...] = (),
+) -> Obj:
+    """A node with ``cpu`` allocatable; ``taints`` are effects (``NoSchedule``...)."""
+    return {
+        "kind": "Node",
+        "apiVersion": "v1",
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+        "spec": {
+            "unschedulable": unschedulable,
+            "taints": [{"key": f"example.com/t{i}", "effect": e} for i, e in enumerate(taints)],
+        },
+        "status": {
+            "capacity": {"cpu": cpu, "memory": "16Gi", "pods": "110"},
+            "allocatable": {"cpu": cpu, "memory": "15Gi", "pods": "110"},
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        },
+    }

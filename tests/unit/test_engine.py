@@ -307,7 +307,8 @@ def test_reasons_name_clamps_and_the_budget_line() -> None:
     text = "\n".join(d.reasons)
     assert "clamped replicas 15 -> 2 by max_replicas" in text
     assert text.splitlines()[-1] == (
-        "budget: demand 0.50 cores (floor 0.25, fair share 0.50) -> 2×0.25 = 0.50 cores"
+        "budget: demand 0.50 cores (floor 0.25, fair share 0.50 of 4 from budget.cpu) -> "
+        "2×0.25 = 0.50 cores"
     )
     # with room to grow vertically the bound is max_replicas replicas at cpu.max
     engine = Engine({"api": policy(max_replicas=2)}, BudgetConfig(cpu=4))

@@ -44,6 +44,7 @@ from gateway.platforms.kubernetes.model import (
     Ingress,
     KubeError,
     Lease,
+    Node,
     NotFound,
     ObjectRef,
     Pod,
@@ -54,6 +55,7 @@ from gateway.platforms.kubernetes.model import (
     ingress_from_json,
     lease_from_json,
     microtime,
+    node_from_json,
     pod_from_json,
     service_from_json,
     workload_from_json,
@@ -85,6 +87,7 @@ RBAC_RULES: tuple[RbacRule, ...] = (
     RbacRule("discovery.k8s.io", "endpointslices", ("list", "watch")),
     RbacRule("", "services", ("get",)),
     RbacRule("", "pods", ("list", "watch")),
+    RbacRule("", "nodes", ("list", "watch")),
     RbacRule("", "pods/resize", ("patch",)),
     RbacRule("", "events", ("create", "patch")),
     RbacRule("apps", "deployments", ("list", "watch")),
@@ -222,6 +225,10 @@ class KubeApi:
         else:
             lister = functools.partial(self.core.list_namespaced_pod, namespace)
         return self._reflector("pods", lister, pod_from_json, None)
+
+    def watch_nodes(self) -> Reflector[Node]:
+        """Every node (cluster-scoped), for ``budget.cpu: auto``."""
+        return self._reflector("nodes", self.core.list_node, node_from_json, None)
 
     def _reflector(
         self,

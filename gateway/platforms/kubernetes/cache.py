@@ -20,6 +20,7 @@ class WorkloadCache:
 
     def __init__(self, api: KubeApi, namespaces: Sequence[str] = ()) -> None:
         scopes: list[str | None] = list(namespaces) or [None]
+        self._scopes = scopes
         self._deployments = [api.watch_workloads("Deployment", ns) for ns in scopes]
         self._statefulsets = [api.watch_workloads("StatefulSet", ns) for ns in scopes]
         self._pods = [api.watch_pods(ns) for ns in scopes]
@@ -36,6 +37,14 @@ class WorkloadCache:
     def start(self) -> None:
         for r in self._all():
             r.start()
+
+    def cluster_pod_watch(self) -> Reflector[Pod] | None:
+        """The watch of every namespace's pods, when this cache has one (no namespaces set)."""
+        return self._pods[0] if self._scopes == [None] else None
+
+    def version(self) -> int:
+        """Grows whenever a watched workload or pod changes."""
+        return sum(r.version for r in self._all())
 
     def synced(self) -> bool:
         """Whether every watch has had its first list (before that, read from the API)."""

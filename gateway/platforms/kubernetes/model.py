@@ -162,6 +162,21 @@ class Pod:
     resize_pending: tuple[str, str] | None
     """(reason, message) of a PodResizePending condition, e.g. ('Infeasible', ...)."""
     deleting: bool = False
+    node_name: str = ""
+    """``spec.nodeName``: '' until scheduled."""
+    cpu_request_cores: float = 0.0
+    """The CPU the scheduler reserves for the pod on its node: the larger of its containers'
+    requests (plus sidecars') and its largest init container's, plus ``spec.overhead``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    meta: Meta
+    allocatable_cpu_cores: float
+    ready: bool
+    unschedulable: bool
+    no_schedule: bool
+    """Has a ``NoSchedule``/``NoExecute`` taint (control-plane nodes, cordoned by taint)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,6 +315,48 @@ def _resources(name: str, r: Mapping[str, Any] | None, policy: Any = None) -> Co
     )
 
 
+def _cores(quantity: Any) -> float:
+    """A CPU quantity in cores; 0 when absent or malformed (the API server would refuse it)."""
+    try:
+        return parse_cpu_cores(str(quantity)) if quantity is not None else 0.0
+    except ValueError:
+        return 0.0
+
+
+def _cpu_request(c: Mapping[str, Any]) -> float:
+    return _cores(((c.get("resources") or {}).get("requests") or {}).get("cpu"))
+
+
+def pod_cpu_request(spec: Mapping[str, Any]) -> float:
+    """What the scheduler counts for a pod (KEP-753 sidecars included): running containers and
+    restartable init containers add up; a plain init container needs its own request plus the
+    sidecars started before it; the pod takes the larger, plus ``overhead``."""
+    sidecars, init_peak = 0.0, 0.0
+    for c in spec.get("initContainers") or []:
+        if c.get("restartPolicy") == "Always":
+            sidecars += _cpu_request(c)
+        else:
+            init_peak = max(init_peak, sidecars + _cpu_request(c))
+    running = sidecars + sum(_cpu_request(c) for c in spec.get("containers") or [])
+    return max(running, init_peak) + _cores((spec.get("overhead") or {}).get("cpu"))
+
+
+def node_from_json(d: Mapping[str, Any]) -> Node:
+    spec, status = d.get("spec") or {}, d.get("status") or {}
+    allocatable = _cores((status.get("allocatable") or {}).get("cpu"))
+    ready = any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
+    return Node(
+        _meta(d),
+        allocatable,
+        ready,
+        bool(spec.get("unschedulable")),
+        any(t.get("effect") in ("NoSchedule", "NoExecute") for t in spec.get("taints") or []),
+    )
+
+
 def pod_from_json(d: Mapping[str, Any]) -> Pod:
     spec, status = d.get("spec") or {}, d.get("status") or {}
     conditions = {c.get("type"): c for c in status.get("conditions") or []}
@@ -321,6 +378,8 @@ def pod_from_json(d: Mapping[str, Any]) -> Pod:
         if pending and pending.get("status") == "True"
         else None,
         deleting=bool((d.get("metadata") or {}).get("deletionTimestamp")),
+        node_name=spec.get("nodeName") or "",
+        cpu_request_cores=pod_cpu_request(spec),
     )
 
 

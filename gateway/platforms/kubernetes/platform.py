@@ -22,12 +22,13 @@ from gateway.platforms import Gateway
 from gateway.platforms.kubernetes.actuator import KubernetesActuator
 from gateway.platforms.kubernetes.api import KubeApi
 from gateway.platforms.kubernetes.cache import WorkloadCache
+from gateway.platforms.kubernetes.capacity import ClusterCapacity
 from gateway.platforms.kubernetes.discovery import KubernetesDiscovery, default_identity
 from gateway.platforms.kubernetes.leader import LeaderElector
 from gateway.platforms.kubernetes.peers import PeerSignals
 from gateway.settings import Settings
 from scaler.loop import ScalerLoop
-from scaler.policy import ScalingPolicy
+from scaler.policy import BudgetCpu, ScalingPolicy
 from scaler.signals import ServiceSignals
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,12 @@ class KubernetesControl:
             cache=self.cache,
         )
         token = settings.admin.token.get_secret_value() if settings.admin.token else None
+        self.capacity: ClusterCapacity | None = None
+        """``budget.cpu: auto``: the nodes' CPU left for the managed workloads, from watches."""
+        if settings.budget.cpu == "auto":
+            self.capacity = ClusterCapacity(
+                self.api, self.cache, self.discovery.workloads, settings.budget.reserved
+            )
         self.peer_signals = PeerSignals(
             http, self.discovery.peer_admin_addresses, cfg.peer_timeout_s, token
         )
@@ -140,6 +147,8 @@ class KubernetesControl:
     async def __aenter__(self) -> KubernetesControl:
         await self.discovery.__aenter__()
         self.cache.start()
+        if self.capacity is not None:
+            self.capacity.start()
 
         async def elect() -> None:
             while True:
@@ -189,6 +198,13 @@ class KubernetesPlatform:
         for name, policy in self.control.discovery.policies().items():
             out.setdefault(name, policy)
         return out
+
+    def budget_cpu(self) -> BudgetCpu:
+        """``budget.cpu``, or for ``auto`` the cluster's CPU left for the managed workloads."""
+        fixed = self.settings.budget.fixed()
+        if fixed is not None or self.control.capacity is None:
+            return fixed or BudgetCpu(0.0, "auto: not measured")
+        return self.control.capacity.budget_cpu()
 
     async def signals(self) -> dict[str, ServiceSignals]:
         return await self.control.signals()

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from gateway.dataplane.updates import EndpointInfo, EndpointUpdate
 from gateway.platforms.local.actuator import LocalActuator
 from gateway.platforms.local.pool import Drain, LocalPool
+from gateway.platforms.machine import budget_cpu
 from gateway.settings import Settings
 
 
@@ -46,10 +47,13 @@ class LocalParts:
     endpoints: LocalEndpointSource
 
 
-def local_parts(settings: Settings, drain: Drain | None = None) -> LocalParts:
+def local_parts(
+    settings: Settings, drain: Drain | None = None, budget_cores: float | None = None
+) -> LocalParts:
     """Build the pool from settings: every service at ``min_replicas`` with its initial CPU, and
     the parent cgroup capped at the budget (the kernel enforces it even between two decisions);
-    ``budget.enforcement`` says whether a replica's CPU is a guaranteed share or a hard limit."""
+    ``budget.enforcement`` says whether a replica's CPU is a guaranteed share or a hard limit.
+    ``budget_cores``: the budget in force (default: this machine's for ``budget.cpu: auto``)."""
     specs = {}
     for name, service in settings.services.items():
         if service.replicas is None:
@@ -58,7 +62,7 @@ def local_parts(settings: Settings, drain: Drain | None = None) -> LocalParts:
     pool = LocalPool(
         specs,
         drain=drain,
-        total_cpu_cores=settings.budget.cpu,
+        total_cpu_cores=budget_cpu(settings.budget).cores if budget_cores is None else budget_cores,
         enforcement=settings.budget.enforcement,
     )
     actuator = LocalActuator(pool, {n: s.scaling for n, s in settings.services.items()})

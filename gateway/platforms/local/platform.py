@@ -27,9 +27,10 @@ from gateway.platforms import Gateway
 from gateway.platforms.local.discovery import LocalParts, local_parts
 from gateway.platforms.local.lender import QuotaLender
 from gateway.platforms.local.pool import LocalPool
+from gateway.platforms.machine import budget_cpu
 from gateway.settings import Settings
 from scaler.loop import ScalerLoop
-from scaler.policy import ScalingPolicy
+from scaler.policy import BudgetCpu, ScalingPolicy, within_floors
 from scaler.signals import ServiceSignals
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,12 @@ class LocalPlatform:
     def __init__(self, settings: Settings, gateway: Gateway) -> None:
         self._gateway = gateway
         self._settings = settings
-        self.parts: LocalParts = local_parts(settings, drain=gateway.wait_drained)
+        self._budget = within_floors(budget_cpu(settings.budget), self.policies())
+        """The budget in force: ``budget.cpu``, or this machine's cores for ``auto`` (read once:
+        the parent cgroup is capped at it)."""
+        self.parts: LocalParts = local_parts(
+            settings, drain=gateway.wait_drained, budget_cores=self._budget.cores
+        )
         self.actuator = self.parts.actuator
         self.lender: QuotaLender | None = None
         """Lends idle services' quotas between ticks (limit enforcement with lending)."""
@@ -58,6 +64,9 @@ class LocalPlatform:
 
     def policies(self) -> Mapping[str, ScalingPolicy]:
         return {name: s.scaling for name, s in self._settings.services.items()}
+
+    def budget_cpu(self) -> BudgetCpu:
+        return self._budget
 
     def signals(self) -> dict[str, ServiceSignals]:
         """The gateway's live signals plus the replicas' measured CPU (cgroup counters)."""
