@@ -21,7 +21,7 @@ import httpx
 
 from gateway.platforms.local.cgroup_parent import parent_name_for
 from gateway.platforms.local.cgroups import ReplicaCgroup, detect_layout
-from tests.support.localpool import ROOT, needs_cgroups
+from tests.support.localpool import REPLICA_USER_FIELDS, ROOT, needs_cgroups
 from tests.support.processes import Gateway
 from tests.support.procs import MARKER_VAR, pids_with_marker, wait_until
 
@@ -35,6 +35,7 @@ def service(prefix: str, marker: str, scaling: dict[str, Any], cpu_ms: int = 5) 
             "port_range": [start, start + 20],
             "env": {MARKER_VAR: marker, "PYTHONPATH": str(ROOT), "DEMO_CPU_MS": str(cpu_ms)},
             "grace_s": 5,
+            **REPLICA_USER_FIELDS,
         },
         "limits": {"queue": {"max": 200, "timeout_s": 60}},
         "scaling": scaling,
@@ -285,6 +286,7 @@ def test_sluice_run_without_config_runs_the_demo_from_config_dir(tmp_path: Path)
         start = random.randrange(20000, 60000, 100)
         svc["replicas"]["port_range"] = [start, start + 20]
         svc["replicas"]["env"] = {**svc["replicas"]["env"], MARKER_VAR: marker}
+        svc["replicas"].update(REPLICA_USER_FIELDS)
     (tmp_path / "config").mkdir()
     (tmp_path / "config" / "sluice.yaml").write_text(yaml.safe_dump(demo))
     proc = subprocess.Popen(

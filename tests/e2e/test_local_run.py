@@ -18,7 +18,7 @@ import pytest
 
 from gateway.platforms.local.cgroup_parent import parent_name_for, sweep_stale
 from gateway.platforms.local.cgroups import CpuLimit, ReplicaCgroup, cores_for_weight, detect_layout
-from tests.support.localpool import ROOT, needs_cgroups
+from tests.support.localpool import REPLICA_USER_FIELDS, ROOT, needs_cgroups
 from tests.support.processes import Gateway
 from tests.support.procs import MARKER_VAR, pids_with_marker, wait_until
 
@@ -36,6 +36,7 @@ def local_config(marker: str, enforcement: str = "limit") -> dict[str, Any]:
                     "port_range": [start, start + 20],
                     "env": {MARKER_VAR: marker, "PYTHONPATH": str(ROOT)},
                     "grace_s": 5,
+                    **REPLICA_USER_FIELDS,
                 },
                 "scaling": {
                     "target": 2,

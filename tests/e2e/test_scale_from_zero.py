@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from tests.support.localpool import ROOT, needs_cgroups
+from tests.support.localpool import REPLICA_USER_FIELDS, ROOT, needs_cgroups
 from tests.support.processes import Gateway
 from tests.support.procs import MARKER_VAR, pids_with_marker, wait_until
 from tests.support.strict_json import ADMIN_JSON_PATHS, strict_json
@@ -36,6 +36,7 @@ def zero_config(marker: str) -> dict[str, Any]:
                     "port_range": [start, start + 20],
                     "env": {MARKER_VAR: marker, "PYTHONPATH": str(ROOT)},
                     "grace_s": 5,
+                    **REPLICA_USER_FIELDS,
                 },
                 "limits": {"queue": {"max": 50, "timeout_s": 60}},
                 "scaling": {

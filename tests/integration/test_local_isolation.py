@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+import tempfile
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -48,6 +49,12 @@ class H(BaseHTTPRequestHandler):
                     body = f.read()
             except OSError as e:
                 code, body = 403, e.strerror
+        elif url.path.endswith("/child-alloc"):
+            import subprocess
+            child = subprocess.run(
+                [sys.executable, "-I", "-c", "b = [bytearray(1 << 20) for _ in range(%s)]" % q["mb"][0]]
+            )
+            body = str(child.returncode)
         elif url.path.endswith("/alloc"):
             for _ in range(int(q["mb"][0])):
                 hog.append(bytearray(b"\x01") * (1 << 20))
@@ -90,7 +97,7 @@ def _proc_ids(pid: int) -> dict[str, list[str]]:
     out = {}
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         key, _, value = line.partition(":")
-        if key in {"Uid", "Gid", "Groups", "CapEff", "CapPrm", "CapAmb"}:
+        if key in {"Uid", "Gid", "Groups", "CapEff", "CapPrm", "CapAmb", "NoNewPrivs"}:
             out[key] = value.split()
     return out
 
@@ -136,6 +143,7 @@ async def _check_isolation(pool: LocalPool, service: str, workdir: Path) -> None
         assert int(ids["CapEff"][0], 16) == 0
         assert int(ids["CapPrm"][0], 16) == 0
         assert int(ids["CapAmb"][0], 16) == 0
+        assert ids["NoNewPrivs"] == ["1"], "no setuid binary can give it privileges back"
 
         assert os.readlink(f"/proc/{pid}/cwd") == str(workdir)
         st = workdir.stat()
@@ -222,3 +230,55 @@ async def test_a_replica_past_memory_max_is_oom_killed_counted_and_restarted_whi
         # The restarted replica serves again.
         again = await get(pool.endpoints("hog")[0], "/")
         assert again.status_code == 200
+
+
+async def test_an_oom_kill_inside_a_running_replica_is_counted_while_it_runs(
+    harness: Harness,
+) -> None:
+    """A worker process the replica forked goes past memory_max: the kernel kills the worker,
+    the replica keeps serving, and the kill is reported live (not only when a replica exits)."""
+    pool = harness.pool({"forks": harness.spec(UPSTREAM, user="nobody", memory_max="48Mi")})
+    async with pool:
+        pool.scale("forks", 1, 0.5)
+        assert await until(lambda: pool.status("forks").ready == 1)
+        pid = _ready_pid(pool.status("forks").replicas)
+        answer = await get(pool.endpoints("forks")[0], "/child-alloc?mb=200")
+        assert answer.text == "-9", "the worker was SIGKILLed by the OOM killer"
+        assert await until(lambda: pool.status("forks").oom_kills_total >= 1)
+        status = pool.status("forks")
+        assert _ready_pid(status.replicas) == pid, "the replica itself kept running"
+        assert status.restarts_total == 0
+        assert status.replicas[0].oom_kills >= 1
+
+
+async def test_without_replicas_user_no_replica_runs_as_root_when_nobody_cannot_run_it(
+    harness: Harness,
+) -> None:
+    """Sluice runs as root; ``nobody`` cannot run the command; no ``replicas.user``: the
+    service's replicas are refused (never root unless written), the others run."""
+    hidden = Path(tempfile.mkdtemp(prefix="sluice-hidden-", dir="/tmp"))
+    hidden.chmod(0o700)
+    program = hidden / "server"
+    program.write_text(f"#!{SYSTEM_PYTHON}\n" + SERVER)
+    program.chmod(0o755)
+    try:
+        pool = harness.pool(
+            {
+                "hidden": harness.spec([str(program), "{port}"], user=None),
+                "open": harness.spec(UPSTREAM, user=None),
+            }
+        )
+        async with pool:
+            pool.scale("hidden", 1, 0.5)
+            pool.scale("open", 1, 0.5)
+            assert await until(lambda: pool.status("open").ready == 1)
+            hidden_status = pool.status("hidden")
+            assert hidden_status.refused is not None
+            assert "replicas NOT started: nobody cannot run the command" in hidden_status.refused
+            assert hidden_status.ready == 0
+            assert all(r.pid is None for r in hidden_status.replicas)
+            opened = pool.status("open")
+            assert opened.refused is None and opened.user == "nobody"
+            assert _proc_ids(_ready_pid(opened.replicas))["Uid"][0] != "0"
+    finally:
+        shutil.rmtree(hidden)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -15,6 +16,7 @@ import pytest
 from gateway.platforms.local.cgroup_parent import open_parent
 from gateway.platforms.local.cgroups import CgroupUnavailable
 from gateway.platforms.local.config import ReplicasConfig
+from gateway.platforms.local.identity import default_identity, preflight
 from gateway.platforms.local.pool import LocalPool
 from tests.support.procs import MARKER_VAR, pids_with_marker
 
@@ -33,6 +35,24 @@ def _cgroups_unusable() -> str | None:
 
 _UNUSABLE = _cgroups_unusable()
 needs_cgroups = pytest.mark.skipif(_UNUSABLE is not None, reason=f"no CPU cgroups: {_UNUSABLE}")
+
+
+def _replica_user() -> str | None:
+    """``root`` when the suite runs as root and ``nobody`` cannot run the suite's own
+    interpreter (e.g. pyenv under a 0700 /root): Sluice then starts no replica unless
+    ``replicas.user: root`` is written, so the tests that are not about isolation write it
+    (tests/integration/test_local_isolation.py covers the drop itself); else None."""
+    if os.geteuid() != 0:
+        return None
+    who = default_identity()
+    if who is not None and preflight(DEMO, os.environ.get("PATH"), who) is None:
+        return None
+    return "root"
+
+
+REPLICA_USER = _replica_user()
+REPLICA_USER_FIELDS: dict[str, str] = {} if REPLICA_USER is None else {"user": REPLICA_USER}
+"""``replicas:`` fields for configs of tests that run ``{python}`` replicas (see above)."""
 
 
 async def until(predicate: Callable[[], bool], timeout_s: float = 30.0) -> bool:
@@ -65,6 +85,7 @@ class Harness:
             "grace_s": 5.0,
             "restart_backoff_s": 0.05,
             "restart_backoff_max_s": 0.5,
+            **REPLICA_USER_FIELDS,
         }
         fields.update(over)
         return ReplicasConfig(**fields)

@@ -14,6 +14,7 @@ sys.path.insert(0, str(ROOT))
 
 from gateway.platforms.local.config import ReplicasConfig  # noqa: E402
 from gateway.platforms.local.pool import LocalPool  # noqa: E402
+from tests.support.localpool import REPLICA_USER_FIELDS  # noqa: E402
 
 
 async def main(start: int, end: int, marker: str, replicas: int, grandchild: bool) -> None:
@@ -23,6 +24,7 @@ async def main(start: int, end: int, marker: str, replicas: int, grandchild: boo
         command=command,
         port_range=(start, end),
         env={"SLUICE_TEST_MARKER": marker, "PYTHONPATH": str(ROOT)},
+        **REPLICA_USER_FIELDS,
     )
     pool = LocalPool({"api": spec})
     await pool.start()

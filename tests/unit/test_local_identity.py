@@ -19,6 +19,7 @@ from gateway.platforms.local.identity import (
     Identity,
     check_warnings,
     choose_identity,
+    default_identity,
     default_workdir,
     preflight,
     replica_env,
@@ -196,3 +197,20 @@ def test_an_explicit_user_that_cannot_run_the_command_is_kept_with_a_warning(
     assert choice.identity is not None and choice.identity.name == "nobody"
     assert choice.warning is not None
     assert choice.warning.startswith("api: replicas.user nobody may not be able to run the command")
+
+
+@pytest.mark.skipif(default_identity() is None, reason="no user 'nobody'")
+def test_without_replicas_user_root_is_refused_when_nobody_cannot_run_the_command(
+    open_tmp: Path,
+) -> None:
+    """Never root unless ``replicas.user: root`` is written: the replicas are not started."""
+    program = _tree(open_tmp, 0o700)
+    choice = choose_identity("api", [str(program)], None, None, euid=0, path_env=None)
+    assert choice.identity is None
+    assert choice.refusal is not None
+    assert choice.refusal.startswith("api: replicas NOT started: nobody cannot run the command")
+    assert "replicas.user: root" in choice.refusal
+    warnings = check_warnings("api", [str(program)], None, None, euid=0, path_env=None)
+    assert warnings == [choice.refusal]
+    explicit = choose_identity("api", [str(program)], "root", None, euid=0, path_env=None)
+    assert explicit.identity is None and explicit.refusal is None, "written root is honoured"

@@ -7,7 +7,9 @@ checks that user can run the command, the working directory and the clean enviro
 * Sluice root, no ``replicas.user``: ``nobody``/``nogroup`` **if that user can run the
   command** (:func:`preflight`: every directory on the way to the program, and for
   ``{python}`` to the interpreter's prefixes and to the ``gateway`` package, searchable by it,
-  the program executable by it); otherwise root, with a warning that says why and how to fix it.
+  the program executable by it); otherwise the replicas are **not started** (a refusal that
+  says why and how to fix it): never root unless ``replicas.user: root`` is written, as a
+  kubelet refuses ``runAsNonRoot`` rather than run the container as root.
 
 The launcher (``launch.py``) does the drop itself: ``setgroups``, ``setgid``, ``setuid``.
 """
@@ -58,6 +60,8 @@ class IdentityChoice:
     identity: Identity | None
     """None: run as Sluice's own user (no drop)."""
     warning: str | None = None
+    refusal: str | None = None
+    """Set: start no replica (they would run as root without ``replicas.user: root``)."""
 
 
 def resolve(user: str | int, group: str | int | None) -> Identity:
@@ -217,8 +221,9 @@ def choose_identity(
     if fallback is None:
         return IdentityChoice(
             None,
-            f"{service}: replicas run as ROOT: there is no user {DEFAULT_USER!r}; "
-            "set replicas.user to an unprivileged user",
+            refusal=f"{service}: replicas NOT started: there is no user {DEFAULT_USER!r} to run "
+            "them as, and Sluice runs replicas as root only with replicas.user: root; set "
+            "replicas.user to an unprivileged user",
         )
     who = fallback
     if group is not None:
@@ -227,9 +232,10 @@ def choose_identity(
     if why is not None:
         return IdentityChoice(
             None,
-            f"{service}: replicas run as ROOT: {who.name} cannot run the command ({why}); "
-            f"set replicas.user to a user that can, or install the program (for {{python}}: "
-            f"Python and Sluice) where {who.name} can read it",
+            refusal=f"{service}: replicas NOT started: {who.name} cannot run the command "
+            f"({why}), and Sluice runs replicas as root only with replicas.user: root; install "
+            f"the program (for {{python}}: Python and Sluice, e.g. a venv in /opt/sluice) where "
+            f"{who.name} can read it, or set replicas.user to a user that can run it",
         )
     return IdentityChoice(who)
 
@@ -256,7 +262,7 @@ def check_warnings(
         choice = choose_identity(service, command, user, group, euid=euid, path_env=path_env)
     except IdentityError as e:
         return [f"{service}: replicas.user/group: {e}"]
-    return [] if choice.warning is None else [choice.warning]
+    return [m for m in (choice.refusal, choice.warning) if m is not None]
 
 
 def default_workdir(service: str, euid: int, home: str | None) -> Path:

@@ -11,7 +11,10 @@ milliseconds).  Before ``execvp``:
 3. ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` (after the drop: a credential change clears it): if
    Sluice dies (even by SIGKILL), the kernel kills the replica; the setting survives
    ``execve``.  If Sluice is already gone, exit at once.
-4. ``chdir`` to the working directory, as the replica's user.
+4. ``prctl(PR_SET_NO_NEW_PRIVS, 1)``: neither the command nor anything it runs can gain
+   privileges through ``execve`` (setuid/setgid binaries, file capabilities), as a kubelet
+   does for ``allowPrivilegeEscalation: false``; inherited across ``fork`` and ``execve``.
+5. ``chdir`` to the working directory, as the replica's user.
 
 The pool starts this in a new session (``setsid``), so the replica leads its own process
 group and can be stopped with everything it spawned.
@@ -25,6 +28,7 @@ import signal
 import sys
 
 PR_SET_PDEATHSIG = 1
+PR_SET_NO_NEW_PRIVS = 38
 PR_CAP_AMBIENT = 47
 PR_CAP_AMBIENT_CLEAR_ALL = 4
 EXIT_LAUNCH_FAILED = 127
@@ -73,6 +77,8 @@ def main(argv: list[str]) -> None:
         _fail(f"prctl(PR_SET_PDEATHSIG) failed: {os.strerror(ctypes.get_errno())}")
     if os.getppid() != parent_pid:
         _fail("Sluice exited before the replica started")
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        _fail(f"prctl(PR_SET_NO_NEW_PRIVS) failed: {os.strerror(ctypes.get_errno())}")
 
     if "cwd" in options:
         try:

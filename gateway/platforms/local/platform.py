@@ -163,6 +163,7 @@ def replicas_report(pool: LocalPool) -> dict[str, dict[str, Any]]:
         out[name] = {
             "user": status.user,
             "workdir": status.workdir,
+            "refused": status.refused,
             "memory_max_bytes": status.memory_max_bytes,
             "memory_applied": status.memory_applied,
             "restarts_total": status.restarts_total,

@@ -133,6 +133,8 @@ class LocalPool:
         self._killed = False
         self._launch: dict[str, tuple[Identity | None, Path]] = {}
         """Per service: the identity its replicas run as and their working directory."""
+        self._refused: dict[str, str] = {}
+        """Per service whose replicas are not started: why (see ``identity.choose_identity``)."""
         self.on_holdings_change: Callable[[], None] | None = None
         """Limit enforcement: called (synchronously) when a service's decided CPU or its
         replicas holding a cgroup change, before the new quotas are written; the lender
@@ -189,10 +191,14 @@ class LocalPool:
                 path_env=os.environ.get("PATH"),
             )
         except IdentityError as e:
-            log.warning("%s: replicas run as ROOT: replicas.user/group: %s", svc.name, e)
-            choice = IdentityChoice(None)
+            choice = IdentityChoice(
+                None, refusal=f"{svc.name}: replicas NOT started: replicas.user/group: {e}"
+            )
         if choice.warning is not None:
             log.warning("%s", choice.warning)
+        if choice.refusal is not None:
+            log.error("%s", choice.refusal)
+            self._refused[svc.name] = choice.refusal
         who = choice.identity
         workdir = (
             Path(spec.workdir)
@@ -204,12 +210,13 @@ class LocalPool:
                 prepare_workdir(workdir, who)
             except OSError as e:
                 log.warning("%s: cannot create working directory %s: %s", svc.name, workdir, e)
-        log.info(
-            "%s: replicas run as %s in %s",
-            svc.name,
-            "Sluice's user" if who is None else f"{who.name} (uid {who.uid}, gid {who.gid})",
-            workdir,
-        )
+        if choice.refusal is None:
+            log.info(
+                "%s: replicas run as %s in %s",
+                svc.name,
+                "Sluice's user" if who is None else f"{who.name} (uid {who.uid}, gid {who.gid})",
+                workdir,
+            )
         return who, workdir
 
     async def close(self, drain: bool = True) -> None:
@@ -508,6 +515,7 @@ class LocalPool:
             memory_applied=self.cgroups is not None and all(s.memory_ok for s in svc.slots),
             user=None if who is None else who.name,
             workdir=None if workdir is None else str(workdir),
+            refused=self._refused.get(service),
         )
 
     def statuses(self) -> dict[str, ServiceStatus]:
@@ -647,6 +655,10 @@ class LocalPool:
         loop = asyncio.get_running_loop()
         retire_task = asyncio.create_task(slot.retire.wait())
         try:
+            if svc.name in self._refused:  # never started (see _launch_context): wait to retire
+                slot.phase = ReplicaPhase.BACKOFF
+                await retire_task
+                return
             while not slot.retire.is_set():
                 unstable = await self._run_once(svc, slot, retire_task, loop)
                 if slot.retire.is_set():
@@ -728,6 +740,11 @@ class LocalPool:
                 if exit_task in done:
                     break
                 ok = probe.result()
+                if slot.memory_ok and (spec.memory_max_bytes or spec.memory_high_bytes):
+                    # Live: a process of the replica (a worker it forked, or the replica
+                    # itself before it is reaped) killed over memory_max is seen within a
+                    # probe period, not only when the replica exits (one small file read).
+                    self._count_oom_kills(svc, slot, proc.pid)
                 if ok:
                     failures = 0
                     if slot.phase is not ReplicaPhase.READY:

@@ -87,6 +87,9 @@ class ServiceStatus:
     user: str | None = None
     """The user the replicas run as (None: Sluice's own user)."""
     workdir: str | None = None
+    refused: str | None = None
+    """Why no replica of the service is started (it would run as root without
+    ``replicas.user: root``); None when they start."""
 
 
 @dataclass(frozen=True, slots=True)
