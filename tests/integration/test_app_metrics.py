@@ -13,7 +13,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.tools.top import fetch, last_reason
-from tests.support.localpool import ROOT, needs_cgroups
+from tests.support.localpool import REPLICA_USER_FIELDS, ROOT, needs_cgroups
 from tests.support.processes import gateway, upstreams
 from tests.support.procs import wait_until
 
@@ -182,6 +182,7 @@ def test_on_the_local_platform_the_header_starts_the_replicas_the_table_asks_for
                     "port_range": [start, start + 10],
                     "env": {"PYTHONPATH": str(ROOT)},
                     "grace_s": 5,
+                    **REPLICA_USER_FIELDS,
                 },
                 "scaling": {**SCALING, "max_replicas": 5, "metrics": [STEPS]},
             }
