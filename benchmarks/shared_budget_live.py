@@ -59,9 +59,22 @@ sys.path.insert(0, str(ROOT))
 
 from gateway.platforms.local.cgroup_parent import CgroupParent, parent_name_for  # noqa: E402
 from gateway.platforms.local.cgroups import CgroupUnavailable, detect_layout  # noqa: E402
+from gateway.platforms.local.identity import default_identity, preflight  # noqa: E402
 from gateway.tools.loadgen import LoadReport, Stream, percentile, run_load  # noqa: E402
 
 LINE = re.compile(r"sluice listening data=http://(\S+):(\d+) admin=(\S+)")
+
+
+def replica_user() -> dict[str, str]:
+    """``user: root``, written, when this runs as root and ``nobody`` cannot run this
+    interpreter (Sluice starts no replica as root unless told so); else nothing (nobody)."""
+    if os.geteuid() != 0:
+        return {}
+    who = default_identity()
+    command = ["{python}", "-m", "gateway.tools.demo"]
+    if who is not None and preflight(command, os.environ.get("PATH"), who) is None:
+        return {}
+    return {"user": "root"}
 
 
 def scenario_config(
@@ -83,7 +96,12 @@ def scenario_config(
         "services": {
             "api": {  # long-lived: first in config order (first come, first served)
                 "routes": [{"path": "/api", "path_type": "Prefix"}],
-                "replicas": {"command": demo, "port_range": [31100, 31119], "env": env},
+                "replicas": {
+                    "command": demo,
+                    "port_range": [31100, 31119],
+                    "env": env,
+                    **replica_user(),
+                },
                 "limits": {"queue": {"max": 1000, "timeout_s": 60}},
                 "scaling": {
                     "target": 2,
@@ -96,7 +114,12 @@ def scenario_config(
             },
             "reports": {  # periodic, short-lived requests with a latency SLO
                 "routes": [{"path": "/reports", "path_type": "Prefix"}],
-                "replicas": {"command": demo, "port_range": [31200, 31219], "env": env},
+                "replicas": {
+                    "command": demo,
+                    "port_range": [31200, 31219],
+                    "env": env,
+                    **replica_user(),
+                },
                 "limits": {"queue": {"max": 1000, "timeout_s": 60}},
                 "scaling": {
                     "target": 2,

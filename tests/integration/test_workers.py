@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from tests.support.certs import make_ca
-from tests.support.localpool import ROOT, needs_cgroups
+from tests.support.localpool import REPLICA_USER_FIELDS, ROOT, needs_cgroups
 from tests.support.processes import Gateway, Upstream, gateway, upstreams
 from tests.support.procs import MARKER_VAR, pids_with_marker
 
@@ -292,6 +292,7 @@ def test_local_replicas_stay_with_the_main_process_and_scale_from_zero_through_w
                     "command": ["{python}", "-m", "gateway.tools.demo", "--port", "{port}"],
                     "port_range": [start, start + 20],
                     "env": {MARKER_VAR: marker, "PYTHONPATH": str(ROOT)},
+                    **REPLICA_USER_FIELDS,
                     "grace_s": 5,
                 },
                 "limits": {"queue": {"max": 50, "timeout_s": 60}},
