@@ -28,6 +28,7 @@ import h2.exceptions
 import h2.settings
 
 from gateway.dataplane.errors import Cause
+from gateway.dataplane.h2encode import FieldCacheEncoder
 from gateway.dataplane.headers import HOP_BY_HOP, connection_tokens
 from gateway.dataplane.upstream import WRITE_BUFFER_HIGH, WRITE_BUFFER_LOW
 
@@ -47,6 +48,8 @@ _CONFIG = h2.config.H2Configuration(
     header_encoding=None,
     validate_outbound_headers=False,  # checked on the way in, lower-cased by _request_headers
     normalize_outbound_headers=False,
+    normalize_inbound_headers=False,  # (only joins cookie fields: none in responses)
+    # Response fields stay checked by h2: they become an HTTP/1.1 head for HTTP/1.1 clients.
 )
 _DROP_REQUEST = HOP_BY_HOP | {b"host", b"expect", b"http2-settings"}
 
@@ -192,6 +195,7 @@ class H2UpstreamConnection(asyncio.Protocol):
         self.pool = pool
         self.dp = pool.dp
         self.h2 = h2.connection.H2Connection(_CONFIG)
+        self.h2.encoder = FieldCacheEncoder()  # type: ignore[assignment]  # (see h2encode)
         self.transport: asyncio.Transport | None = None
         self.streams: dict[int, H2Upstream] = {}
         self.blocked: set[H2Upstream] = set()

@@ -7,6 +7,7 @@ import pytest
 from gateway.dataplane.errors import Cause
 from gateway.dataplane.h2server import (
     GRPC_STATUS,
+    MalformedRequest,
     grpc_timeout_s,
     h2_response_fields,
     http1_fields,
@@ -49,7 +50,7 @@ def test_request_fields_become_http1() -> None:
 
 
 def test_request_with_length_or_without_body_is_not_chunked() -> None:
-    base = [(b":method", b"GET"), (b":path", b"/"), (b":authority", b"h")]
+    base = [(b":method", b"GET"), (b":scheme", b"http"), (b":path", b"/"), (b":authority", b"h")]
     assert (b"transfer-encoding", b"chunked") not in http1_fields(base, end_stream=True)[2]
     sized = [*base, (b"content-length", b"3")]
     assert (b"transfer-encoding", b"chunked") not in http1_fields(sized, end_stream=False)[2]
@@ -81,3 +82,43 @@ def test_grpc_statuses_of_gateway_errors() -> None:
     assert GRPC_STATUS[Cause.TOTAL_TIMEOUT] == 4
     assert Cause.NO_ENDPOINTS not in GRPC_STATUS  # -> 14 UNAVAILABLE
     assert Cause.QUEUE_FULL not in GRPC_STATUS
+
+
+_OK = [(b":method", b"GET"), (b":scheme", b"https"), (b":path", b"/x"), (b":authority", b"h")]
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        [*_OK, (b":bogus", b"1")],  # unknown pseudo-header
+        [*_OK, (b":path", b"/y")],  # repeated
+        [(b":method", b"GET"), (b"x", b"1"), (b":scheme", b"http"), (b":path", b"/")],  # late
+        [(b":method", b"GET"), (b":path", b"/")],  # no :scheme
+        [(b":method", b"GET"), (b":scheme", b"http")],  # no :path
+        [*_OK[:2], (b":path", b"x")],  # not origin-form
+        [*_OK, (b"Upper", b"1")],
+        [*_OK, (b"bad name", b"1")],
+        [*_OK, (b"", b"1")],
+        [*_OK, (b"x", b"a\r\nInjected: yes")],
+        [*_OK, (b"x", b"a\x00")],
+        [*_OK, (b"x", b" padded")],
+        [*_OK, (b"connection", b"close")],
+        [*_OK, (b"transfer-encoding", b"chunked")],
+        [*_OK, (b"upgrade", b"websocket")],
+        [*_OK, (b"te", b"gzip")],
+        [*_OK, (b"host", b"other")],  # host differs from :authority
+    ],
+)
+def test_malformed_requests_are_refused(headers: list[tuple[bytes, bytes]]) -> None:
+    with pytest.raises(MalformedRequest):
+        http1_fields(headers, end_stream=True)
+
+
+def test_a_valid_header_set_is_answered_the_same_from_the_cache() -> None:
+    headers = [*_OK, (b"x-a", b"1"), (b"host", b"h")]
+    first = http1_fields(headers, end_stream=True)
+    again = http1_fields(list(headers), end_stream=True)
+    assert first == again
+    again[2].append((b"x-mutated", b"1"))  # a caller's list is its own
+    assert http1_fields(headers, end_stream=True) == first
+    assert http1_fields([(b":method", b"OPTIONS"), (b":scheme", b"http"), (b":path", b"*")], True)
