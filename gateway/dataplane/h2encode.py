@@ -1,4 +1,6 @@
-"""HPACK encoding without the dynamic table, memoised per field (HTTP/2 header blocks we send).
+"""HPACK shortcuts for the ``h2`` connections: a memoised encoder and decoder (:func:`install`).
+
+**Encoding** (header blocks we send): no dynamic table, memoised per field.
 
 The ``h2`` library's encoder (``hpack.Encoder``) searches and updates a dynamic table for
 every field of every block: about a third of the time the gateway spends framing a
@@ -13,12 +15,20 @@ is sent again instead of as an index), as nginx's encoder does too.
 
 Credentials (``authorization``, ``cookie``, ``set-cookie``, ...) are never cached and are
 sent as "never indexed" literals (RFC 7541 §7.1.3).
+
+**Decoding** (header blocks we receive): :class:`BlockCacheDecoder` is ``hpack.Decoder``
+that remembers the last small blocks which changed nothing in the dynamic table (all
+indexed or literal-without-indexing: a client repeating a request after its first), with
+the table's state they were decoded in; the same bytes in the same state decode to the
+same fields, without decoding again.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+import h2.connection
+from hpack import Decoder, HeaderTuple
 from hpack.hpack import encode_integer
 from hpack.huffman import HuffmanEncoder
 from hpack.huffman_constants import REQUEST_CODES, REQUEST_CODES_LENGTH
@@ -99,3 +109,52 @@ class FieldCacheEncoder:
                     cache[key] = encoded
             parts.append(encoded)
         return b"".join(parts)
+
+
+class BlockCacheDecoder(Decoder):
+    """``hpack.Decoder`` answering repeated blocks that leave the dynamic table as it was
+    from a small per-connection cache (checked against the table's state: its newest entry,
+    by identity, its length and size, and the header list limit)."""
+
+    BLOCKS_MAX = 32
+    BLOCK_BYTES_MAX = 1024
+
+    def __init__(self, max_header_list_size: int) -> None:
+        super().__init__(max_header_list_size)
+        self._blocks: dict[bytes, tuple[object, int, int, int, Iterable[HeaderTuple]]] = {}
+
+    def decode(self, data: bytes, raw: bool = False) -> Iterable[HeaderTuple]:
+        table = self.header_table
+        entries = table.dynamic_entries
+        newest = entries[0] if entries else None
+        count = len(entries)
+        maxsize = table.maxsize
+        limit = self.max_header_list_size
+        blocks = self._blocks
+        hit = blocks.get(data) if raw else None
+        if (
+            hit is not None
+            and hit[0] is newest
+            and hit[1] == count
+            and hit[2] == maxsize
+            and hit[3] == limit
+        ):
+            return hit[4]
+        headers = super().decode(data, raw)
+        if (
+            raw
+            and len(data) <= self.BLOCK_BYTES_MAX
+            and len(entries) == count
+            and (entries[0] if entries else None) is newest
+            and table.maxsize == maxsize
+        ):
+            if len(blocks) >= self.BLOCKS_MAX:
+                blocks.clear()
+            blocks[bytes(data)] = (newest, count, maxsize, limit, headers)
+        return headers
+
+
+def install(conn: h2.connection.H2Connection) -> None:
+    """Put the memoised encoder and decoder on a new ``h2`` connection."""
+    conn.encoder = FieldCacheEncoder()  # type: ignore[assignment]  # (duck-typed as h2 uses it)
+    conn.decoder = BlockCacheDecoder(conn.decoder.max_header_list_size)

@@ -28,7 +28,7 @@ from hyperframe.frame import GoAwayFrame
 
 from gateway.dataplane.errors import Cause
 from gateway.dataplane.forward import Exchange
-from gateway.dataplane.h2encode import FieldCacheEncoder
+from gateway.dataplane.h2encode import install as install_hpack
 from gateway.dataplane.headers import HOP_BY_HOP, HeadCache, connection_tokens, response_fields
 from gateway.dataplane.limits import RequestRejected
 from gateway.dataplane.upstream import WRITE_BUFFER_HIGH, WRITE_BUFFER_LOW
@@ -492,7 +492,7 @@ class H2Connection(asyncio.Protocol):
         self.tls = tls
         """Came through the TLS listener (``h2`` by ALPN): ``X-Forwarded-Proto: https``."""
         self.h2 = h2.connection.H2Connection(_CONFIG)
-        self.h2.encoder = FieldCacheEncoder()  # type: ignore[assignment]  # (see h2encode)
+        install_hpack(self.h2)
         self.transport: asyncio.Transport = None  # type: ignore[assignment]  # connection_made
         self.peer_ip = b""
         self.trusted = False

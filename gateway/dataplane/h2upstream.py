@@ -28,7 +28,7 @@ import h2.exceptions
 import h2.settings
 
 from gateway.dataplane.errors import Cause
-from gateway.dataplane.h2encode import FieldCacheEncoder
+from gateway.dataplane.h2encode import install as install_hpack
 from gateway.dataplane.headers import HOP_BY_HOP, connection_tokens
 from gateway.dataplane.upstream import WRITE_BUFFER_HIGH, WRITE_BUFFER_LOW
 
@@ -195,7 +195,7 @@ class H2UpstreamConnection(asyncio.Protocol):
         self.pool = pool
         self.dp = pool.dp
         self.h2 = h2.connection.H2Connection(_CONFIG)
-        self.h2.encoder = FieldCacheEncoder()  # type: ignore[assignment]  # (see h2encode)
+        install_hpack(self.h2)
         self.transport: asyncio.Transport | None = None
         self.streams: dict[int, H2Upstream] = {}
         self.blocked: set[H2Upstream] = set()

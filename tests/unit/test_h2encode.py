@@ -39,3 +39,24 @@ def test_sensitive_fields_are_never_indexed_literals() -> None:
     decoded = hpack.Decoder().decode(encoded, raw=True)
     assert decoded == [(b"authorization", b"Bearer x")]
     assert isinstance(hpack.Decoder().decode(encoded)[0], hpack.NeverIndexedHeaderTuple)
+
+
+def test_repeated_blocks_decode_the_same_and_table_changes_are_seen() -> None:
+    from gateway.dataplane.h2encode import BlockCacheDecoder
+
+    encoder = hpack.Encoder()  # a client's encoder: indexes what it sends
+    decoder = BlockCacheDecoder(65536)
+    first = [(b":method", b"GET"), (b":path", b"/a"), (b"x-user", b"alice")]
+    assert decoder.decode(encoder.encode(first), raw=True) == first  # inserts: not cached
+    again = encoder.encode(first)  # now all indexed: cached
+    assert decoder.decode(again, raw=True) == first
+    assert decoder.decode(again, raw=True) == first
+    # The table changes (a new field pushes the indices): the same bytes mean other fields.
+    other = [(b"x-user", b"bob")]
+    assert decoder.decode(encoder.encode(other), raw=True) == other
+    reference = hpack.Decoder()
+    encoder2 = hpack.Encoder()
+    blocks = [encoder2.encode(h) for h in (first, first, other, first, other, first)]
+    fresh = BlockCacheDecoder(65536)
+    for block in blocks:
+        assert fresh.decode(block, raw=True) == reference.decode(block, raw=True)
