@@ -197,11 +197,25 @@ def _http1_fields(
     return method, path, out, grpc
 
 
+_RESPONSE_CACHE_MAX = 256
+_RESPONSE_HEAD_CACHED_MAX = 2048
+_response_cache: dict[bytes, tuple[tuple[bytes, bytes], ...]] = {}
+
+
 def h2_response_fields(raw_head: bytes) -> list[tuple[bytes, bytes]]:
-    """An HTTP/1.1 response head's fields as HTTP/2 fields (lower-case, no hop-by-hop ones)."""
+    """An HTTP/1.1 response head's fields as HTTP/2 fields (lower-case, no hop-by-hop ones);
+    memoised per head (an upstream repeats its heads but for the Date, once a second)."""
+    hit = _response_cache.get(raw_head)
+    if hit is not None:
+        return list(hit)
     fields = [(name.lower(), value) for name, value in response_fields(raw_head)]
     drop = _DROP_RESPONSE | connection_tokens(fields)
-    return [(n, v) for n, v in fields if n not in drop]
+    out = [(n, v) for n, v in fields if n not in drop]
+    if len(raw_head) <= _RESPONSE_HEAD_CACHED_MAX:
+        if len(_response_cache) >= _RESPONSE_CACHE_MAX:
+            _response_cache.clear()
+        _response_cache[raw_head] = tuple(out)
+    return out
 
 
 class StreamExchange(Exchange):
