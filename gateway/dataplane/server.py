@@ -74,6 +74,7 @@ class Routing(Protocol):
 
 class ClientConnection(asyncio.Protocol):
     __slots__ = (
+        "body_end",
         "broken",
         "closed",
         "current",
@@ -148,6 +149,9 @@ class ClientConnection(asyncio.Protocol):
         """The head limits in force when the current message began (reload swaps dp's)."""
         self.line_bytes = 0
         """The incomplete line at the end of the last read (not yet reported by the parser)."""
+        self.body_end = -1
+        """Per-field heads: where the current Content-Length body ends, on the running count
+        of body bytes (``head_from``); -1 for a chunked body (see ``_feed_fields``)."""
         self.head_deadline = 0.0
         self.last_active = 0.0
         self.reject_cause: Cause | None = None
@@ -268,13 +272,19 @@ class ClientConnection(asyncio.Protocol):
 
     def _feed_fields(self, data: bytes) -> bytes:
         """Feed the per-field parser in steps of at most half the room left (so a limit is
-        met where byte-by-byte reads would meet it); return the last step.  A body in
-        progress is fed whole (it is not counted, and steps would cut its writes)."""
+        met where byte-by-byte reads would meet it); return the last step.  A Content-Length
+        body in progress is one step up to its end (it is not counted, and smaller steps
+        would cut its writes); a chunked one is fed whole with what follows it."""
         parser = self.parser
         at = 0
         end = len(data)
-        while self.parsing is None or self.head_open:
-            step = max(1, self._room() // 2)
+        while True:
+            if self.parsing is None or self.head_open:
+                step = max(1, self._room() // 2)
+            elif self.body_end >= 0:
+                step = max(1, self.body_end - self.head_from)
+            else:
+                break
             if end - at <= step:
                 break
             piece = data[at : at + step]
@@ -435,6 +445,8 @@ class ClientConnection(asyncio.Protocol):
             headers = self.headers
             checked = heads.fields(headers, self.trusted)
             major_1 = False  # the request line is gone: ask the parser
+            length = -1 if checked.fields.chunked else checked.fields.declared_length or 0
+            self.body_end = -1 if length < 0 else self.head_from + length
         if len(headers) > self.limits.max_headers:
             self._stop_parsing(Cause.HEADERS_TOO_LARGE)
         parser = self.parser

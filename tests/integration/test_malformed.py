@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -994,3 +995,28 @@ def test_hostile_input(case: Case, gateway: Gateway, recorder: Recorder) -> None
     assert seen == [*expected, ("GET", f"/__sentinel/{case.id}")]
     if case.check is not None:
         case.check([e for e in events if e["event"] == "request"], responses)
+
+
+def test_after_a_split_head_a_body_and_an_over_long_bad_head_in_one_read(
+    gateway: Gateway, recorder: Recorder
+) -> None:
+    """The connection parses per field once a head was split across reads; then one read
+    holds the rest of that head, its body and a head whose target crosses max_uri_bytes
+    before a control byte: 414, as byte by byte (the body is fed up to its end in one step,
+    then the next head in steps no limit can be crossed inside of)."""
+    body = b"b" * 20000  # longer than a step: fed whole up to its end, not with what follows
+    first = req(b"POST /p HTTP/1.1", b"Host: other.test\r\nContent-Length: 20000\r\n", body)
+    bad = b"GET /" + b"u" * 9000 + b"\x01 HTTP/1.1\r\n" + H + b"\r\n"
+    recorder.new_events()
+    with RawConnection(gateway.host, gateway.port) as conn:
+        conn.send(first[:10])
+        time.sleep(0.2)  # two reads (if the gateway is slower, one read: the same answer)
+        conn.send(first[10:] + bad)
+        responses = conn.read_responses(2)
+        assert [r.status for r in responses] == [200, 414], [
+            (r.status, r.header("Sluice-Error")) for r in responses
+        ]
+        assert conn.wait_closed()
+    sentinel(gateway, "split-body-bad-head")
+    seen = [(e["method"], e["target"]) for e in recorder.new_events() if e["event"] == "request"]
+    assert seen == [("POST", "/p"), ("GET", "/__sentinel/split-body-bad-head")]
