@@ -35,9 +35,10 @@ and a full handshake, so req/s is new handshakes per second).  Target (issue 16)
 req/s >= 0.6 of nginx's per core.
 
 ``--workers N`` adds ``nginx-wN`` (``worker_processes N``) and ``sluice-wN`` (``workers: N``).
-Every core is shared for these rows: the proxy (all its processes), wrk and the upstream are
-all allowed on every core (``taskset -c 0-<cores-1>``; wrk with one thread, the upstream one
-nginx worker), the kernel splits them, so the two proxies meet the same load side.  Ratios:
+Every core is shared for these rows: the proxy (all its processes) and wrk (one thread) may
+run on every core (``taskset -c 0-<cores-1>``), the upstream (one nginx worker, the same for
+every row) stays on core 1; the kernel splits the cores, and both proxies meet the same load
+side.  Ratios:
 req/s sluice-wN/nginx-wN (target >= 0.75, issue 16), and CPU per request sluice-wN over the
 one-process ``sluice`` row (target: unchanged).
 
