@@ -135,9 +135,9 @@ def _summary(report: Mapping[str, Any], path: Path) -> None:
         ax.set_xlabel("latency (s)", fontsize=8)
         ax.set_ylabel("share of requests <= latency", fontsize=8)
         ax.legend(fontsize=7, loc="lower right")
-    span = cols // len(runs)
+    cpu_row = grid[cdf_rows, :].subgridspec(1, len(runs))  # equal widths, the whole row
     for k, run in enumerate(runs):
-        ax = fig.add_subplot(grid[cdf_rows, k * span : (k + 1) * span])
+        ax = fig.add_subplot(cpu_row[0, k])
         used = [smooth(_num(series[run][s]["used_cores"]), window) for s in services]
         ax.stackplot(time_s, used, labels=services, colors=[colours[s] for s in services])
         ax.axhline(budget, color="black", linewidth=1.0, label=f"budget {budget:g}")
