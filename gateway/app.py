@@ -416,7 +416,9 @@ async def serve_worker(fd: int) -> int:
     """One data-plane worker (``workers: N``): serve on the ports the main process reserved,
     apply what it sends, report the counters, drain when it says stop (or goes away)."""
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):  # the main process decides when to stop
+    # A signal to the whole process group (Ctrl-C, a closed terminal, kill -USR1 -PGID) is
+    # the main process's to act on: it stops, reloads or reopens the logs of every worker.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):
         loop.add_signal_handler(sig, lambda: None)
     channel = await Channel.open(socket.socket(fileno=fd))
     try:

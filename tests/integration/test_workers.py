@@ -263,6 +263,16 @@ def test_workers_cannot_change_on_reload(ups: list[Upstream], tmp_path: Path) ->
             f"{g.config_path}: workers: cannot change while running (restart Sluice)"
         ]
         assert len(workers_of(g)) == 2
+        # Signals sent to a worker (as to the whole process group) are the main process's
+        # to act on: the worker neither stops nor restarts.
+        before = workers_of(g)
+        for sig in (signal.SIGHUP, signal.SIGUSR1, signal.SIGINT, signal.SIGTERM):
+            os.kill(before[0]["pid"], sig)
+        assert send(g, 20) == [200] * 20
+        after = workers_of(g)
+        assert [(w["pid"], w["restarts"], w["ready"]) for w in after] == [
+            (w["pid"], 0, True) for w in before
+        ]
 
 
 def ppid_of(pid: int) -> int:

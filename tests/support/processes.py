@@ -26,7 +26,9 @@ READY_TIMEOUT_S = 20.0
 
 
 class Process:
-    def __init__(self, args: list[str], ready: re.Pattern[str]) -> None:
+    def __init__(
+        self, args: list[str], ready: re.Pattern[str], ready_timeout_s: float = READY_TIMEOUT_S
+    ) -> None:
         self.proc = subprocess.Popen(
             args,
             cwd=ROOT,
@@ -50,7 +52,7 @@ class Process:
         ]
         for t in self._pumps:
             t.start()
-        if not self._ready.wait(READY_TIMEOUT_S):
+        if not self._ready.wait(ready_timeout_s):
             self.stop()
             raise RuntimeError(f"{args} did not become ready:\n{self.output()}")
         if self.match is None:
@@ -185,6 +187,9 @@ class Gateway(Process):
     LINE = re.compile(r"sluice listening data=(\S+) admin=(\S+)(?: tls=(\S+))?")
 
     def __init__(self, config: dict[str, Any], path: Path) -> None:
+        # With ``workers: N`` the main process starts N more interpreters before it is ready.
+        workers = config.get("workers", 1)
+        ready_timeout_s = READY_TIMEOUT_S * (3 if workers == "auto" or workers > 1 else 1)
         config = {
             "listen": {"host": "127.0.0.1", "port": 0},
             "admin": {"host": "127.0.0.1", "port": 0},
@@ -192,7 +197,11 @@ class Gateway(Process):
         }
         path.write_text(yaml.safe_dump(config))
         self.config_path = path
-        super().__init__([sys.executable, "-m", "gateway", "run", "--config", str(path)], self.LINE)
+        super().__init__(
+            [sys.executable, "-m", "gateway", "run", "--config", str(path)],
+            self.LINE,
+            ready_timeout_s,
+        )
         assert self.match is not None
         self.url = self.match.group(1)
         self.admin_url = self.match.group(2)
