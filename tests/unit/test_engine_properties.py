@@ -168,7 +168,7 @@ def check_tick(
         p = engine.policies[name]
         assert p.min_replicas <= d.replicas <= p.max_replicas, (name, d.replicas)
         assert abs(d.allocated_cores - d.replicas * d.cpu_per_replica_cores) < EPS
-        if d.replicas and name not in blocked:
+        if d.replicas:
             assert p.cpu.min - EPS <= d.cpu_per_replica_cores <= p.cpu.max + EPS, d
         if d.frozen:
             prev = before.get(name)
