@@ -174,6 +174,13 @@ class Scaling:
     def _signals(self) -> Mapping[str, ServiceSignals] | Awaitable[Mapping[str, ServiceSignals]]:
         """The platform's signals, after bringing the engine's budget up to date (with
         ``budget.cpu: auto`` the platform re-measures it as machines, nodes and pods change)."""
+        if dict(self.platform.policies()) != self._policies:
+            # e.g. a ScalingPolicy object changed (no route changed with it)
+            log.info("scaling policies changed: rebuilding the engine")
+            try:
+                self.loop.engine = self._engine()
+            except ValueError:
+                log.exception("the new scaling policies are not usable; keeping the old ones")
         cpu = self._budget_cpu()
         if self._core is not None and cpu != self._core.cpu:
             log.info("budget: %g cores (%s)", cpu.cores, cpu.source)

@@ -1,4 +1,4 @@
-"""The ``sluice`` command: run | check | schema | simulate | traces | load | top | completion.
+"""The ``sluice`` command: run | check | schema | crd | simulate | traces | load | top | completion.
 
 Exit codes: 0 ok, 2 bad configuration or usage, 1 runtime failure.
 """
@@ -141,6 +141,13 @@ def _local_warnings(settings: object) -> list[str]:
     return out
 
 
+def cmd_crd(args: argparse.Namespace) -> int:
+    from gateway.platforms.kubernetes.crd import crd_yaml
+
+    sys.stdout.write(crd_yaml())
+    return 0
+
+
 def cmd_schema(args: argparse.Namespace) -> int:
     sys.stdout.write(json_schema())
     return 0
@@ -196,6 +203,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("schema", help="print the config file's JSON Schema")
     p.set_defaults(func=cmd_schema)
+
+    p = sub.add_parser(
+        "crd",
+        help="print the ScalingPolicy CustomResourceDefinition (generated from the scaling model)",
+    )
+    p.set_defaults(func=cmd_crd)
 
     from scaler.simulate.cli import add_arguments as add_simulate_arguments
 

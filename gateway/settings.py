@@ -641,6 +641,15 @@ class LeaseConfig(_Model):
 class KubernetesConfig(_Model):
     """platform: kubernetes — Ingress routes, EndpointSlice endpoints, /scale and /resize, a Lease."""
 
+    scaling_policies: bool = Field(
+        default=True,
+        description=(
+            "Watch ScalingPolicy objects (sluice.io/v1alpha1; the chart installs the CRD): a "
+            "service's policy is the config file's, else its ScalingPolicy's, else its Ingress "
+            "annotations'; the leader writes each policy's status."
+        ),
+    )
+
     ingress_class: KubeName = Field(
         default="sluice",
         description="Ingresses whose spec.ingressClassName (or legacy kubernetes.io/ingress.class "

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
+
+import pytest
+import yaml
 
 from gateway.platforms.kubernetes.actuator import KubernetesActuator
 from gateway.platforms.kubernetes.api import RBAC_RULES, KubeApi
@@ -10,11 +14,15 @@ from gateway.platforms.kubernetes.cache import WorkloadCache
 from gateway.platforms.kubernetes.capacity import ClusterCapacity
 from gateway.platforms.kubernetes.discovery import KubernetesDiscovery
 from gateway.platforms.kubernetes.leader import LeaderElector
-from gateway.platforms.kubernetes.model import Workload
+from gateway.platforms.kubernetes.model import Conflict, Workload
 from gateway.settings import parse_settings
 from scaler.decision import Decision
 from tests.support.fake_kube import FakeKube
 from tests.support.kube_objects import deployment, endpoint_slice, ingress, node, pod, service
+
+CHART_CRD = (
+    Path(__file__).resolve().parents[2] / "charts/sluice/crds/scalingpolicies.sluice.io.yaml"
+)
 
 
 async def test_every_call_is_covered_by_rbac_rules_and_every_rule_is_used() -> None:
@@ -42,6 +50,15 @@ async def test_every_call_is_covered_by_rbac_rules_and_every_rule_is_used() -> N
         fake.put(pod("web-1", "web", {"requests": {"cpu": "100m"}, "limits": {"cpu": "200m"}}))
         fake.put(pod("db-1", "db", {"requests": {"cpu": "100m"}, "limits": {"cpu": "200m"}}))
         fake.put(node("node-a", "4"))
+        fake.put(yaml.safe_load(CHART_CRD.read_text()))
+        fake.put(
+            {
+                "apiVersion": "sluice.io/v1alpha1",
+                "kind": "ScalingPolicy",
+                "metadata": {"name": "web", "namespace": "shop"},
+                "spec": {"targetRef": {"service": "web"}, "target": 3},
+            }
+        )
         settings = parse_settings({"platform": "kubernetes"})
         api = KubeApi.connect(host=fake.url)
         try:
@@ -50,10 +67,21 @@ async def test_every_call_is_covered_by_rbac_rules_and_every_rule_is_used() -> N
                 async with asyncio.timeout(10):
                     first = await anext(updates)
                     assert first.endpoints
-                    while not any(
-                        c.resource == "ingresses/status" for c in fake.requests
-                    ) or not fake.list("events"):
+                    while (
+                        not any(c.resource == "ingresses/status" for c in fake.requests)
+                        or not fake.list("events")
+                        or not disco.policy_objects.verdicts
+                    ):
                         await asyncio.sleep(0.02)
+                    assert fake.open_watches("scalingpolicies") == 1
+                # the leader's status writes: a PUT of the status subresource, a GET after a
+                # conflict
+                seen = disco.policy_objects_by_key()["shop/web"]
+                written = await api.update_scaling_policy_status(seen, {"observedGeneration": 1})
+                await api.update_scaling_policy_status(written, {"observedGeneration": 1})
+                with pytest.raises(Conflict):
+                    await api.update_scaling_policy_status(seen, {"observedGeneration": 1})
+                await api.get_scaling_policy("shop", "web")
             targets = {
                 "shop/web": Workload("Deployment", "shop", "web"),
                 "shop/db": Workload("StatefulSet", "shop", "db"),

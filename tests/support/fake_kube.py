@@ -34,6 +34,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from tests.support.fake_kube_crd import CustomResource, register, table, validate_object
 from tests.support.fake_kube_rules import (
     ApiError,
     Obj,
@@ -61,8 +62,12 @@ RESOURCES: dict[tuple[str, str], tuple[str, str]] = {
     ("api/v1", "services"): ("Service", ""),
     ("api/v1", "events"): ("Event", ""),
     ("api/v1", "nodes"): ("Node", ""),
+    ("apis/apiextensions.k8s.io/v1", "customresourcedefinitions"): (
+        "CustomResourceDefinition",
+        "apiextensions.k8s.io",
+    ),
 }
-CLUSTER_SCOPED = ("nodes",)
+CLUSTER_SCOPED = ("nodes", "customresourcedefinitions")
 """Served only without a namespace in the path (``/api/v1/nodes``), as the API server does."""
 _PATH = re.compile(
     r"^/(?P<gv>api/v1|apis/[^/]+/[^/]+)(?:/namespaces/(?P<ns>[^/]+))?/(?P<plural>[^/]+)"
@@ -110,6 +115,10 @@ class FakeKube:
         self.watch_lifetime_s: float | None = None
         """When set, every watch ends cleanly after this long (0: at once, with no events)."""
         handler = type("Handler", (_Handler,), {"fake": self})
+        self.resources = dict(RESOURCES)
+        """(group/version path, plural) -> (kind, group): built-ins plus installed CRDs'."""
+        self.custom: dict[str, CustomResource] = {}
+        """plural -> the custom resource a CRD serves."""
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -134,10 +143,10 @@ class FakeKube:
 
     def put(self, obj: Obj) -> Obj:
         """Create or replace an object as a controller would (status included)."""
-        plural = _plural_of(obj)
+        plural = self.plural_of(obj)
         meta = obj.setdefault("metadata", {})
         key = (plural, meta.get("namespace"), meta["name"])
-        validate(plural, obj)
+        obj = self.validated(plural, obj)
         with self.cond:
             old = self.objects.get(key)
             return self._store(key, copy.deepcopy(obj), "MODIFIED" if old else "ADDED", old)
@@ -222,6 +231,37 @@ class FakeKube:
             status["conditions"] = conditions
             self._store(key, pod, "MODIFIED", self.objects[key])
 
+    def plural_of(self, obj: Obj) -> str:
+        kind = obj["kind"]
+        for (_, plural), (k, _) in self.resources.items():
+            if k == kind:
+                return plural
+        raise ValueError(f"fake API does not serve kind {kind}")
+
+    def gv_of(self, plural: str) -> tuple[str, str, str]:
+        for (gv, p), (kind, group) in self.resources.items():
+            if p == plural:
+                api_version = gv.removeprefix("apis/").removeprefix("api/")
+                return api_version, kind, group
+        raise KeyError(plural)
+
+    def validated(self, plural: str, obj: Obj) -> Obj:
+        """``obj`` as stored: checked, and for a custom resource pruned and typed by its schema;
+        installing a CRD serves its resources from then on."""
+        validate(plural, obj)
+        cr = self.custom.get(plural)
+        if cr is not None:
+            return validate_object(cr, obj)
+        if plural == "customresourcedefinitions":
+            for served in register(obj):
+                with self.cond:
+                    self.custom[served.plural] = served
+                    self.resources[(f"apis/{served.group}/{served.version}", served.plural)] = (
+                        served.kind,
+                        served.group,
+                    )
+        return obj
+
     # ---- internals (cond held) ---------------------------------------------------------------
 
     def _store(self, key: tuple[str, str | None, str], obj: Obj, kind: str, old: Obj | None) -> Obj:
@@ -236,7 +276,7 @@ class FakeKube:
         )
         if key[1] is not None:
             meta["namespace"] = key[1]
-        if key[0] in _GENERATION:
+        if key[0] in _GENERATION or key[0] in self.custom:
             old_gen = int((old or {}).get("metadata", {}).get("generation") or 0)
             if old is None:
                 meta["generation"] = int(meta.get("generation") or 1)
@@ -259,22 +299,6 @@ class FakeKube:
 
 _GENERATION = ("pods", "deployments", "statefulsets", "ingresses")
 """Kinds whose metadata.generation counts spec changes."""
-
-
-def _plural_of(obj: Obj) -> str:
-    kind = obj["kind"]
-    for (_, plural), (k, _) in RESOURCES.items():
-        if k == kind:
-            return plural
-    raise ValueError(f"fake API does not serve kind {kind}")
-
-
-def _gv_of(plural: str) -> tuple[str, str, str]:
-    for (gv, p), (kind, group) in RESOURCES.items():
-        if p == plural:
-            api_version = gv.removeprefix("apis/").removeprefix("api/")
-            return api_version, kind, group
-    raise KeyError(plural)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -307,18 +331,21 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
         m = _PATH.match(url.path)
-        if not m or (m["gv"], m["plural"]) not in RESOURCES:
+        if not m or (m["gv"], m["plural"]) not in self.fake.resources:
             self._send(
                 404, ApiError(404, "NotFound", f"the server could not find {url.path}").status()
             )
             return
         gv, ns, plural, name, sub = m["gv"], m["ns"], m["plural"], m["name"], m["sub"]
-        if ns is not None and plural in CLUSTER_SCOPED:
+        custom = self.fake.custom.get(plural)
+        if (ns is not None and plural in CLUSTER_SCOPED) or (
+            custom is not None and custom.namespaced and ns is None and method != "GET"
+        ):
             self._send(
                 404, ApiError(404, "NotFound", f"the server could not find {url.path}").status()
             )
             return
-        _, group = RESOURCES[(gv, plural)]
+        _, group = self.fake.resources[(gv, plural)]
         watch = query.get("watch") in ("true", "1")
         verb = {
             "GET": "get" if name else ("watch" if watch else "list"),
@@ -387,7 +414,8 @@ class _Handler(BaseHTTPRequestHandler):
         query: dict[str, str],
     ) -> tuple[int, Obj]:
         fake = self.fake
-        api_version, kind, _ = _gv_of(plural)
+        api_version, kind, _ = fake.gv_of(plural)
+        custom = fake.custom.get(plural)
         with fake.cond:
             if verb == "list":
                 items = [
@@ -397,6 +425,8 @@ class _Handler(BaseHTTPRequestHandler):
                     and (ns is None or n == ns)
                     and labels_match(o, query.get("labelSelector"))
                 ]
+                if custom is not None and "as=Table" in (self.headers.get("Accept") or ""):
+                    return 200, table(custom, items, str(fake.rv))
                 return 200, {
                     "kind": f"{kind}List",
                     "apiVersion": api_version,
@@ -419,7 +449,9 @@ class _Handler(BaseHTTPRequestHandler):
                 meta.pop("resourceVersion", None)
                 body.setdefault("kind", kind)
                 body.setdefault("apiVersion", api_version)
-                validate(plural, body)
+                if custom is not None and custom.status_subresource:
+                    body.pop("status", None)  # set only through /status
+                body = fake.validated(plural, body)
                 return 201, fake._store(key, body, "ADDED", None)
             assert name is not None
             key = (plural, ns, name)
@@ -459,11 +491,13 @@ class _Handler(BaseHTTPRequestHandler):
             elif sub is None:
                 if "status" in current:
                     new["status"] = copy.deepcopy(current["status"])
+                elif custom is not None and custom.status_subresource:
+                    new.pop("status", None)
                 if plural == "pods":
                     check_pod_update(current, new)
             else:
                 raise ApiError(404, "NotFound", f"no subresource {sub}")
-            validate(plural, new)
+            new = fake.validated(plural, new)
             return 200, fake._store(key, new, "MODIFIED", current)
 
     def _updated(self, verb: str, current: Obj, body: Any) -> Obj:
@@ -642,8 +676,8 @@ class _Handler(BaseHTTPRequestHandler):
                                 {
                                     "type": "BOOKMARK",
                                     "object": {
-                                        "kind": _gv_of(plural)[1],
-                                        "apiVersion": _gv_of(plural)[0],
+                                        "kind": fake.gv_of(plural)[1],
+                                        "apiVersion": fake.gv_of(plural)[0],
                                         "metadata": {"resourceVersion": str(since)},
                                     },
                                 }

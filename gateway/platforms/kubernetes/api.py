@@ -36,6 +36,7 @@ import kubernetes
 import urllib3
 from kubernetes import client as k8s
 
+from gateway.platforms.kubernetes import crd
 from gateway.platforms.kubernetes.model import (
     BY_STATUS,
     ContainerResources,
@@ -48,6 +49,7 @@ from gateway.platforms.kubernetes.model import (
     NotFound,
     ObjectRef,
     Pod,
+    PolicyObject,
     Scale,
     Service,
     WorkloadKind,
@@ -57,6 +59,7 @@ from gateway.platforms.kubernetes.model import (
     microtime,
     node_from_json,
     pod_from_json,
+    policy_object_from_json,
     service_from_json,
     workload_from_json,
 )
@@ -95,6 +98,8 @@ RBAC_RULES: tuple[RbacRule, ...] = (
     RbacRule("apps", "deployments/scale", ("get", "patch")),
     RbacRule("apps", "statefulsets/scale", ("get", "patch")),
     RbacRule("coordination.k8s.io", "leases", ("get", "create", "update")),
+    RbacRule("sluice.io", "scalingpolicies", ("get", "list", "watch")),
+    RbacRule("sluice.io", "scalingpolicies/status", ("update",)),
 )
 """Exactly what Sluice asks of the API server (the Helm chart's Role/ClusterRole)."""
 
@@ -147,6 +152,7 @@ class KubeApi:
         self.networking = k8s.NetworkingV1Api(api_client)
         self.discovery = k8s.DiscoveryV1Api(api_client)
         self.coordination = k8s.CoordinationV1Api(api_client)
+        self.custom = k8s.CustomObjectsApi(api_client)
         self._reflectors: list[Reflector[Any]] = []
         self._events: dict[tuple[str, ...], tuple[str, int, float]] = {}
         """Recent Events: (object, type, reason, message) -> (name, count, first seen)."""
@@ -229,6 +235,22 @@ class KubeApi:
     def watch_nodes(self) -> Reflector[Node]:
         """Every node (cluster-scoped), for ``budget.cpu: auto``."""
         return self._reflector("nodes", self.core.list_node, node_from_json, None)
+
+    def watch_scaling_policies(self, namespace: str | None = None) -> Reflector[PolicyObject]:
+        """``ScalingPolicy`` objects (``sluice.io/v1alpha1``)."""
+        if namespace is None:
+            lister: Callable[..., Any] = functools.partial(
+                self.custom.list_cluster_custom_object, crd.GROUP, crd.VERSION, crd.PLURAL
+            )
+        else:
+            lister = functools.partial(
+                self.custom.list_namespaced_custom_object,
+                crd.GROUP,
+                crd.VERSION,
+                namespace,
+                crd.PLURAL,
+            )
+        return self._reflector(crd.PLURAL, lister, policy_object_from_json, None)
 
     def _reflector(
         self,
@@ -405,6 +427,45 @@ class KubeApi:
         self._events[key] = (name, 1, time.monotonic())
         while len(self._events) > EVENT_CACHE_SIZE:
             self._events.pop(next(iter(self._events)))
+
+    async def get_scaling_policy(self, namespace: str, name: str) -> PolicyObject:
+        obj = await self._call(
+            self.custom.get_namespaced_custom_object,
+            crd.GROUP,
+            crd.VERSION,
+            namespace,
+            crd.PLURAL,
+            name,
+        )
+        return policy_object_from_json(self._plain(obj))
+
+    async def update_scaling_policy_status(
+        self, policy: PolicyObject, status: Mapping[str, Any]
+    ) -> PolicyObject:
+        """PUT ``status`` through the status subresource, with the object's resourceVersion:
+        :class:`Conflict` when it changed in between."""
+        body = {
+            "apiVersion": crd.API_VERSION,
+            "kind": crd.KIND,
+            "metadata": {
+                "name": policy.meta.name,
+                "namespace": policy.meta.namespace,
+                "resourceVersion": policy.meta.resource_version,
+            },
+            "spec": dict(policy.spec),
+            "status": dict(status),
+        }
+        obj = await self._call(
+            self.custom.replace_namespaced_custom_object_status,
+            crd.GROUP,
+            crd.VERSION,
+            policy.meta.namespace,
+            crd.PLURAL,
+            policy.meta.name,
+            body,
+            field_manager=FIELD_MANAGER,
+        )
+        return policy_object_from_json(self._plain(obj))
 
     async def get_lease(self, namespace: str, name: str) -> Lease | None:
         try:

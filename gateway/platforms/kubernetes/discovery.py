@@ -27,9 +27,11 @@ from gateway.platforms.kubernetes.model import (
     Ingress,
     KubeError,
     ObjectRef,
+    PolicyObject,
     SlicePort,
     Workload,
 )
+from gateway.platforms.kubernetes.policy_objects import PolicyObjects, resolve
 from gateway.settings import Settings
 from scaler.policy import ScalingPolicy
 
@@ -103,6 +105,14 @@ class KubernetesDiscovery:
         self._peer_watch = api.watch_endpoint_slices(
             gw.namespace, label_selector=f"{SERVICE_NAME_LABEL}={gw.name}"
         )
+        self._policy_watches = (
+            [api.watch_scaling_policies(ns) for ns in namespaces]
+            if self.config.scaling_policies
+            else []
+        )
+        self._policy_objects: list[dict[str, PolicyObject]] = [{} for _ in self._policy_watches]
+        self.policy_objects = PolicyObjects()
+        """The ScalingPolicy objects: which are in force, and each one's verdict."""
         self._ingresses: list[dict[str, Ingress]] = [{} for _ in namespaces]
         self._slices: list[dict[str, EndpointSlice]] = [{} for _ in namespaces]
         self._synced_ingresses = [False] * len(namespaces)
@@ -130,6 +140,10 @@ class KubernetesDiscovery:
         for i, sw in enumerate(self._slice_watches):
             self._supervise(f"endpointslices[{i}]", functools.partial(self._follow_slices, i, sw))
         self._supervise("peers", self._follow_peers)
+        for i, pw in enumerate(self._policy_watches):
+            self._supervise(
+                f"scalingpolicies[{i}]", functools.partial(self._follow_policies, i, pw)
+            )
         return self
 
     def _supervise(self, name: str, follow: Callable[[], Awaitable[None]]) -> None:
@@ -256,18 +270,42 @@ class KubernetesDiscovery:
         self._service_ports[(backend.namespace, backend.name)] = ports
         return ports
 
+    def _rebuild(self) -> list[Ingress]:
+        """The table from every Ingress and ScalingPolicy (the config file wins, then the
+        ScalingPolicy, then annotations)."""
+        everything = [ing for part in self._ingresses for ing in part.values()]
+        configured = {n: s.scaling for n, s in self.settings.services.items()}
+        objects = [o for part in self._policy_objects for o in part.values()]
+        crd = resolve(objects, configured, self.settings.budget)
+        self.table = build_table(
+            everything,
+            self.config.ingress_class,
+            self.settings.services,
+            self.settings.budget,
+            crd=crd,
+        )
+        self.policy_objects = crd.not_routed(self.table.backends)
+        return everything
+
     async def _follow_ingresses(self, i: int, watch: Reflector[Ingress]) -> None:
         async for snapshot in watch.snapshots():
             self._ingresses[i] = snapshot
             self._synced_ingresses[i] = True
             self._service_ports.clear()
-            everything = [ing for part in self._ingresses for ing in part.values()]
-            self.table = build_table(
-                everything, self.config.ingress_class, self.settings.services, self.settings.budget
-            )
+            everything = self._rebuild()
             await self._bump()
             await self._report(self.table.problems, {ing.meta.key: ing for ing in everything})
             await self._publish_status(everything)
+
+    async def _follow_policies(self, i: int, watch: Reflector[PolicyObject]) -> None:
+        async for snapshot in watch.snapshots():
+            self._policy_objects[i] = snapshot
+            self._rebuild()
+            await self._bump()
+
+    def policy_objects_by_key(self) -> dict[str, PolicyObject]:
+        """Every ScalingPolicy object seen (``namespace/name``)."""
+        return {k: o for part in self._policy_objects for k, o in part.items()}
 
     async def _follow_slices(self, i: int, watch: Reflector[EndpointSlice]) -> None:
         async for snapshot in watch.snapshots():

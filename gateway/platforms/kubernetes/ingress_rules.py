@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from gateway.dataplane.updates import RouteRule, RoutesUpdate
 from gateway.platforms.kubernetes.model import Ingress, IngressBackend, Workload
+from gateway.platforms.kubernetes.policy_objects import PolicyObjects
 from gateway.settings import RouteConfig, ServiceConfig
 from scaler.policy import BudgetConfig, KeyedValueError, ScalingPolicy, check_floors
 from scaler.validation import validation_problems
@@ -195,8 +196,11 @@ def build_table(
     ingress_class: str,
     configured: Mapping[str, ServiceConfig],
     budget: BudgetConfig | None = None,
+    crd: PolicyObjects | None = None,
 ) -> IngressTable:
-    """All Ingresses of ``ingress_class`` -> one table; earlier (by namespace/name) wins conflicts."""
+    """All Ingresses of ``ingress_class`` -> one table; earlier (by namespace/name) wins conflicts.
+    A service's policy: the config file's, else its ScalingPolicy's (``crd``), else the
+    Ingress annotations'."""
     ours = sorted((i for i in ingresses if is_ours(i, ingress_class)), key=lambda i: i.meta.key)
     problems: list[Problem] = []
     rules: list[RouteRule] = []
@@ -283,6 +287,9 @@ def build_table(
                 continue
             if b.service in configured:
                 policies[b.service] = configured[b.service].scaling
+            elif crd is not None and b.service in crd.policies:
+                policies[b.service] = crd.policies[b.service]
+                workloads[b.service] = crd.workloads[b.service]
             elif annotation_policy is not None:
                 if budget is not None:
                     fixed = {n: c.scaling for n, c in configured.items()}

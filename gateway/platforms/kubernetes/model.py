@@ -180,6 +180,30 @@ class Node:
 
 
 @dataclass(frozen=True, slots=True)
+class PolicyObject:
+    """A ``ScalingPolicy`` custom resource as stored (its spec is parsed by
+    :func:`gateway.platforms.kubernetes.crd.parse_spec`)."""
+
+    meta: Meta
+    generation: int
+    created: str
+    """``metadata.creationTimestamp`` (RFC 3339): the older of two conflicting policies wins."""
+    spec: Mapping[str, Any]
+    status: Mapping[str, Any]
+
+
+def policy_object_from_json(d: Mapping[str, Any]) -> PolicyObject:
+    m = d.get("metadata") or {}
+    return PolicyObject(
+        _meta(d),
+        int(m.get("generation") or 0),
+        str(m.get("creationTimestamp") or ""),
+        dict(d.get("spec") or {}),
+        dict(d.get("status") or {}),
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class Lease:
     namespace: str
     name: str

@@ -26,6 +26,7 @@ from gateway.platforms.kubernetes.capacity import ClusterCapacity
 from gateway.platforms.kubernetes.discovery import KubernetesDiscovery, default_identity
 from gateway.platforms.kubernetes.leader import LeaderElector
 from gateway.platforms.kubernetes.peers import PeerSignals
+from gateway.platforms.kubernetes.policy_status import PolicyStatusWriter
 from gateway.settings import Settings
 from scaler.loop import ScalerLoop
 from scaler.policy import BudgetCpu, ScalingPolicy
@@ -188,6 +189,9 @@ class KubernetesPlatform:
         self.http = httpx.AsyncClient()
         self.control = KubernetesControl(settings, self.http, api=api, own_signals=gateway.signals)
         self.actuator = self.control.actuator
+        self.status_writer: PolicyStatusWriter | None = None
+        """Writes the ScalingPolicy statuses (leader only), once started."""
+        self._status_task: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
         return f"KubernetesPlatform({self.control!r})"
@@ -225,6 +229,37 @@ class KubernetesPlatform:
             "signals": self.control.signal_source,
         }
 
+    def _status_writer(self, scaler: ScalerLoop) -> PolicyStatusWriter:
+        control, discovery = self.control, self.control.discovery
+
+        def replicas(service: str) -> int | None:
+            workload = discovery.workloads().get(service)
+            scale = None if workload is None else control.cache.scale(workload)
+            return None if scale is None else scale.status_replicas
+
+        def fair_share(service: str) -> float | None:
+            share = getattr(scaler.engine, "fair_share", None)
+            try:
+                return None if share is None else float(share(service))
+            except KeyError:
+                return None
+
+        def budget() -> str:
+            b = self.budget_cpu()
+            return f"{b.cores:g} cores ({b.source})"
+
+        return PolicyStatusWriter(
+            control.api,
+            objects=discovery.policy_objects_by_key,
+            verdicts=lambda: discovery.policy_objects.verdicts,
+            decisions=lambda: scaler.last,
+            replicas=replicas,
+            fair_share=fair_share,
+            budget=budget,
+            policy=lambda service: discovery.policies().get(service),
+            is_leader=control.elector.is_leader,
+        )
+
     async def start(self, scaler: ScalerLoop) -> None:
         budget = self.settings.budget
         if budget.enforcement == "limit" and budget.lending:
@@ -233,7 +268,17 @@ class KubernetesPlatform:
                 "API round trip); idle CPU is lent between ticks on the local platform"
             )
         await self.control.__aenter__()
+        if self.settings.kubernetes.scaling_policies:
+            self.status_writer = self._status_writer(scaler)
+            self._status_task = asyncio.create_task(
+                self.status_writer.run(), name="kube-scalingpolicy-status"
+            )
 
     async def stop(self) -> None:
+        if self._status_task is not None:
+            self._status_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._status_task
+            self._status_task = None
         await self.control.__aexit__(None, None, None)
         await self.http.aclose()
