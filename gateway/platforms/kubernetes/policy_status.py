@@ -243,6 +243,7 @@ class PolicyStatusWriter:
         self._written: dict[str, tuple[Any, float]] = {}
         """uid -> (status as last written, when)."""
         self._warned: set[tuple[str, int, str]] = set()
+        self._round = asyncio.Lock()
         self.writes = 0
         self.conflicts = 0
 
@@ -250,7 +251,12 @@ class PolicyStatusWriter:
         return f"PolicyStatusWriter(writes={self.writes}, conflicts={self.conflicts})"
 
     async def sync(self) -> int:
-        """One round (leader only): write what changed; return how many were written."""
+        """One round (leader only): write what changed; return how many were written.  Rounds
+        never overlap (a second caller waits, then finds the first one's writes done)."""
+        async with self._round:
+            return await self._sync()
+
+    async def _sync(self) -> int:
         if not self._is_leader():
             return 0
         now = self._wall()
