@@ -23,12 +23,13 @@ from tests.support.h2client import Client
 from tests.support.processes import Gateway, H2Upstream, Upstream, gateway, upstreams
 
 
-def closed_port() -> str:
-    """An address nothing listens on (connect refused)."""
+@pytest.fixture(scope="module")
+def refusing_address() -> Iterator[str]:
+    """An address whose connects are refused: bound but not listening, and held for the
+    module so no other process can take the port meanwhile."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"127.0.0.1:{port}"
+        yield f"127.0.0.1:{s.getsockname()[1]}"
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +61,7 @@ def gw(
     plain: Upstream,
     ok: H2Upstream,
     refusing: H2Upstream,
+    refusing_address: str,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Gateway]:
     cfg = {
@@ -74,7 +76,7 @@ def gw(
             },
             "unreachable": {
                 "routes": [{"path": "/unreachable"}],
-                "endpoints": [closed_port(), ok.address],
+                "endpoints": [refusing_address, ok.address],
                 "protocol": "h2c",
                 "balancer": "round_robin",
             },
