@@ -72,9 +72,21 @@ class _Observed:
     window or a rate, and the other services decide normally.
     """
 
-    __slots__ = ("arrivals", "at", "cpu", "in_flight", "invalid", "queued", "rps", "throttled")
+    __slots__ = (
+        "arrivals",
+        "at",
+        "cpu",
+        "given",
+        "in_flight",
+        "invalid",
+        "queued",
+        "rps",
+        "throttled",
+    )
 
-    def __init__(self, columns: dict[str, FloatArray], invalid: BoolArray) -> None:
+    def __init__(
+        self, columns: dict[str, FloatArray], invalid: BoolArray, given: BoolArray
+    ) -> None:
         self.at = columns["at"]
         self.in_flight = columns["in_flight"]
         self.queued = columns["queued"]
@@ -83,6 +95,8 @@ class _Observed:
         self.cpu = columns["cpu_seconds_total"]
         self.throttled = columns["cpu_throttled_seconds_total"]
         self.invalid = invalid
+        self.given = given
+        """A snapshot was handed in (else: missing)."""
 
     @classmethod
     def of(cls, sigs: list[ServiceSignals | None]) -> _Observed:
@@ -94,21 +108,22 @@ class _Observed:
         required = table[:, 1 : 1 + len(_REQUIRED)]
         bad = (~(required >= 0.0) | (required == math.inf)).any(axis=1)
         at = columns["at"]
-        bad |= np.isnan(at) | (at == math.inf)
+        given = np.array([s is not None for s in sigs], dtype=bool).reshape(n)
+        bad |= np.isnan(at) | (at == math.inf) | ((at == -math.inf) & given)
         optional = table[:, 1 + len(_REQUIRED) :]
         if not np.isfinite(optional).all():
             for k, name in enumerate(_OPTIONAL):
                 col = optional[:, k]
                 odd = ~np.isfinite(col)
                 if odd.any():
-                    given = [r is not None and getattr(r, name) is not None for r in sigs]
-                    bad |= np.array(given, dtype=bool) & odd
+                    has = [r is not None and getattr(r, name) is not None for r in sigs]
+                    bad |= np.array(has, dtype=bool) & odd
         bad |= (optional < 0.0).any(axis=1)
         if bad.any():
             for name, col in columns.items():
                 if name != "at":
                     columns[name] = np.where(bad, np.where(np.isnan(col), col, 0.0), col)
-        return cls(columns, bad & (at != -math.inf))
+        return cls(columns, bad & given, given)
 
 
 _REQUIRED = ("in_flight", "queued", "arrivals_total", "rps")
@@ -265,7 +280,7 @@ class Engine:
         observed = _Observed.of(sigs)
         at = observed.at
         invalid = observed.invalid
-        present = (at > -math.inf) | invalid
+        present = observed.given
         active = present & ~invalid & (at >= now - self.staleness_s)
         fresh = active & (at != self._last_at)
         self._last_at = np.where(fresh, at, self._last_at)

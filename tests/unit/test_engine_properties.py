@@ -228,7 +228,7 @@ def signals_of(
         if field == "auto":
             field = "rps" if cpu is None else "cpu_seconds_total"
         if field == "at" and bad < 0:
-            # a negative time is only an old one (and -inf: see the xfail test below)
+            # a negative time is only an old one (and -inf: see the test below)
             bad = math.nan
         fields[field] = bad
     return ServiceSignals(name, **fields)  # type: ignore[arg-type]
@@ -385,14 +385,6 @@ def test_an_invalid_figure_freezes_only_its_service(
         }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "engine bug: a snapshot timed at -inf is taken for missing signals (the engine's "
-        "'absent' sentinel is ServiceSignals('', -inf)), so it is frozen as 'missing', not "
-        "refused as invalid"
-    ),
-)
 def test_a_snapshot_timed_at_minus_infinity_is_refused_as_invalid() -> None:
     engine = Engine({"a": ScalingPolicy(), "b": ScalingPolicy()}, BudgetConfig(cpu=4))
     states: dict[str, ServiceState] = {}
