@@ -223,6 +223,61 @@ def arbitrate_arrays(
     return cores, ideal, taken
 
 
+def size_arrays(
+    cores: FloatArray,
+    *,
+    want: IntArray,
+    current: IntArray,
+    unit: FloatArray,
+    cpu_min: FloatArray,
+    cpu_max: FloatArray,
+    cpu_ref: FloatArray,
+    min_r: IntArray,
+    max_r: IntArray,
+    fixed_cpu: FloatArray,
+) -> tuple[IntArray, FloatArray, IntArray]:
+    """Give each service's ``want`` replicas its ``cores``: ``(replicas, cpu per replica)``.
+
+    The replica count comes from the horizontal recommendation (``want``), not from the
+    cores: CPU moves in place every tick, replicas follow the recommender's windows.  The
+    cores only bound it two ways: a service adds replicas only as far as its cores fill
+    them at full size (``unit``: ``cpu.request`` horizontal, ``cpu.max`` vertical) -- a
+    replica started without CPU to serve with would only hold CPU while it starts -- and
+    never keeps more than its cores give ``cpu.min`` each.  CPU per replica is the cores
+    shared equally, within ``[cpu.min, cpu.max]``.  ``fixed_cpu`` is NaN where a resize is
+    possible, else the CPU per replica to keep (a blocked resize: only the count changes).
+
+    Returns ``(replicas, cpu per replica, note)`` with note codes 0 none, 2 fewer replicas
+    fit at cpu.min, 3 resize blocked, 4 resize blocked and CPU cut, 6 new replicas held
+    back by the cores.
+    """
+    eps = _EPS
+    r = np.minimum(np.maximum(want, min_r), max_r)
+    room = np.maximum(current, np.ceil(cores / unit - eps).astype(np.int64))
+    held = (r > current) & (r > room)
+    r = np.where(held, room, r)
+    note = np.where(held, 6, 0)
+    fit = np.maximum(min_r, np.floor(cores / cpu_min + eps).astype(np.int64))
+    thin = r > fit
+    r = np.where(thin, fit, r)
+    note = np.where(thin, 2, note)
+    r = np.minimum(np.maximum(r, min_r), max_r)
+    per = cores / np.maximum(r, 1)
+    cpu = np.minimum(np.maximum(per, cpu_min), cpu_max)
+    cpu = np.where(r > 0, cpu, cpu_ref)
+    fixed = ~np.isnan(fixed_cpu)
+    if fixed.any():
+        fc = np.minimum(np.maximum(np.where(fixed, fixed_cpu, 1.0), cpu_min), cpu_max)
+        rf = np.minimum(np.minimum(np.floor(cores / fc + eps).astype(np.int64), r), max_r)
+        rf = np.maximum(rf, min_r)
+        cut = (rf > 0) & (rf * fc > cores + eps)
+        cf = np.where(cut, cores / np.maximum(rf, 1), fc)
+        r = np.where(fixed, rf, r)
+        cpu = np.where(fixed, np.where(rf > 0, cf, cpu_ref), cpu)
+        note = np.where(fixed, np.where(cut, 4, 3), note)
+    return r, cpu, note
+
+
 def split_arrays(
     cores: FloatArray,
     *,

@@ -38,7 +38,7 @@ from scaler.arbiter import (
     arbitrate_arrays,
     arbitrate_independent,
     fair_shares,
-    split_arrays,
+    size_arrays,
 )
 from scaler.decision import Decision, ServiceState
 from scaler.explain import FROZEN_REASONS, TickView, rule_names
@@ -159,6 +159,44 @@ class _HpaTrack:
         )
 
 
+class _Peaks:
+    """Per service, the most replicas recommended (and run) over the last ``delay`` seconds (a sliding max
+    in ``_SLOTS - 1`` to ``_SLOTS`` buckets of ``delay / (_SLOTS - 1)`` seconds)."""
+
+    _SLOTS = 5
+
+    def __init__(self, delay: FloatArray) -> None:
+        n = len(delay)
+        self.delay = delay
+        self.width = np.where(delay > 0, delay / (self._SLOTS - 1), 1.0)
+        self.bucket = np.full(n, -(2**62), dtype=np.int64)
+        self.peaks = np.zeros((n, self._SLOTS), dtype=np.int64)
+        self._rows = np.arange(n)
+
+    def _advance(self, now: float) -> IntArray:
+        bucket = np.floor(now / self.width).astype(np.int64)
+        moved = bucket != self.bucket
+        if moved.any():
+            gap = np.minimum(bucket - self.bucket, self._SLOTS)
+            for k in range(1, self._SLOTS + 1):  # clear the buckets skipped or reused
+                clear = moved & (gap >= k)
+                if clear.any():
+                    col = (bucket - (k - 1)) % self._SLOTS
+                    self.peaks[self._rows[clear], col[clear]] = 0
+            self.bucket = np.where(moved, bucket, self.bucket)
+        return bucket % self._SLOTS
+
+    def held(self, now: float, want: IntArray) -> IntArray:
+        """``want``, raised to the most replicas run within the delay."""
+        self._advance(now)
+        return np.where(self.delay > 0, np.maximum(self.peaks.max(axis=1), want), want)
+
+    def record(self, now: float, replicas: IntArray, active: BoolArray) -> None:
+        col = self._advance(now)
+        current = self.peaks[self._rows, col]
+        self.peaks[self._rows, col] = np.where(active, np.maximum(current, replicas), current)
+
+
 class Engine:
     """Signals + policies + platform state -> one explained decision per service, per tick."""
 
@@ -212,6 +250,10 @@ class Engine:
         self.is_rps: BoolArray = np.array([p.metric == "rps" for p in pols], dtype=bool)
         self.is_cpu: BoolArray = np.array([p.metric == "cpu" for p in pols], dtype=bool)
         self.horizontal: BoolArray = np.array([p.prefer == "horizontal" for p in pols], dtype=bool)
+        self.unit = np.where(self.horizontal, self.cpu_ref, self.cpu_max)
+        """A replica at full size: cpu.request (prefer: horizontal) or cpu.max (vertical)."""
+        self._size = self.unit / self.cpu_ref
+        """Reference replicas per replica at full size."""
         self.kpa_index = np.array(
             [i for i, p in enumerate(pols) if p.mode == "kpa"], dtype=np.int64
         )
@@ -224,6 +266,7 @@ class Engine:
             i: ServiceMetrics(p, reference_max(p)) for i, p in enumerate(pols) if p.metrics
         }
         """Services with ``scaling.metrics``: their other metrics (``scaler.metrics``)."""
+        self._peaks = _Peaks(arr([p.scale_down_delay_s for p in pols]))
         self._by_name = {name: i for i, name in enumerate(self.names)}
         nan = np.full(n, np.nan)
         self._last_at = nan.copy()
@@ -290,19 +333,25 @@ class Engine:
         value = np.where(self.is_rps, self._rps, concurrency)
         if self.is_cpu.any():
             value = np.where(self.is_cpu, self._cpu_used, value)  # NaN: not measured
-        capacity = ready * cur_cpu / self.cpu_ref
+        # Ready replicas at full size, in reference replicas: not the CPU they hold this tick
+        # (lent or borrowed in place), which would make the windows chase the arbiter.
+        capacity = ready * self.unit / self.cpu_ref
 
         wanted = cur_r.copy()
         load = cur_r.copy()
+        now_load = cur_r.copy()
         hold = np.zeros(n, dtype=np.int64)
         valid = np.zeros(n, dtype=bool)
         kpa_tick = None
         ki = self.kpa_index
         if len(ki):
             self.kpa.observe(now, value[ki], fresh[ki])
-            kpa_tick = self.kpa.recommend(now, capacity[ki], cur_r[ki], active[ki], value[ki])
+            kpa_tick = self.kpa.recommend(
+                now, capacity[ki], cur_r[ki], active[ki], value[ki], size=self._size[ki]
+            )
             wanted[ki] = kpa_tick.replicas
             load[ki] = kpa_tick.load
+            now_load[ki] = np.where(kpa_tick.active, 1, 0)
             hold[ki] = kpa_tick.hold
             valid[ki] = kpa_tick.active
         hpa_notes: dict[int, tuple[str, Trace, dict[str, float]]] = {}
@@ -330,7 +379,7 @@ class Engine:
                         None if math.isnan(average) else average,
                         (replicas_now, ready_now, cpu_now),
                     )
-                    wanted[i] = load[i] = r
+                    wanted[i] = load[i] = now_load[i] = r
                     valid[i] = rule != "no-data"
                     hpa_notes[i] = (rule, notes, inputs)
         verdicts: dict[int, MetricsVerdict] = {}
@@ -354,20 +403,26 @@ class Engine:
             ),
         )
         frozen = frozen_code != _NOT_FROZEN
-        demand, frozen_hold = self._demand(wanted, load, capacity, (cur_r, ready, cur_cpu, frozen))
-        # A replica still starting is never removed (the estimate that asked for it may dip
-        # before it serves): it needs cpu.min (hard) and its reference CPU (soft).
-        keep = np.where(frozen | (ready < cur_r), np.minimum(cur_r, self.max_r), 0)
-        starting = ~frozen & (keep > 0)
-        if starting.any():
-            demand = np.where(starting, np.maximum(demand, keep * self.cpu_min), demand)
-            hold = np.where(starting, np.maximum(hold, keep), hold)
-        # Replicas move slowly (KPA windows, panic never scales down) but CPU moves in place:
-        # the CPU of replicas kept beyond what the load needs now is a soft demand, served
-        # only from CPU nobody else needs, and hard again the tick the load returns.
-        soft = np.where(
-            frozen, demand, np.minimum(np.maximum(demand, hold * self.cpu_ref), self.cap)
+        # The replicas each service runs follow its horizontal recommendation (the windows);
+        # a replica still starting is never removed (the estimate that asked for it may dip
+        # before it serves); a frozen service keeps what it has.
+        recommended = self._replicas_for(wanted)
+        run = recommended
+        if self.budget.arbitration != "independent":
+            run = np.where(frozen, run, self._peaks.held(now, run))
+        delayed = run > recommended
+        starting = ~frozen & (ready < cur_r)
+        run = np.where(starting, np.maximum(run, cur_r), run)
+        run = np.where(frozen, cur_r, run)
+        run = np.minimum(np.maximum(run, self.min_r), self.max_r)
+        kept = (run > recommended) & (run > self.min_r) & ~frozen
+        run_note = np.where(kept, np.where(starting & ~delayed, 5, 7), 0)
+        demand, frozen_hold = self._demand(
+            run, load, (now_load > 0) & (value >= 0), value, (cur_r, cur_cpu, frozen)
         )
+        # CPU the replicas could use beyond the load's demand: served from spare CPU only.
+        soft = np.where(frozen, demand, np.minimum(run * self.cpu_max, self.cap))
+        soft = np.maximum(soft, demand)
         previous = np.where(np.isnan(self._allocation), cur_r * cur_cpu, self._allocation)
 
         pending: dict[int, Trace]
@@ -390,22 +445,23 @@ class Engine:
                 hysteresis_ratio=self.hysteresis_ratio,
                 soft=soft,
             )
-            replicas, cpu, split_note = split_arrays(
+            replicas, cpu, split_note = size_arrays(
                 cores,
+                want=run,
+                current=cur_r,
+                unit=self.unit,
                 cpu_min=self.cpu_min,
                 cpu_max=self.cpu_max,
                 cpu_ref=self.cpu_ref,
                 min_r=self.min_r,
                 max_r=self.max_r,
-                horizontal=self.horizontal,
-                current=cur_r,
-                squeezed=frozen | (cores < soft - 1e-6),
                 # A blocked resize: scale replicas instead -- unless frozen (keep replicas).
                 fixed_cpu=np.where(blocked & (cur_r > 0) & ~frozen, cur_cpu, np.nan),
-                keep=keep,
-                ready=np.where(frozen, cur_r, ready.astype(np.int64)),
             )
             pending = {}
+            split_note = np.where((split_note == 0) & (replicas == run), run_note, split_note)
+            # What it was recommended and could run (not what the delay held: that decays).
+            self._peaks.record(now, np.minimum(recommended, replicas), ~frozen)
         allocated = replicas * cpu
         self._allocation = allocated
         wake = self._wake_levels(allocated, concurrency, frozen)
@@ -426,6 +482,7 @@ class Engine:
             current=cur_r,
             current_cpu=cur_cpu,
             wanted=wanted,
+            run=run,
             demand=demand,
             soft=soft,
             previous=previous,
@@ -679,43 +736,43 @@ class Engine:
             wanted[i] = verdict.replicas
         return verdicts
 
+    def _replicas_for(self, wanted: IntArray) -> IntArray:
+        """Replicas that serve ``wanted`` reference replicas (of ``cpu.request`` cores):
+        as many (``prefer: horizontal``) or as few at ``cpu.max`` as hold them (vertical)."""
+        fewest = np.ceil(wanted * self.cpu_ref / self.cpu_max - 1e-6).astype(np.int64)
+        return np.where(self.horizontal, wanted, fewest)
+
     def _demand(
         self,
-        wanted: IntArray,
+        run: IntArray,
         load: IntArray,
-        capacity: FloatArray,
-        state: tuple[IntArray, FloatArray, FloatArray, BoolArray],
+        kpa_now: BoolArray,
+        value: FloatArray,
+        state: tuple[IntArray, FloatArray, BoolArray],
     ) -> tuple[FloatArray, FloatArray]:
         """Cores each service needs now, and what a frozen one holds.
 
-        The load's reference replicas at ``cpu.request`` (the load may be above the replicas
-        the windows keep: CPU moves in place, replicas follow the windows), at least
-        ``cpu.min`` for one kept replica.  When the platform measures CPU and some replica is
-        ready, the measured use with the target utilisation's headroom (``used /
-        target_utilization``) replaces it -- unless the load is beyond 100 % of the target on
-        the ready capacity (the service is behind): then the larger of the two.  The
-        headroom is applied once either way (the metric's reference replicas already count
-        it), and the measure is per *ready* capacity, so replicas that are starting do not
-        make the demand dip.  Frozen services: what they hold.  Replicas kept beyond the load
-        are the caller's soft demand.
+        A KPA-mode service whose CPU the platform measures needs the larger of what its
+        replicas used last tick and what the work in the system right now needs at the
+        target (this tick's metric ÷ target, in ``cpu.request`` cores) -- no headroom: a
+        burst gets CPU the tick it is seen, a service whose burst is over gives it back the
+        next tick, and the target utilisation's headroom is only soft demand (below).
+        Otherwise: the load's reference replicas at ``cpu.request`` (the larger of the panic
+        window's want and this tick's; HPA mode: the HPA's replicas), headroom included.
+        Never more than the replicas it runs can use (``cpu.max`` each): CPU a service
+        cannot use is not taken from the others; at least ``cpu.min`` per replica it runs.
+        Frozen services: what they hold.  CPU the replicas could use beyond this is the
+        caller's soft demand, served from spare CPU only.
         """
-        cur_r, ready, cur_cpu, frozen = state
-        least = np.minimum(wanted, 1) * self.cpu_min  # a kept replica needs at least cpu.min
-        demand = np.maximum(load * self.cpu_ref, least)
+        cur_r, cur_cpu, frozen = state
+        wanted_cores = load * self.cpu_ref
         used = self._cpu_used
-        measured_ok = ~np.isnan(used) & (load > 0) & (capacity > 0)
-        if measured_ok.any():
-            # Behind: the load (panic window or this tick) is beyond 100 % of the target
-            # on the ready capacity.
-            behind = load * self.target_utilization > capacity + _EPS
-            measured = np.where(measured_ok, used, 0.0) / self.target_utilization
-            measured = np.where(behind, np.maximum(measured, demand), measured)
-            # Throttled: the use is capped by the quota, so it understates what the service
-            # wants; it keeps at least the CPU of its ready replicas.
-            thr = np.where(np.isnan(self._thr_rate), 0.0, self._thr_rate)
-            throttled = thr > _THROTTLED_S_PER_S * np.maximum(ready, 1.0)
-            measured = np.where(throttled, np.maximum(measured, ready * cur_cpu), measured)
-            demand = np.where(measured_ok, np.maximum(measured, least), demand)
+        now = kpa_now & ~np.isnan(used)
+        if now.any():
+            now_cores = np.maximum(value / self.target * self.cpu_ref, np.where(now, used, 0.0))
+            wanted_cores = np.where(now, now_cores, wanted_cores)
+        least = np.minimum(run, cur_r) * self.cpu_min
+        demand = np.maximum(np.minimum(wanted_cores, run * self.cpu_max), least)
         held_r = np.minimum(np.maximum(cur_r, self.min_r), self.max_r)
         held_cpu = np.minimum(np.maximum(cur_cpu, self.cpu_min), self.cpu_max)
         demand = np.where(frozen, held_r * held_cpu, demand)

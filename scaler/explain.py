@@ -105,6 +105,9 @@ class TickView:
     current: Ints
     current_cpu: Floats
     wanted: Ints
+    run: Ints
+    """Replicas the service runs before the budget's bounds (recommendation, scale-down
+    delay, starting replicas)."""
     demand: Floats
     soft: Floats
     previous: Floats
@@ -233,6 +236,11 @@ class TickView:
             trace.step("split.resize_blocked_cut", replicas=r, cpu=cpu)
         elif note == 5:
             trace.step("split.starting", replicas=r)
+        elif note == 6:
+            trace.step("split.held_back", replicas=r, wanted=int(self.run[i]))
+        elif note == 7:
+            delay = e._pols[i].scale_down_delay_s
+            trace.step("split.delay", replicas=r, delay_s=delay)
         held = float(self.soft[i])
         if held > demand + _MOVE:
             trace.step("soft_hold", held=held, spare=held - demand)

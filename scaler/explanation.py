@@ -219,9 +219,16 @@ TEMPLATES: dict[str, str] = {
         "keeps {replicas} replicas while some are starting: a replica is not removed before "
         "it is ready"
     ),
+    "split.delay": (
+        "keeps {replicas} replicas, the most it wanted in the last {delay_s:g} s "
+        "(scale_down_delay_s): idle, each holds only what it is given, down to cpu.min"
+    ),
+    "split.held_back": (
+        "starts only {replicas} of {wanted} replicas: the cores it gets fill no more at full size"
+    ),
     "soft_hold": (
-        "keeps replicas worth {held:.2f} cores (stable window / panic); the {spare:.2f} the "
-        "load does not need now is served only from spare CPU"
+        "its replicas could use {held:.2f} cores; the {spare:.2f} beyond what the load needs "
+        "now is served only from spare CPU"
     ),
     "budget": (
         "budget: demand {demand:.2f} cores (floor {floor:.2f}, fair share {fair:.2f} of "

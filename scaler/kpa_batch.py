@@ -233,10 +233,13 @@ class KpaBatch:
         current: IntArray,
         active: BoolArray,
         instant: FloatArray | None = None,
+        *,
+        size: FloatArray | None = None,
     ) -> KpaTick:
         """Replicas wanted for every service; state changes only where ``active`` is set.
 
-        ``instant`` is the metric right now (this tick's snapshot, not a window average):
+        ``size`` (optional): reference replicas per replica, when ``ready`` is in reference
+        replicas of replicas that large.  ``instant`` is the metric right now (this tick's snapshot, not a window average):
         CPU follows the larger of its want and the panic window's, so a burst gets CPU the
         tick it is seen and a backlog keeps its CPU until it has drained.  Replicas still
         follow the windows.
@@ -248,8 +251,16 @@ class KpaBatch:
         pa = np.where(valid, panic, 0.0)
         tv = self.target_value
         ready_count = np.maximum(ready, 1.0)
-        max_up = np.ceil(self.up_rate * ready_count - _EPS).astype(np.int64)
-        max_down = np.floor(ready_count / self.down_rate + _EPS).astype(np.int64)
+        if size is None:
+            max_up = np.ceil(self.up_rate * ready_count - _EPS).astype(np.int64)
+            max_down = np.floor(ready_count / self.down_rate + _EPS).astype(np.int64)
+        else:
+            # ``ready`` counts replicas of ``size`` reference replicas each: the rates apply
+            # to replicas (1 ready replica at rate 2 may go to 0), the result in references.
+            pods = np.maximum(np.round(ready / size), 1.0)
+            max_up = (np.ceil(self.up_rate * pods - _EPS) * size).astype(np.int64)
+            max_down = (np.floor(pods / self.down_rate + _EPS) * size).astype(np.int64)
+            ready_count = pods * size
         want_s = np.maximum(np.ceil(st / tv - _EPS), 0).astype(np.int64)
         want_p = np.maximum(np.ceil(pa / tv - _EPS), 0).astype(np.int64)
         des_s = np.minimum(np.maximum(want_s, max_down), max_up)

@@ -351,6 +351,18 @@ class ScalingPolicy(_Model):
     max_scale_down_rate: float = Field(
         default=2.0, gt=1, description="At most this factor fewer replicas per tick."
     )
+    scale_down_delay_s: float = Field(
+        default=300.0,
+        ge=0,
+        le=3600,
+        description=(
+            "shared arbitration: a service keeps the most replicas it wanted in the last this "
+            "many seconds (Knative's scale-down-delay; the HPA's scale-down stabilisation). An "
+            "idle replica holds only cpu.min -- the rest of its CPU is lent in place -- so a "
+            "periodic burst finds its replicas warm instead of waiting for them to start. 0: "
+            "replicas follow the recommendation down at once."
+        ),
+    )
     scale_to_zero_grace_s: float = Field(
         default=30.0,
         ge=0,

@@ -158,27 +158,28 @@ def measured_demand(in_flight: int, throttled_s_per_s: float, ready: int = 2) ->
     return d.inputs["demand_cores"]
 
 
-def test_measured_cpu_gets_the_target_utilisation_headroom_once() -> None:
-    # 14 in flight on 2 ready replicas of target 10: within the target, so the measure rules.
-    assert measured_demand(14, 0.0) == pytest.approx(0.7 / 0.7)
-    # Throttling does not multiply it again: a throttled service keeps at least its ready
-    # replicas' CPU (here 2 × 0.5), its use being capped by the quota.
-    assert measured_demand(14, 1.0) == pytest.approx(2 * 0.5)
-    assert measured_demand(7, 0.0) == pytest.approx(0.7 / 0.7)
+def test_measured_demand_is_the_work_now_or_the_use_without_headroom() -> None:
+    # 14 in flight at a target of 10 per replica of 0.5 cores: the work needs 0.7 cores, the
+    # replicas used 0.7: the demand is 0.7 -- the headroom is only soft demand, never twice.
+    assert measured_demand(14, 0.0) == pytest.approx(0.7)
+    # Less work in flight than the use: the use rules (the work between ticks is not seen).
+    assert measured_demand(7, 0.0) == pytest.approx(0.7)
+    # Throttling does not multiply it: the work in the system says what more it needs.
+    assert measured_demand(14, 1.0) == pytest.approx(0.7)
 
 
-def test_a_service_behind_its_target_gets_what_the_metric_asks() -> None:
-    # 60 in flight on 2 ready replicas of target 10 (×0.7): 9 reference replicas of 0.5 cores.
-    assert measured_demand(60, 0.0) == pytest.approx(9 * 0.5)
+def test_a_service_behind_its_target_gets_what_the_work_in_the_system_asks() -> None:
+    # 60 in flight at a target of 10 per 0.5-core replica: 3 cores now, more than the 0.7 used.
+    assert measured_demand(60, 0.0) == pytest.approx(60 / 10 * 0.5)
 
 
-def test_measured_demand_is_per_ready_replica_so_starting_ones_do_not_make_it_dip() -> None:
-    # One of two replicas ready: the same load is further behind on the ready capacity.
-    assert measured_demand(14, 0.0, ready=1) == pytest.approx(2 * 0.5)
+def test_measured_demand_does_not_dip_while_replicas_start() -> None:
+    # One of two replicas ready: the work in the system is the same, so is the demand.
+    assert measured_demand(14, 0.0, ready=1) == pytest.approx(0.7)
 
 
 def test_a_starting_replica_is_never_removed_because_the_estimate_dipped() -> None:
-    engine = Engine({"api": policy(max_replicas=8)}, BudgetConfig(cpu=4))
+    engine = Engine({"api": policy(max_replicas=8, scale_down_delay_s=0)}, BudgetConfig(cpu=4))
     # 4 asked, 1 ready; the load that asked for them has gone quiet for a moment.
     states = {"api": ServiceState("api", 4, 1, 0.25)}
     for t in range(3):
@@ -268,7 +269,15 @@ def test_blocked_resize_scales_replicas_instead() -> None:
 
 def test_hpa_mode_waits_for_the_scale_down_stabilization_window() -> None:
     engine = Engine(
-        {"api": policy(mode="hpa", target=10, max_replicas=10, cpu={"min": 0.1, "max": 0.1})},
+        {
+            "api": policy(
+                mode="hpa",
+                target=10,
+                max_replicas=10,
+                cpu={"min": 0.1, "max": 0.1},
+                scale_down_delay_s=0,
+            )
+        },
         BudgetConfig(cpu=2),
     )
     states = {"api": ServiceState("api", 4, 4, 0.1)}
@@ -284,7 +293,11 @@ def test_scale_to_zero_and_back_through_the_engine() -> None:
     engine = Engine(
         {
             "fn": policy(
-                min_replicas=0, stable_window_s=10, panic_window_s=2, scale_to_zero_grace_s=5
+                min_replicas=0,
+                stable_window_s=10,
+                panic_window_s=2,
+                scale_to_zero_grace_s=5,
+                scale_down_delay_s=0,
             )
         },
         BudgetConfig(cpu=2),
@@ -387,7 +400,7 @@ def test_panic_keeps_replicas_but_lends_the_cpu_the_load_no_longer_needs() -> No
     assert short.inputs["held_demand_cores"] > short.inputs["demand_cores"]
     assert short.allocated_cores == pytest.approx(short.inputs["demand_cores"])
     assert long.allocated_cores == pytest.approx(2.0 - short.allocated_cores)
-    assert any("keeps replicas worth" in r for r in short.reasons)
+    assert any("served only from spare CPU" in r for r in short.reasons)
 
 
 def test_cpu_follows_the_instant_load_and_drains_a_backlog() -> None:
@@ -435,3 +448,22 @@ def test_wake_levels_say_when_the_data_plane_should_not_wait_for_the_tick() -> N
     ):
         d = tick_loop(Engine(pols, budget), range(3), {"long": 500, "short": 0, "zero": 0}, {})
         assert all(x.wake_concurrency == math.inf for x in d.values())
+
+
+def test_replicas_stay_warm_for_the_scale_down_delay_then_follow_the_recommendation() -> None:
+    short = policy(max_replicas=8, stable_window_s=10, panic_window_s=2, scale_down_delay_s=40)
+    pols = {"short": short, "long": policy(max_replicas=8)}
+    engine = Engine(pols, BudgetConfig(cpu=4))
+    states: dict[str, ServiceState] = {}
+    d = tick_loop(engine, range(0, 5), {"short": 60, "long": 1000}, states)["short"]
+    peak = d.replicas
+    assert peak >= 2
+    # The burst is over: the windows forget it after 10 s, the replicas stay warm for 40 s,
+    # each holding only cpu.min while idle: the rest of their CPU goes to the busy service.
+    ds = tick_loop(engine, range(5, 40), {"short": 0, "long": 1000}, states)
+    assert ds["short"].replicas == peak
+    assert ds["short"].cpu_per_replica_cores == pytest.approx(0.1)
+    assert ds["long"].allocated_cores == pytest.approx(4 - peak * 0.1)
+    assert any("scale_down_delay_s" in r for r in ds["short"].reasons)
+    d = tick_loop(engine, range(40, 75), {"short": 0, "long": 1000}, states)["short"]
+    assert d.replicas < peak
