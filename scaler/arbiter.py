@@ -24,7 +24,8 @@ new ones start only while the budget has room, nothing is ever reclaimed.
 
 :func:`water_fill` is the one water-fill (the engine, the lending rule and the simulator
 call it); :func:`arbitrate_arrays` is the shared arbitration on per-service arrays and
-:func:`split_arrays` turns each allocation into ``(replicas, cpu per replica)``.
+:func:`size_arrays` gives each service's recommended replicas its allocation as
+``(replicas, cpu per replica)``.
 """
 
 from __future__ import annotations
@@ -270,72 +271,6 @@ def size_arrays(
         fc = np.minimum(np.maximum(np.where(fixed, fixed_cpu, 1.0), cpu_min), cpu_max)
         rf = np.minimum(np.minimum(np.floor(cores / fc + eps).astype(np.int64), r), max_r)
         rf = np.maximum(rf, min_r)
-        cut = (rf > 0) & (rf * fc > cores + eps)
-        cf = np.where(cut, cores / np.maximum(rf, 1), fc)
-        r = np.where(fixed, rf, r)
-        cpu = np.where(fixed, np.where(rf > 0, cf, cpu_ref), cpu)
-        note = np.where(fixed, np.where(cut, 4, 3), note)
-    return r, cpu, note
-
-
-def split_arrays(
-    cores: FloatArray,
-    *,
-    cpu_min: FloatArray,
-    cpu_max: FloatArray,
-    cpu_ref: FloatArray,
-    min_r: IntArray,
-    max_r: IntArray,
-    horizontal: BoolArray,
-    current: IntArray,
-    squeezed: BoolArray,
-    fixed_cpu: FloatArray,
-    keep: IntArray | None = None,
-    ready: IntArray | None = None,
-) -> tuple[IntArray, FloatArray, IntArray]:
-    """Turn each service's ``cores`` into ``(replicas, cpu per replica)`` within its bounds.
-
-    ``replicas × cpu`` never exceeds ``cores`` (given ``cores >= min_replicas × cpu.min``).
-    ``squeezed`` (the budget gives less than the demand): keep the ``ready`` replicas (default
-    all current ones) and shrink their CPU first -- a replica still starting is not kept at
-    the serving ones' expense (every replica gets the same CPU, and it serves nothing yet).  Otherwise ``prefer: vertical`` grows CPU per replica up to
-    ``cpu.max`` before adding replicas, ``horizontal`` adds replicas of ``cpu_ref`` cores.
-    ``keep`` (not squeezed): replicas not to remove although the cores would make fewer
-    (those still starting: the estimate that asked for them may dip before they serve), as
-    long as each still gets ``cpu.min``.  ``fixed_cpu`` is NaN where a resize is possible, else the
-    CPU per replica to keep (a blocked resize: only the replica count changes).
-
-    Returns ``(replicas, cpu per replica, note)`` with note codes 0 none, 1 squeezed,
-    2 fewer replicas fit at cpu.min, 3 resize blocked, 4 resize blocked and CPU cut,
-    5 replicas kept while starting.
-    """
-    eps = _EPS
-    whole = np.floor(cores / cpu_max + eps)
-    r_vertical = (whole + (cores - whole * cpu_max >= cpu_min - eps)).astype(np.int64)
-    r_horizontal = np.ceil(cores / cpu_ref - eps).astype(np.int64)
-    r = np.where(horizontal, r_horizontal, r_vertical)
-    sq = squeezed & (current > 0)
-    kept = current if ready is None else np.minimum(current, ready)
-    r = np.where(sq, np.maximum(kept, r_vertical), r)
-    note = np.where(sq & (r > 0), 1, 0)
-    if keep is not None:
-        keep = np.where(sq, 0, keep)
-        raised = keep > r
-        r = np.maximum(r, keep)
-        note = np.where(raised, 5, note)
-    r = np.minimum(np.maximum(r, min_r), max_r)
-    thin = (r > 0) & (cores / np.maximum(r, 1) < cpu_min - eps)
-    fewer = np.maximum(min_r, np.floor(cores / cpu_min + eps).astype(np.int64))
-    r = np.where(thin, fewer, r)
-    note = np.where(thin, 2, note)
-    per = cores / np.maximum(r, 1)
-    cpu = np.minimum(per, cpu_max)
-    cpu = np.where((cpu < cpu_min) & (r * cpu_min <= cores + eps), cpu_min, cpu)
-    cpu = np.where(r > 0, cpu, cpu_ref)
-    fixed = ~np.isnan(fixed_cpu)
-    if fixed.any():
-        fc = np.minimum(np.maximum(np.where(fixed, fixed_cpu, 1.0), cpu_min), cpu_max)
-        rf = np.minimum(np.maximum(np.floor(cores / fc + eps).astype(np.int64), min_r), max_r)
         cut = (rf > 0) & (rf * fc > cores + eps)
         cf = np.where(cut, cores / np.maximum(rf, 1), fc)
         r = np.where(fixed, rf, r)

@@ -756,7 +756,9 @@ class Engine:
         replicas used last tick and what the work in the system right now needs at the
         target (this tick's metric ÷ target, in ``cpu.request`` cores) -- no headroom: a
         burst gets CPU the tick it is seen, a service whose burst is over gives it back the
-        next tick, and the target utilisation's headroom is only soft demand (below).
+        next tick, and the target utilisation's headroom is only soft demand (below) --
+        except on a throttled use (capped by its quota, it understates the need): that one
+        gets the headroom (``used / target_utilization``), once.
         Otherwise: the load's reference replicas at ``cpu.request`` (the larger of the panic
         window's want and this tick's; HPA mode: the HPA's replicas), headroom included.
         Never more than the replicas it runs can use (``cpu.max`` each): CPU a service
@@ -769,7 +771,13 @@ class Engine:
         used = self._cpu_used
         now = kpa_now & ~np.isnan(used)
         if now.any():
-            now_cores = np.maximum(value / self.target * self.cpu_ref, np.where(now, used, 0.0))
+            # Throttled (its use capped by its quota): the use understates the need, so it
+            # gets the target utilisation's headroom on top -- once.
+            thr = np.where(np.isnan(self._thr_rate), 0.0, self._thr_rate)
+            throttled = thr > _THROTTLED_S_PER_S * np.maximum(cur_r, 1)
+            use = np.where(now, used, 0.0)
+            use = np.where(throttled, use / self.target_utilization, use)
+            now_cores = np.maximum(value / self.target * self.cpu_ref, use)
             wanted_cores = np.where(now, now_cores, wanted_cores)
         least = np.minimum(run, cur_r) * self.cpu_min
         demand = np.maximum(np.minimum(wanted_cores, run * self.cpu_max), least)

@@ -11,7 +11,7 @@ from scaler.arbiter import (
     IndependentClaim,
     arbitrate_arrays,
     arbitrate_independent,
-    split_arrays,
+    size_arrays,
     water_fill,
 )
 from scaler.policy import ScalingPolicy
@@ -88,31 +88,28 @@ def policy(**kw: object) -> ScalingPolicy:
     return ScalingPolicy.model_validate(kw)
 
 
-def split(
+def size(
     cores: float,
     p: ScalingPolicy,
     *,
+    want: int,
     current: int,
-    squeezed: bool,
     fixed: float | None = None,
-    keep: int = 0,
-    ready: int | None = None,
-) -> tuple[int, float]:
-    r, cpu, _ = split_arrays(
+) -> tuple[int, float, int]:
+    ref = p.cpu.initial_cores
+    r, cpu, note = size_arrays(
         np.array([cores]),
+        want=np.array([want]),
+        current=np.array([current]),
+        unit=np.array([ref if p.prefer == "horizontal" else p.cpu.max]),
         cpu_min=np.array([p.cpu.min]),
         cpu_max=np.array([p.cpu.max]),
-        cpu_ref=np.array([p.cpu.initial_cores]),
+        cpu_ref=np.array([ref]),
         min_r=np.array([p.min_replicas]),
         max_r=np.array([p.max_replicas]),
-        horizontal=np.array([p.prefer == "horizontal"]),
-        current=np.array([current]),
-        squeezed=np.array([squeezed]),
         fixed_cpu=np.array([np.nan if fixed is None else fixed]),
-        keep=np.array([keep]),
-        ready=None if ready is None else np.array([ready]),
     )
-    return int(r[0]), float(cpu[0])
+    return int(r[0]), float(cpu[0]), int(note[0])
 
 
 @settings(max_examples=300, deadline=None)
@@ -122,25 +119,21 @@ def split(
     st.sampled_from([1.0, 1.5, 2.0, 4.0]),
     st.integers(0, 3),
     st.integers(0, 9),
+    st.integers(0, 12),
     st.integers(0, 8),
-    st.booleans(),
     st.booleans(),
     st.one_of(st.none(), st.floats(0.01, 3.0)),
-    st.integers(0, 8),
-    st.booleans(),
 )
-def test_split_keeps_the_bounds_and_the_cores(
+def test_sizing_keeps_the_bounds_and_the_cores(
     cores: float,
     cpu_min: float,
     stretch: float,
     min_r: int,
     extra_r: int,
+    want: int,
     current: int,
     horizontal: bool,
-    squeezed: bool,
     fixed: float | None,
-    keep: int,
-    starting: bool,
 ) -> None:
     p = policy(
         min_replicas=min_r,
@@ -149,84 +142,43 @@ def test_split_keeps_the_bounds_and_the_cores(
         prefer="horizontal" if horizontal else "vertical",
     )
     cores = max(cores, min_r * cpu_min)
-    r, cpu = split(
-        cores,
-        p,
-        current=current,
-        squeezed=squeezed,
-        fixed=fixed if current else None,
-        keep=keep,
-        ready=max(0, current - 1) if starting else current,
-    )
+    r, cpu, _ = size(cores, p, want=want, current=current, fixed=fixed if current else None)
     assert p.min_replicas <= r <= p.max_replicas
     assert r * cpu <= cores + 1e-9 or fixed is not None
     if r:
-        assert cpu <= p.cpu.max + 1e-9
-    # Replicas to keep are kept while each still gets cpu.min.
-    if (fixed is None or not current) and not (squeezed and current):
-        kept = min(keep, p.max_replicas)
+        assert p.cpu.min - 1e-9 <= cpu <= p.cpu.max + 1e-9
+    if fixed is None or not current:
+        # Never more replicas than wanted (beyond min_replicas), nor than cpu.min each fits.
+        assert r <= max(want, p.min_replicas)
+        # The replicas it wants and already runs are kept while cpu.min each fits.
+        kept = min(want, current, p.max_replicas)
         if kept * cpu_min <= cores + 1e-9:
             assert r >= kept
 
 
-def test_vertical_first_then_horizontal() -> None:
-    p = policy(max_replicas=8, cpu={"min": 0.1, "max": 1.0, "request": 0.25})
-    assert split(0.8, p, current=1, squeezed=False) == (1, pytest.approx(0.8))
-    assert split(2.5, p, current=1, squeezed=False) == (3, pytest.approx(2.5 / 3))
+def test_replicas_follow_the_recommendation_and_cpu_shrinks_in_place() -> None:
+    p = policy(max_replicas=8, cpu={"min": 0.25, "max": 1.0, "request": 1.0})
+    # 8 replicas wanted and running, the budget gives 4 cores: 8 × 0.5, none removed.
+    assert size(4.0, p, want=8, current=8) == (8, pytest.approx(0.5), 0)
+    # Too little for cpu.min each: only then do replicas go (note 2).
+    assert size(1.0, p, want=8, current=8) == (4, pytest.approx(0.25), 2)
+
+
+def test_new_replicas_start_only_as_far_as_the_cores_fill_them() -> None:
+    p = policy(max_replicas=8, cpu={"min": 0.25, "max": 1.0, "request": 1.0})
+    # 1 running, 8 wanted, 3 cores: 3 replicas of 1 core, not 8 of 0.375 that would each
+    # hold CPU while they start (note 6).
+    assert size(3.0, p, want=8, current=1) == (3, pytest.approx(1.0), 6)
+    # Running replicas are never removed for that: 6 running, 3 cores -> 6 × 0.5.
+    assert size(3.0, p, want=8, current=6) == (6, pytest.approx(0.5), 6)
     h = policy(max_replicas=8, prefer="horizontal", cpu={"min": 0.1, "max": 1.0, "request": 0.25})
-    assert split(1.0, h, current=1, squeezed=False) == (4, pytest.approx(0.25))
+    assert size(1.0, h, want=8, current=1) == (4, pytest.approx(0.25), 6)
 
 
-@pytest.mark.parametrize(
-    ("cores", "current", "squeezed", "expected"),
-    [
-        # a sliver above one full replica (< cpu.min) does not split the CPU over a new,
-        # not yet serving replica: 1 × 1.0, not 2 × 0.53 (the 0.05 is left for others)
-        (1.05, 1, False, (1, 1.0)),
-        (1.05, 1, True, (1, 1.0)),
-        (2.2, 2, False, (2, 1.0)),
-        # a remainder worth cpu.min or more is a replica
-        (1.25, 1, False, (2, 0.625)),
-        (2.5, 1, False, (3, 2.5 / 3)),
-        # below one replica: in place
-        (0.8, 1, False, (1, 0.8)),
-    ],
-)
-def test_vertical_adds_a_replica_only_for_a_remainder_worth_cpu_min(
-    cores: float, current: int, squeezed: bool, expected: tuple[int, float]
-) -> None:
-    p = policy(max_replicas=4, cpu={"min": 0.25, "max": 1.0, "request": 0.25})
-    r, cpu = split(cores, p, current=current, squeezed=squeezed)
-    assert (r, cpu) == (expected[0], pytest.approx(expected[1]))
-
-
-@pytest.mark.parametrize(
-    ("cores", "current", "ready", "expected"),
-    [
-        # squeezed back to 1 core while the second replica is still starting: the serving
-        # replica keeps 1 core (not 2 × 0.5 with only 0.5 serving for the start-up time)
-        (1.0, 2, 1, (1, 1.0)),
-        # ready replicas are kept, CPU shrinks in place
-        (1.0, 2, 2, (2, 0.5)),
-        (1.5, 3, 2, (2, 0.75)),
-        # a starting replica the cores keep whole stays
-        (2.0, 2, 1, (2, 1.0)),
-        # too little for cpu.min each: only then do ready replicas go
-        (0.5, 3, 3, (2, 0.25)),
-    ],
-)
-def test_squeezed_keeps_the_serving_replicas_and_shrinks_cpu_in_place(
-    cores: float, current: int, ready: int, expected: tuple[int, float]
-) -> None:
-    p = policy(max_replicas=4, cpu={"min": 0.25, "max": 1.0, "request": 0.25})
-    got = split(cores, p, current=current, squeezed=True, keep=current, ready=ready)
-    assert got == (expected[0], pytest.approx(expected[1]))
-
-
-def test_starting_replicas_are_kept_when_the_cores_shrink() -> None:
-    p = policy(max_replicas=8, cpu={"min": 0.1, "max": 1.0, "request": 0.25})
-    assert split(0.8, p, current=4, squeezed=False) == (1, pytest.approx(0.8))
-    assert split(0.8, p, current=4, squeezed=False, keep=4) == (4, pytest.approx(0.2))
+def test_a_blocked_resize_keeps_the_cpu_and_changes_the_count() -> None:
+    p = policy(max_replicas=8, cpu={"min": 0.25, "max": 1.0, "request": 1.0})
+    assert size(2.0, p, want=4, current=4, fixed=0.5) == (4, pytest.approx(0.5), 3)
+    assert size(1.0, p, want=4, current=4, fixed=0.5) == (2, pytest.approx(0.5), 3)
 
 
 def arrays(**kw: list[float]) -> dict[str, np.ndarray]:

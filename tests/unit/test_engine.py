@@ -164,8 +164,9 @@ def test_measured_demand_is_the_work_now_or_the_use_without_headroom() -> None:
     assert measured_demand(14, 0.0) == pytest.approx(0.7)
     # Less work in flight than the use: the use rules (the work between ticks is not seen).
     assert measured_demand(7, 0.0) == pytest.approx(0.7)
-    # Throttling does not multiply it: the work in the system says what more it needs.
-    assert measured_demand(14, 1.0) == pytest.approx(0.7)
+    # A throttled use is capped by the quota: it gets the target utilisation's headroom,
+    # once (0.7 / 0.7), not a multiple.
+    assert measured_demand(14, 1.0) == pytest.approx(0.7 / 0.7)
 
 
 def test_a_service_behind_its_target_gets_what_the_work_in_the_system_asks() -> None:
