@@ -464,7 +464,9 @@ class Engine:
             self._peaks.record(now, np.minimum(recommended, replicas), ~frozen)
         allocated = replicas * cpu
         self._allocation = allocated
-        wake = self._wake_levels(allocated, concurrency, frozen)
+        # Woken at what would panic the KPA on the CPU the work now has (not the spare CPU its
+        # replicas hold softly: a burst should get hard CPU before the next tick).
+        wake = self._wake_levels(np.minimum(allocated, demand), concurrency, frozen)
         self._record_hpa_scales(now, cur_r, cur_cpu, allocated, frozen)
 
         rejected = {

@@ -60,7 +60,8 @@ def scenario_with(arrivals: dict[str, Arrivals], duration_s: float) -> Scenario:
     workload = parse_workload(
         {
             "services": {
-                "long": {"slo_s": 1, "load": [{"at_s": 0, "rps": 8, "cpu_s": 0.1}]},
+                # long keeps the budget busy: an idle short holds only cpu.min, no spare CPU
+                "long": {"slo_s": 1, "load": [{"at_s": 0, "rps": 25, "cpu_s": 0.1}]},
                 "short": {"slo_s": 1, "load": [{"at_s": 0, "rps": 0, "cpu_s": 0.1}]},
             }
         }
