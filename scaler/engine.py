@@ -407,18 +407,19 @@ class Engine:
         # a replica still starting is never removed (the estimate that asked for it may dip
         # before it serves); a frozen service keeps what it has.
         recommended = self._replicas_for(wanted)
-        run = recommended
-        if self.budget.arbitration != "independent":
-            run = np.where(frozen, run, self._peaks.held(now, run))
-        delayed = run > recommended
         starting = ~frozen & (ready < cur_r)
-        run = np.where(starting, np.maximum(run, cur_r), run)
-        run = np.where(frozen, cur_r, run)
-        run = np.minimum(np.maximum(run, self.min_r), self.max_r)
+        needed = np.where(starting, np.maximum(recommended, cur_r), recommended)
+        needed = np.where(frozen, cur_r, needed)
+        needed = np.minimum(np.maximum(needed, self.min_r), self.max_r)
+        run = needed
+        if self.budget.arbitration != "independent":
+            # Warm replicas (scale_down_delay_s) beyond what is needed hold only spare CPU:
+            # their cpu.min is soft, so others' work squeezes them out before anyone's work.
+            run = np.where(frozen, run, np.minimum(self._peaks.held(now, run), self.max_r))
         kept = (run > recommended) & (run > self.min_r) & ~frozen
-        run_note = np.where(kept, np.where(starting & ~delayed, 5, 7), 0)
+        run_note = np.where(kept, np.where(run > needed, 7, 5), 0)
         demand, frozen_hold = self._demand(
-            run, load, (now_load > 0) & (value >= 0), value, (cur_r, cur_cpu, frozen)
+            run, needed, load, (now_load > 0) & (value >= 0), value, (cur_r, cur_cpu, frozen)
         )
         # CPU the replicas could use beyond the load's demand: served from spare CPU only.
         soft = np.where(frozen, demand, np.minimum(run * self.cpu_max, self.cap))
@@ -744,9 +745,10 @@ class Engine:
         fewest = np.ceil(wanted * self.cpu_ref / self.cpu_max - 1e-6).astype(np.int64)
         return np.where(self.horizontal, wanted, fewest)
 
-    def _demand(
+    def _demand(  # noqa: PLR0917 - the tick's columns
         self,
         run: IntArray,
+        needed: IntArray,
         load: IntArray,
         kpa_now: BoolArray,
         value: FloatArray,
@@ -764,7 +766,9 @@ class Engine:
         Otherwise: the load's reference replicas at ``cpu.request`` (the larger of the panic
         window's want and this tick's; HPA mode: the HPA's replicas), headroom included.
         Never more than the replicas it runs can use (``cpu.max`` each): CPU a service
-        cannot use is not taken from the others; at least ``cpu.min`` per replica it runs.
+        cannot use is not taken from the others; at least ``cpu.min`` per replica it
+        ``needed`` (recommended, or starting) and runs -- replicas kept warm beyond those
+        hold only spare CPU.
         Frozen services: what they hold.  CPU the replicas could use beyond this is the
         caller's soft demand, served from spare CPU only.
         """
@@ -781,7 +785,7 @@ class Engine:
             use = np.where(throttled, use / self.target_utilization, use)
             now_cores = np.maximum(value / self.target * self.cpu_ref, use)
             wanted_cores = np.where(now, now_cores, wanted_cores)
-        least = np.minimum(run, cur_r) * self.cpu_min
+        least = np.minimum(needed, cur_r) * self.cpu_min
         demand = np.maximum(np.minimum(wanted_cores, run * self.cpu_max), least)
         held_r = np.minimum(np.maximum(cur_r, self.min_r), self.max_r)
         held_cpu = np.minimum(np.maximum(cur_cpu, self.cpu_min), self.cpu_max)
