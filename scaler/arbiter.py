@@ -236,15 +236,17 @@ def size_arrays(
     min_r: IntArray,
     max_r: IntArray,
     fixed_cpu: FloatArray,
+    claimed: FloatArray | None = None,
 ) -> tuple[IntArray, FloatArray, IntArray]:
     """Give each service's ``want`` replicas its ``cores``: ``(replicas, cpu per replica)``.
 
     The replica count comes from the horizontal recommendation (``want``), not from the
     cores: CPU moves in place every tick, replicas follow the recommender's windows.  The
     cores only bound it two ways: a service adds replicas only as far as its cores fill
-    them at full size (``unit``: ``cpu.request`` horizontal, ``cpu.max`` vertical) -- a
-    replica started without CPU to serve with would only hold CPU while it starts -- and
-    never keeps more than its cores give ``cpu.min`` each.  CPU per replica is the cores
+    them at full size (``unit``: ``cpu.request`` horizontal, ``cpu.max`` vertical; one more
+    for a remainder worth ``cpu.min``) -- a replica started without CPU to serve with holds
+    CPU while it starts, taken from the serving ones -- and never keeps more than its cores
+    give ``cpu.min`` each.  CPU per replica is the cores
     shared equally, within ``[cpu.min, cpu.max]``.  ``fixed_cpu`` is NaN where a resize is
     possible, else the CPU per replica to keep (a blocked resize: only the count changes).
 
@@ -254,7 +256,10 @@ def size_arrays(
     """
     eps = _EPS
     r = np.minimum(np.maximum(want, min_r), max_r)
-    room = np.maximum(current, np.ceil(cores / unit - eps).astype(np.int64))
+    base = cores if claimed is None else np.minimum(cores, claimed)
+    whole = np.floor(base / unit + eps)
+    fills = (whole + (base - whole * unit >= cpu_min - eps)).astype(np.int64)
+    room = np.maximum(current, fills)
     held = (r > current) & (r > room)
     r = np.where(held, room, r)
     note = np.where(held, 6, 0)

@@ -458,6 +458,9 @@ class Engine:
                 max_r=self.max_r,
                 # A blocked resize: scale replicas instead -- unless frozen (keep replicas).
                 fixed_cpu=np.where(blocked & (cur_r > 0) & ~frozen, cur_cpu, np.nan),
+                # New replicas start on the CPU the work claims, not on spare CPU lent for
+                # now: a replica is kept while it starts, so its CPU must stay.
+                claimed=demand,
             )
             pending = {}
             split_note = np.where((split_note == 0) & (replicas == run), run_note, split_note)
@@ -758,11 +761,10 @@ class Engine:
 
         A KPA-mode service whose CPU the platform measures needs the larger of what its
         replicas used last tick and what the work in the system right now needs at the
-        target (this tick's metric ÷ target, in ``cpu.request`` cores) -- no headroom: a
-        burst gets CPU the tick it is seen, a service whose burst is over gives it back the
-        next tick, and the target utilisation's headroom is only soft demand (below) --
-        except on a throttled use (capped by its quota, it understates the need): that one
-        gets the headroom (``used / target_utilization``), once.
+        KPA's aim (this tick's metric ÷ (target × target_utilization), in ``cpu.request``
+        cores: the headroom the replicas get, once): a burst gets CPU the tick it is seen, a
+        service whose burst is over gives it back the next tick.  A throttled use (capped
+        by its quota, it understates the need) counts as ``used / target_utilization``.
         Otherwise: the load's reference replicas at ``cpu.request`` (the larger of the panic
         window's want and this tick's; HPA mode: the HPA's replicas), headroom included.
         Never more than the replicas it runs can use (``cpu.max`` each): CPU a service
@@ -783,9 +785,10 @@ class Engine:
             throttled = thr > _THROTTLED_S_PER_S * np.maximum(cur_r, 1)
             use = np.where(now, used, 0.0)
             use = np.where(throttled, use / self.target_utilization, use)
-            now_cores = np.maximum(value / self.target * self.cpu_ref, use)
+            aim = self.target * self.target_utilization
+            now_cores = np.maximum(value / aim * self.cpu_ref, use)
             wanted_cores = np.where(now, now_cores, wanted_cores)
-        least = np.minimum(needed, cur_r) * self.cpu_min
+        least = np.minimum(run, cur_r) * self.cpu_min
         demand = np.maximum(np.minimum(wanted_cores, run * self.cpu_max), least)
         held_r = np.minimum(np.maximum(cur_r, self.min_r), self.max_r)
         held_cpu = np.minimum(np.maximum(cur_cpu, self.cpu_min), self.cpu_max)
