@@ -280,6 +280,8 @@ class Engine:
         self._thr_total = nan.copy()
         self._thr_rate = nan.copy()
         self._allocation = nan.copy()
+        self._granted = np.zeros(n)
+        """Last tick's cores from the arbiter, before sizing (what the work was granted)."""
 
     def __repr__(self) -> str:
         return (
@@ -460,7 +462,11 @@ class Engine:
                 fixed_cpu=np.where(blocked & (cur_r > 0) & ~frozen, cur_cpu, np.nan),
                 # New replicas start on the CPU the work claims, not on spare CPU lent for
                 # now: a replica is kept while it starts, so its CPU must stay.
-                claimed=demand,
+                # within what it surely keeps: its fair share, what it runs, or what it
+                # already had last tick (a burst's first tick of borrowed CPU starts nothing).
+                claimed=np.minimum(
+                    demand, np.maximum(np.maximum(self.fair, self._granted), cur_r * self.unit)
+                ),
             )
             pending = {}
             split_note = np.where((split_note == 0) & (replicas == run), run_note, split_note)
@@ -468,6 +474,7 @@ class Engine:
             self._peaks.record(now, np.minimum(recommended, replicas), ~frozen)
         allocated = replicas * cpu
         self._allocation = allocated
+        self._granted = cores
         # Woken at what would panic the KPA on the CPU the work now has (not the spare CPU its
         # replicas hold softly: a burst should get hard CPU before the next tick).
         wake = self._wake_levels(np.minimum(allocated, demand), concurrency, frozen)
