@@ -460,13 +460,11 @@ class Engine:
                 max_r=self.max_r,
                 # A blocked resize: scale replicas instead -- unless frozen (keep replicas).
                 fixed_cpu=np.where(blocked & (cur_r > 0) & ~frozen, cur_cpu, np.nan),
-                # New replicas start on the CPU the work claims, not on spare CPU lent for
-                # now: a replica is kept while it starts, so its CPU must stay.
-                # within what it surely keeps: its fair share, what it runs, or what it
-                # already had last tick (a burst's first tick of borrowed CPU starts nothing).
-                claimed=np.minimum(
-                    demand, np.maximum(np.maximum(self.fair, self._granted), cur_r * self.unit)
-                ),
+                # New replicas start only on CPU the service surely keeps: its fair share,
+                # what its replicas already hold at full size, or what it was granted last
+                # tick -- a burst's first tick of borrowed CPU starts nothing that would then
+                # share the serving replicas' CPU while it starts.
+                claimed=np.maximum(np.maximum(self.fair, self._granted), cur_r * self.unit),
             )
             pending = {}
             split_note = np.where((split_note == 0) & (replicas == run), run_note, split_note)

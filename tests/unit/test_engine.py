@@ -158,25 +158,25 @@ def measured_demand(in_flight: int, throttled_s_per_s: float, ready: int = 2) ->
     return d.inputs["demand_cores"]
 
 
-def test_measured_demand_is_the_work_now_or_the_use_without_headroom() -> None:
-    # 14 in flight at a target of 10 per replica of 0.5 cores: the work needs 0.7 cores, the
-    # replicas used 0.7: the demand is 0.7 -- the headroom is only soft demand, never twice.
-    assert measured_demand(14, 0.0) == pytest.approx(0.7)
+def test_measured_demand_is_the_work_now_at_the_kpa_aim_or_the_use() -> None:
+    # 14 in flight at the KPA's aim of 10 × 0.7 per replica of 0.5 cores: the work needs
+    # 1.0 core (the headroom once), more than the 0.7 used.
+    assert measured_demand(14, 0.0) == pytest.approx(14 / 7 * 0.5)
     # Less work in flight than the use: the use rules (the work between ticks is not seen).
     assert measured_demand(7, 0.0) == pytest.approx(0.7)
-    # A throttled use is capped by the quota: it gets the target utilisation's headroom,
-    # once (0.7 / 0.7), not a multiple.
-    assert measured_demand(14, 1.0) == pytest.approx(0.7 / 0.7)
+    # A throttled use is capped by the quota: it counts with the headroom, once (0.7 / 0.7),
+    # never multiplied on top of the work's.
+    assert measured_demand(14, 1.0) == pytest.approx(1.0)
 
 
 def test_a_service_behind_its_target_gets_what_the_work_in_the_system_asks() -> None:
-    # 60 in flight at a target of 10 per 0.5-core replica: 3 cores now, more than the 0.7 used.
-    assert measured_demand(60, 0.0) == pytest.approx(60 / 10 * 0.5)
+    # 60 in flight: 60 / 7 reference replicas of 0.5 cores now, far more than the 0.7 used.
+    assert measured_demand(60, 0.0) == pytest.approx(60 / 7 * 0.5)
 
 
 def test_measured_demand_does_not_dip_while_replicas_start() -> None:
     # One of two replicas ready: the work in the system is the same, so is the demand.
-    assert measured_demand(14, 0.0, ready=1) == pytest.approx(0.7)
+    assert measured_demand(14, 0.0, ready=1) == pytest.approx(14 / 7 * 0.5)
 
 
 def test_a_starting_replica_is_never_removed_because_the_estimate_dipped() -> None:
@@ -459,15 +459,13 @@ def test_replicas_stay_warm_for_the_scale_down_delay_then_follow_the_recommendat
     d = tick_loop(engine, range(0, 5), {"short": 60, "long": 20}, states)["short"]
     peak = d.replicas
     assert peak >= 2
-    # The burst is over: the windows forget it after 10 s, the replicas stay warm for 40 s
-    # on CPU nobody's work needs.
-    ds = tick_loop(engine, range(5, 30), {"short": 0, "long": 20}, states)
+    # The burst is over: the windows forget it after 10 s, the replicas stay warm for 40 s.
+    ds = tick_loop(engine, range(5, 40), {"short": 0, "long": 1000}, states)
     assert ds["short"].replicas == peak
     assert any("scale_down_delay_s" in r for r in ds["short"].reasons)
-    # Another service's work needs the CPU: warm replicas go first (their cpu.min is soft).
-    ds = tick_loop(engine, range(30, 33), {"short": 0, "long": 1000}, states)
-    assert ds["short"].replicas < peak
-    assert ds["long"].allocated_cores == pytest.approx(4 - ds["short"].allocated_cores)
-    # And with the CPU free again, after the delay the recommendation rules.
-    d = tick_loop(engine, range(33, 75), {"short": 0, "long": 20}, states)["short"]
+    # Idle, each holds only cpu.min: the rest of its CPU goes to the busy service.
+    assert ds["short"].cpu_per_replica_cores == pytest.approx(0.1)
+    assert ds["long"].allocated_cores == pytest.approx(4 - peak * 0.1)
+    # After the delay the recommendation rules.
+    d = tick_loop(engine, range(40, 75), {"short": 0, "long": 1000}, states)["short"]
     assert d.replicas < peak
