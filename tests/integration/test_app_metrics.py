@@ -33,6 +33,8 @@ SCALING: dict[str, Any] = {
     "min_replicas": 1,
     "max_replicas": 10,
     "cpu": {"min": 0.1, "max": 0.1},
+    # The metrics' answers are under test, down too: no warm replicas kept after a peak.
+    "scale_down_delay_s": 0,
 }
 
 
