@@ -415,13 +415,14 @@ class Engine:
         needed = np.minimum(np.maximum(needed, self.min_r), self.max_r)
         run = needed
         if self.budget.arbitration != "independent":
-            # Warm replicas (scale_down_delay_s) beyond what is needed hold only spare CPU:
-            # their cpu.min is soft, so others' work squeezes them out before anyone's work.
-            run = np.where(frozen, run, np.minimum(self._peaks.held(now, run), self.max_r))
+            # Warm replicas (scale_down_delay_s): idle, each holds cpu.min, the rest is lent.
+            # Not on the way to zero: that has its own idle rule (stable window + grace).
+            held = np.minimum(self._peaks.held(now, run), self.max_r)
+            run = np.where(frozen | (recommended == 0), run, held)
         kept = (run > recommended) & (run > self.min_r) & ~frozen
         run_note = np.where(kept, np.where(run > needed, 7, 5), 0)
         demand, frozen_hold = self._demand(
-            run, needed, load, (now_load > 0) & (value >= 0), value, (cur_r, cur_cpu, frozen)
+            run, load, (now_load > 0) & (value >= 0), value, (cur_r, cur_cpu, frozen)
         )
         # CPU the replicas could use beyond the load's demand: served from spare CPU only.
         soft = np.where(frozen, demand, np.minimum(run * self.cpu_max, self.cap))
@@ -753,10 +754,9 @@ class Engine:
         fewest = np.ceil(wanted * self.cpu_ref / self.cpu_max - 1e-6).astype(np.int64)
         return np.where(self.horizontal, wanted, fewest)
 
-    def _demand(  # noqa: PLR0917 - the tick's columns
+    def _demand(
         self,
         run: IntArray,
-        needed: IntArray,
         load: IntArray,
         kpa_now: BoolArray,
         value: FloatArray,
@@ -773,9 +773,8 @@ class Engine:
         Otherwise: the load's reference replicas at ``cpu.request`` (the larger of the panic
         window's want and this tick's; HPA mode: the HPA's replicas), headroom included.
         Never more than the replicas it runs can use (``cpu.max`` each): CPU a service
-        cannot use is not taken from the others; at least ``cpu.min`` per replica it
-        ``needed`` (recommended, or starting) and runs -- replicas kept warm beyond those
-        hold only spare CPU.
+        cannot use is not taken from the others; at least ``cpu.min`` per replica it runs
+        and keeps.
         Frozen services: what they hold.  CPU the replicas could use beyond this is the
         caller's soft demand, served from spare CPU only.
         """

@@ -359,7 +359,8 @@ class ScalingPolicy(_Model):
             "shared arbitration: a service keeps the most replicas it wanted in the last this "
             "many seconds (Knative's scale-down-delay; the HPA's scale-down stabilisation). An "
             "idle replica holds only cpu.min -- the rest of its CPU is lent in place -- so a "
-            "periodic burst finds its replicas warm instead of waiting for them to start. 0: "
+            "periodic burst finds its replicas warm instead of waiting for them to start. Scale "
+            "to zero keeps its own rule (an idle stable window + scale_to_zero_grace_s). 0: "
             "replicas follow the recommendation down at once."
         ),
     )
