@@ -507,9 +507,11 @@ class Workers:
         ]
 
     def route(self) -> Route:
-        """``GET /api/workers``: each worker's index, pid, readiness and restarts."""
+        """``GET /api/workers``: each worker's index, pid, readiness, restarts and requests
+        (fresh: every worker reports first, as for ``/api/services``)."""
 
         async def workers(request: Request) -> Response:
+            await self.collect()
             return JSONResponse({"workers": self.report()})
 
         return Route("/api/workers", workers)
