@@ -31,13 +31,20 @@ from gateway.dataplane.access_log import AccessLog
 from gateway.dataplane.limits import HeadLimits
 from gateway.dataplane.server import DataPlane
 from gateway.dataplane.tls import (
+    Certificate,
+    CertificateSet,
     TlsError,
     TlsListener,
     check_upstream_tls,
     expiry_warnings,
     load_certificates,
+    load_pem_certificate,
 )
-from gateway.dataplane.updates import endpoints_from_settings, routes_from_settings
+from gateway.dataplane.updates import (
+    CertificatesUpdate,
+    endpoints_from_settings,
+    routes_from_settings,
+)
 from gateway.platforms import Platform
 from gateway.platforms.static import StaticPlatform
 from gateway.runtime import Runtime
@@ -65,9 +72,13 @@ def _url(host: str, port: int, scheme: str = "http") -> str:
 
 
 class TlsTermination:
-    """The TLS listener's certificates across reloads (files re-read on every reload)."""
+    """The TLS listener's certificates across reloads (files re-read on every reload) and
+    the platform's own (:meth:`apply_certificates`), which take precedence for their hosts;
+    the config file's first certificate stays the default."""
 
-    def __init__(self, dataplane: DataPlane, settings: Settings) -> None:
+    def __init__(
+        self, dataplane: DataPlane, settings: Settings, runtime: Runtime | None = None
+    ) -> None:
         assert settings.tls is not None
         self.dataplane = dataplane
         self.config = settings.tls
@@ -77,8 +88,53 @@ class TlsTermination:
         certificates = load_certificates(settings.tls, alpn)  # TlsError: refuse to start
         for line in expiry_warnings(certificates.certificates, time.time()):
             log.warning("tls: %s", line)
+        self.files = certificates
+        """The config file's certificates."""
+        self.platform: list[Certificate] = []
+        """The platform's certificates, loaded."""
+        self._platform_pem = CertificatesUpdate()
         self.listener = TlsListener(certificates, settings.tls.min_version, alpn)
         self.port = settings.tls.listen.port
+        if runtime is not None:
+            runtime.on_certificates = self.apply_certificates
+            if runtime.certificates.certificates:
+                self.apply_certificates(runtime.certificates)
+
+    def _combined(self) -> CertificateSet:
+        return CertificateSet(
+            [*self.platform, *self.files.certificates],
+            self.files.reject_unknown,
+            default=self.files.default,
+        )
+
+    def _load_platform(
+        self, update: CertificatesUpdate, min_version: str | None = None
+    ) -> list[Certificate]:
+        loaded = []
+        for pem in update.certificates:
+            try:
+                loaded.append(
+                    load_pem_certificate(
+                        pem.source,
+                        pem.cert_pem,
+                        pem.key_pem,
+                        hosts=pem.hosts,
+                        min_version=min_version or self.config.min_version,
+                        alpn=self.listener.alpn,
+                    )
+                )
+            except TlsError as e:  # the platform checked it: only a race gets here
+                log.warning("tls: %s; its hosts get the default certificate", e)
+        return loaded
+
+    def apply_certificates(self, update: CertificatesUpdate) -> None:
+        """The platform's certificates changed: new handshakes use them at once."""
+        self._platform_pem = update
+        self.platform = self._load_platform(update)
+        for line in expiry_warnings(self.platform, time.time()):
+            log.warning("tls: %s", line)
+        self.listener.swap(self._combined())
+        log.info("tls: %d certificate(s) from the platform", len(self.platform))
 
     def expiries(self) -> list[tuple[str, float]]:
         """(host, notAfter) per host served, for ``sluice_tls_certificate_expiry_seconds``."""
@@ -102,7 +158,12 @@ class TlsTermination:
             ) from None
         for line in expiry_warnings(certificates.certificates, time.time()):
             log.warning("tls: %s", line)
+        changed = alpn != self.listener.alpn or new.tls.min_version != self.config.min_version
+        self.files = certificates
         self.listener.update(certificates, new.tls.min_version, alpn)
+        if changed:  # each certificate's context carries the version floor and ALPN
+            self.platform = self._load_platform(self._platform_pem, new.tls.min_version)
+        self.listener.swap(self._combined())
         if new.tls.http2 != self.config.http2:
             if new.tls.http2:
                 self.dataplane.offer_h2()
@@ -195,6 +256,9 @@ class Scaling:
         self._tasks = [
             asyncio.create_task(self._feed_routes(), name=f"{self.platform.name} routes"),
             asyncio.create_task(self._feed_endpoints(), name=f"{self.platform.name} endpoints"),
+            asyncio.create_task(
+                self._feed_certificates(), name=f"{self.platform.name} certificates"
+            ),
             asyncio.create_task(self.loop.run(), name="scaler loop"),
         ]
 
@@ -217,6 +281,15 @@ class Scaling:
                 self.runtime.apply_endpoints(update)
             except Exception:
                 log.exception("cannot apply endpoints of %s", update.service)
+
+    async def _feed_certificates(self) -> None:
+        async for update in self.platform.certificates():
+            try:
+                self.runtime.apply_certificates(update)
+            except Exception:
+                log.exception(
+                    "cannot apply the TLS certificates of the %s platform", self.platform.name
+                )
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -289,7 +362,7 @@ async def serve(
     tls: TlsTermination | None = None
     if settings.tls is not None:
         try:
-            tls = TlsTermination(dataplane, settings)
+            tls = TlsTermination(dataplane, settings, runtime)
         except (TlsError, ssl.SSLError, OSError) as e:
             print(f"sluice: tls: {e}", file=sys.stderr, flush=True)
             await scaling.stop()
@@ -459,7 +532,8 @@ async def serve_worker(fd: int) -> int:
             loop, settings.access_log.format, settings.access_log.path
         )
         loop.add_signal_handler(signal.SIGUSR1, access_log.reopen)
-    tls = None if settings.tls is None else TlsTermination(dataplane, settings)
+    tls = None if settings.tls is None else TlsTermination(dataplane, settings, runtime)
+    runtime.apply_certificates(start.certificates)
 
     def apply(new: Settings) -> None:
         if tls is not None:

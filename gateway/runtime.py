@@ -19,6 +19,7 @@ from gateway.dataplane.outlier import HealthChecker
 from gateway.dataplane.routing import RouteTable
 from gateway.dataplane.service import Service
 from gateway.dataplane.updates import (
+    CertificatesUpdate,
     EndpointUpdate,
     RoutesUpdate,
     endpoints_from_settings,
@@ -73,8 +74,14 @@ class Runtime:
         ``GET /api/decisions`` and ``/metrics``."""
         self.platform: Platform | None = None
         """The platform ``serve`` opened (static, local or kubernetes)."""
-        self.on_update: Callable[[Settings | RoutesUpdate | EndpointUpdate], None] | None = None
+        self.on_update: (
+            Callable[[Settings | RoutesUpdate | EndpointUpdate | CertificatesUpdate], None] | None
+        ) = None
         """Told every change applied (``workers: N``: the main process sends it on)."""
+        self.certificates = CertificatesUpdate()
+        """The platform's TLS certificates now (Kubernetes: the Ingresses' TLS Secrets)."""
+        self.on_certificates: Callable[[CertificatesUpdate], None] | None = None
+        """The TLS listener, told each new set of platform certificates."""
         self.workers: WorkerView | None = None
         """The data-plane workers when they serve instead of this process (``workers: N``)."""
         self.budget: BudgetCpu | None = settings.budget.fixed()
@@ -119,6 +126,14 @@ class Runtime:
         for name in table.services:
             self.add_service(name)
         self.routes = table
+        if self.on_update is not None:
+            self.on_update(update)
+
+    def apply_certificates(self, update: CertificatesUpdate) -> None:
+        """A new whole set of platform certificates: new TLS handshakes use it."""
+        self.certificates = update
+        if self.on_certificates is not None:
+            self.on_certificates(update)
         if self.on_update is not None:
             self.on_update(update)
 

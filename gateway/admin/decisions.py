@@ -104,6 +104,7 @@ def decisions_route(runtime: Runtime) -> Route:
         lending: dict[str, Any] = (
             dict(platform.report()) if platform is not None else {"lending": False}
         )
+        tls = lending.pop("tls", None)  # kubernetes: each Ingress host's certificate
         return JSONResponse(
             finite_json(
                 {
@@ -127,6 +128,7 @@ def decisions_route(runtime: Runtime) -> Route:
                     },
                     "latest": latest,
                     "recent": [decision_json(d) for d in recent],
+                    **({} if tls is None else {"tls": tls}),
                 }
             )
         )

@@ -3,6 +3,8 @@
 * :func:`load_certificate` reads one certificate/key pair into its own ``ssl.SSLContext``
   and learns the hosts it serves from its subjectAltName DNS names (the subject's common
   name when it has none).  Every problem is a :class:`TlsError` naming the file.
+* :func:`load_pem_certificate` does the same for PEM held in memory (a platform's, e.g. a
+  Kubernetes TLS Secret), with the hosts it is to serve given.
 * :class:`CertificateSet` holds the loaded certificates of one config generation and picks
   one for an SNI name: an exact name first, then ``*.parent`` for one more label.
 * :class:`TlsListener` owns the listener's front context.  Its SNI callback switches the
@@ -19,9 +21,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 import ssl
-from collections.abc import Callable, Iterable, Mapping
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -117,16 +122,86 @@ def load_certificate(
     )
 
 
+@contextlib.contextmanager
+def _pem_path(data: bytes) -> Iterator[str]:
+    """A path that reads as ``data`` while the block runs, for ``load_cert_chain`` (which only
+    reads files): an anonymous memory file, else a private temporary file removed at once."""
+    try:
+        fd = os.memfd_create("sluice-tls", os.MFD_CLOEXEC)
+    except (AttributeError, OSError):
+        fd = -1
+    if fd >= 0:
+        try:
+            os.write(fd, data)
+            path = f"/proc/self/fd/{fd}"
+            if os.path.exists(path):
+                yield path
+                return
+        finally:
+            os.close(fd)
+    with tempfile.TemporaryDirectory(prefix="sluice-tls-") as private:  # mode 0700
+        path = os.path.join(private, "pem")
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600), "wb") as f:
+            f.write(data)
+        yield path
+
+
+def load_pem_certificate(
+    source: str,
+    cert_pem: bytes,
+    key_pem: bytes,
+    *,
+    hosts: Iterable[str] = (),
+    min_version: str = "1.2",
+    alpn: Iterable[str] = (),
+) -> Certificate:
+    """A certificate held in memory (``source`` names it in messages, e.g. ``secret
+    ns/name``), serving ``hosts`` (its own DNS names when empty); :class:`TlsError` when it
+    is not PEM or the key is not a usable key matching it."""
+    try:
+        leaf = x509.load_pem_x509_certificate(cert_pem)
+    except ValueError as e:
+        raise TlsError(f"{source}: not a PEM certificate ({e})") from None
+    context = server_context(min_version, alpn)
+    try:
+        with _pem_path(cert_pem) as cert_path, _pem_path(key_pem) as key_path:
+            context.load_cert_chain(cert_path, key_path)
+    except ssl.SSLError as e:
+        if "KEY_VALUES_MISMATCH" in str(e) or e.reason == "KEY_VALUES_MISMATCH":
+            raise TlsError(f"{source}: the key does not match the certificate") from None
+        raise TlsError(f"{source}: not a usable PEM private key ({e.reason or e})") from None
+    served = tuple(dict.fromkeys(h.lower().rstrip(".") for h in hosts)) or _hosts(leaf)
+    return Certificate(source, source, served, leaf.not_valid_after_utc.timestamp(), context)
+
+
+def covers(certificate_hosts: Iterable[str], host: str) -> bool:
+    """Whether a certificate naming ``certificate_hosts`` is valid for ``host`` (exact, or a
+    ``*.`` name for exactly one more label, as clients check)."""
+    name = host.lower().rstrip(".")
+    _, dot, parent = name.partition(".")
+    for h in certificate_hosts:
+        if h == name or (dot and h.startswith("*.") and h[2:] == parent):
+            return True
+    return False
+
+
 class CertificateSet:
     """The certificates of one config generation, looked up by SNI name."""
 
     __slots__ = ("_exact", "_wildcard", "certificates", "default", "reject_unknown")
 
-    def __init__(self, certificates: list[Certificate], reject_unknown: bool = False) -> None:
+    def __init__(
+        self,
+        certificates: list[Certificate],
+        reject_unknown: bool = False,
+        default: Certificate | None = None,
+    ) -> None:
+        """The first certificate naming a host serves it; ``default`` (else the first)
+        serves the rest."""
         if not certificates:
             raise ValueError("a certificate set needs at least one certificate")
         self.certificates = certificates
-        self.default = certificates[0]
+        self.default = default or certificates[0]
         self.reject_unknown = reject_unknown
         self._exact: dict[str, Certificate] = {}
         self._wildcard: dict[str, Certificate] = {}
@@ -263,6 +338,11 @@ class TlsListener:
             self._load_default()
         except (OSError, ssl.SSLError) as e:  # changed again since it was loaded
             log.warning("tls: keeping the previous default certificate: %s", e)
+
+    def swap(self, certificates: CertificateSet) -> None:
+        """New handshakes choose among ``certificates`` (same default, version floor and
+        ALPN: a platform's certificates changed); established connections keep theirs."""
+        self.certificates = certificates
 
     def _on_sni(
         self, ssl_object: ssl.SSLObject, server_name: str | None, context: ssl.SSLContext

@@ -1,4 +1,5 @@
-"""What platforms hand the data plane: whole endpoint sets per service and whole route sets.
+"""What platforms hand the data plane: whole endpoint sets per service, whole route sets and
+the whole set of certificates a platform found (Kubernetes: the Ingresses' TLS Secrets).
 
 A platform streams whole endpoint sets, one service at a time, and whole route sets
 (``gateway.platforms.Platform``); the gateway applies each endpoint set to the service's
@@ -52,6 +53,26 @@ class RoutesUpdate:
 
     rules: tuple[RouteRule, ...]
     default_backend: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PemCertificate:
+    """One certificate a platform found, as PEM (already checked by the platform)."""
+
+    source: str
+    """Where it came from, for logs and reports (``secret shop/web-tls``)."""
+    hosts: tuple[str, ...]
+    """The host names it serves (exact, or ``*.example.com``)."""
+    cert_pem: bytes
+    key_pem: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class CertificatesUpdate:
+    """The whole current set of platform certificates; the TLS listener serves them beside
+    the config file's ``tls.certificates`` (the first of which stays the default)."""
+
+    certificates: tuple[PemCertificate, ...] = ()
 
 
 def routes_from_settings(settings: Settings) -> RoutesUpdate:

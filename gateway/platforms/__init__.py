@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # types only: gateway.settings imports platforms.local.config at start-up
     from gateway.dataplane.service import Service
-    from gateway.dataplane.updates import EndpointUpdate, RoutesUpdate
+    from gateway.dataplane.updates import CertificatesUpdate, EndpointUpdate, RoutesUpdate
     from scaler.actuators import Actuator
     from scaler.loop import ScalerLoop
     from scaler.policy import BudgetCpu, ScalingPolicy
@@ -41,7 +41,7 @@ class Platform(Protocol):
 
     The composition root builds ONE scaler loop from it: the engine over ``policies()``,
     ``signals`` as the loop's signals provider, ``actuator`` to apply decisions; it feeds
-    ``routes()`` and ``endpoints()`` into the data plane, rebuilds the engine when
+    ``routes()``, ``endpoints()`` and ``certificates()`` into the data plane, rebuilds the engine when
     ``policies()`` changes after a routes update, and calls ``on_busy_change`` from each
     service's admission on its busy/idle edges (one call per edge, not per request).
     """
@@ -73,6 +73,12 @@ class Platform(Protocol):
 
     def endpoints(self) -> AsyncIterator[EndpointUpdate]:
         """Whole endpoint sets per service, each time one changes."""
+        ...
+
+    def certificates(self) -> AsyncIterator[CertificatesUpdate]:
+        """Whole sets of the platform's own TLS certificates, each time they change (served
+        beside ``tls.certificates``; Kubernetes: the Ingresses' TLS Secrets). Platforms with
+        none end at once."""
         ...
 
     def on_busy_change(self, service: str, busy: bool) -> None:

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from gateway.dataplane.updates import (
+    CertificatesUpdate,
     EndpointUpdate,
     RoutesUpdate,
     endpoints_from_settings,
@@ -63,6 +64,11 @@ class StaticPlatform:
     async def endpoints(self) -> AsyncIterator[EndpointUpdate]:
         for update in endpoints_from_settings(self._settings):
             yield update
+
+    async def certificates(self) -> AsyncIterator[CertificatesUpdate]:
+        """None: only the config file's ``tls.certificates``."""
+        return
+        yield
 
     def on_busy_change(self, service: str, busy: bool) -> None:
         pass

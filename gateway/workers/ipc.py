@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from gateway.dataplane.app_metrics import AppState
 from gateway.dataplane.stats import StatsState
-from gateway.dataplane.updates import EndpointUpdate, RoutesUpdate
+from gateway.dataplane.updates import CertificatesUpdate, EndpointUpdate, RoutesUpdate
 
 if TYPE_CHECKING:
     from gateway.settings import Settings
@@ -47,6 +47,8 @@ class Start:
     tls_listen: tuple[str, int] | None
     log_level: str = "info"
     log_format: str = "text"
+    certificates: CertificatesUpdate = field(default_factory=CertificatesUpdate)
+    """The platform's TLS certificates (Kubernetes: the Ingresses' TLS Secrets)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +56,7 @@ class Update:
     """A change the main process applied, to apply the same way (``seq`` orders them)."""
 
     seq: int
-    change: Settings | RoutesUpdate | EndpointUpdate | Hooks
+    change: Settings | RoutesUpdate | EndpointUpdate | CertificatesUpdate | Hooks
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ from starlette.routing import Route
 
 from gateway.dataplane.app_metrics import AppState
 from gateway.dataplane.stats import ServiceStats, StatsState
-from gateway.dataplane.updates import EndpointUpdate, RoutesUpdate
+from gateway.dataplane.updates import CertificatesUpdate, EndpointUpdate, RoutesUpdate
 from gateway.runtime import Runtime
 from gateway.settings import Settings
 from gateway.workers.ipc import (
@@ -143,7 +143,9 @@ class Workers:
 
     # -- main -> workers ----------------------------------------------------------------
 
-    def forward(self, change: Settings | RoutesUpdate | EndpointUpdate) -> None:
+    def forward(
+        self, change: Settings | RoutesUpdate | EndpointUpdate | CertificatesUpdate
+    ) -> None:
         """The main runtime applied ``change``: remember it (for workers started later) and
         send it to every worker."""
         if isinstance(change, RoutesUpdate):
@@ -152,11 +154,15 @@ class Workers:
             self.endpoints[change.service] = change
         self._send_update(change)
 
-    def _send_update(self, change: Settings | RoutesUpdate | EndpointUpdate | Hooks) -> None:
+    def _send_update(
+        self, change: Settings | RoutesUpdate | EndpointUpdate | CertificatesUpdate | Hooks
+    ) -> None:
         self.seq += 1
         message = Update(self.seq, change)
         for w in self.slots:
-            if w.ready and w.channel is not None:
+            # a starting worker too: it reads its Start first, then this (the channel keeps
+            # the order), so nothing applied between its Start and its Ready is lost
+            if w.channel is not None:
                 w.channel.send(message)
 
     def arm_early_wakes(
@@ -238,6 +244,7 @@ class Workers:
                 self.listen,
                 self.tls_listen,
                 *self.log_setup,
+                self.runtime.certificates,
             )
         )
         message = await self._until_ready(w, channel)

@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable
 
 from gateway.dataplane.app_metrics import AppState
-from gateway.dataplane.updates import EndpointUpdate, RoutesUpdate
+from gateway.dataplane.updates import CertificatesUpdate, EndpointUpdate, RoutesUpdate
 from gateway.runtime import Runtime
 from gateway.settings import Settings
 from gateway.workers.ipc import (
@@ -66,9 +66,13 @@ class WorkerLink:
 
     # -- main -> worker -----------------------------------------------------------------
 
-    def apply(self, change: Settings | RoutesUpdate | EndpointUpdate | Hooks) -> None:
+    def apply(
+        self, change: Settings | RoutesUpdate | EndpointUpdate | CertificatesUpdate | Hooks
+    ) -> None:
         if isinstance(change, Hooks):
             self.hooks = change
+        elif isinstance(change, CertificatesUpdate):
+            self.runtime.apply_certificates(change)
         elif isinstance(change, RoutesUpdate):
             self.runtime.apply_routes(change)
         elif isinstance(change, EndpointUpdate):

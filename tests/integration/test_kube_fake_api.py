@@ -12,7 +12,7 @@ from gateway.platforms.kubernetes.api import KubeApi
 from gateway.platforms.kubernetes.model import ContainerResources, KubeError
 from tests.support.fake_kube import FakeKube
 from tests.support.fake_kube_rules import ApiError
-from tests.support.kube_objects import deployment, endpoint_slice, ingress, pod
+from tests.support.kube_objects import deployment, endpoint_slice, ingress, pod, tls_secret
 
 
 @pytest.fixture
@@ -152,3 +152,47 @@ async def test_right_after_a_restart_requests_are_forbidden_then_served(
         assert info.value.status == 403
     assert (await api.read_scale("Deployment", "shop", "web")).spec_replicas == 1
     await api.close()
+
+
+def test_secrets_as_the_api_server_keeps_them(fake: FakeKube, api: KubeApi) -> None:
+    core = api.core
+    tls = tls_secret("web-tls", b"CERT", b"KEY")
+    created = core.create_namespaced_secret("shop", tls)
+    assert created.type == "kubernetes.io/tls"
+    assert created.data == {"tls.crt": "Q0VSVA==", "tls.key": "S0VZ"}  # base64 on the wire
+    # the type is immutable; data is not (unless immutable: true)
+    with pytest.raises(kubernetes.client.ApiException) as e:
+        core.patch_namespaced_secret("web-tls", "shop", {"type": "Opaque"})
+    assert e.value.status == 422
+    assert "type: Invalid value" in e.value.body and "field is immutable" in e.value.body
+    core.patch_namespaced_secret("web-tls", "shop", {"data": {"tls.crt": "TkVX"}})
+    # stringData is merged into data, base64, and never read back; type defaults to Opaque
+    opaque = core.create_namespaced_secret(
+        "shop", {"metadata": {"name": "o"}, "stringData": {"a": "b"}, "immutable": True}
+    )
+    assert (opaque.type, opaque.data, opaque.string_data) == ("Opaque", {"a": "Yg=="}, None)
+    with pytest.raises(kubernetes.client.ApiException) as e:
+        core.patch_namespaced_secret("o", "shop", {"data": {"a": "Yw=="}})
+    assert e.value.status == 422 and "immutable" in e.value.body
+    # a TLS Secret needs both keys; data must be base64
+    with pytest.raises(kubernetes.client.ApiException) as e:
+        core.create_namespaced_secret(
+            "shop",
+            {
+                "metadata": {"name": "half"},
+                "type": "kubernetes.io/tls",
+                "data": {"tls.crt": "Yg=="},
+            },
+        )
+    assert e.value.status == 422 and "data[tls.key]: Required value" in e.value.body
+    with pytest.raises(kubernetes.client.ApiException) as e:
+        core.create_namespaced_secret(
+            "shop", {"metadata": {"name": "bad"}, "data": {"a": "not base64!"}}
+        )
+    assert e.value.status == 400
+    # field selectors: type (Secrets only), metadata.name/namespace; anything else is a 400
+    listed = core.list_secret_for_all_namespaces(field_selector="type=kubernetes.io/tls")
+    assert [s.metadata.name for s in listed.items] == ["web-tls"]
+    with pytest.raises(kubernetes.client.ApiException) as e:
+        core.list_namespaced_pod("shop", field_selector="type=kubernetes.io/tls")
+    assert e.value.status == 400 and "field label not supported" in e.value.body

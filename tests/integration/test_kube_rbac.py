@@ -32,6 +32,7 @@ async def test_every_call_is_covered_by_rbac_rules_and_every_rule_is_used() -> N
                 "web",
                 [("shop.test", "/", "Prefix", "web", 80)],
                 annotations={"sluice.io/max-replicas": "0"},
+                tls=[(["shop.test"], "missing-tls")],  # a GET tells why it is not watched
             )
         )
         fake.put(service("web", [("http", 80), ("metrics", 9090)]))
@@ -59,7 +60,12 @@ async def test_every_call_is_covered_by_rbac_rules_and_every_rule_is_used() -> N
                 "spec": {"targetRef": {"service": "web"}, "target": 3},
             }
         )
-        settings = parse_settings({"platform": "kubernetes"})
+        settings = parse_settings(
+            {
+                "platform": "kubernetes",
+                "tls": {"certificates": [{"cert_file": "unused.pem", "key_file": "unused.key"}]},
+            }
+        )
         api = KubeApi.connect(host=fake.url)
         try:
             async with KubernetesDiscovery(api, settings) as disco:
@@ -71,6 +77,8 @@ async def test_every_call_is_covered_by_rbac_rules_and_every_rule_is_used() -> N
                         not any(c.resource == "ingresses/status" for c in fake.requests)
                         or not fake.list("events")
                         or not disco.policy_objects.verdicts
+                        or disco.tls is None
+                        or not disco.tls.resolution.problems
                     ):
                         await asyncio.sleep(0.02)
                     assert fake.open_watches("scalingpolicies") == 1

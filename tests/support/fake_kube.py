@@ -12,7 +12,9 @@ It follows the API's semantics where Sluice depends on them:
 * subresources ``/status`` (only status changes), ``/scale`` (autoscaling/v1 Scale of a
   Deployment/StatefulSet), ``/resize`` (only container resources of a Pod may change there, the
   QoS class may not change; a plain Pod update that changes resources is 422);
-* merge-patch and strategic-merge-patch (lists of named objects merged by ``name``), json-patch.
+* merge-patch and strategic-merge-patch (lists of named objects merged by ``name``), json-patch;
+* Secrets (``type`` defaulted and immutable, ``stringData``, base64 ``data``, TLS keys) and
+  ``fieldSelector`` on list/watch (``fake_kube_secrets``).
 
 The rules themselves (patch types, QoS, resize, validation) are in ``fake_kube_rules``.
 The test control API is plain Python on :class:`FakeKube` (the server runs in a thread of the
@@ -48,6 +50,12 @@ from tests.support.fake_kube_rules import (
     qos_class,
     validate,
 )
+from tests.support.fake_kube_secrets import (
+    check_field_selector,
+    check_secret_update,
+    fields_match,
+    secret_stored,
+)
 
 __all__ = ["Call", "FakeKube", "qos_class"]
 
@@ -60,6 +68,7 @@ RESOURCES: dict[tuple[str, str], tuple[str, str]] = {
     ("apis/coordination.k8s.io/v1", "leases"): ("Lease", "coordination.k8s.io"),
     ("api/v1", "pods"): ("Pod", ""),
     ("api/v1", "services"): ("Service", ""),
+    ("api/v1", "secrets"): ("Secret", ""),
     ("api/v1", "events"): ("Event", ""),
     ("api/v1", "nodes"): ("Node", ""),
     ("apis/apiextensions.k8s.io/v1", "customresourcedefinitions"): (
@@ -149,6 +158,8 @@ class FakeKube:
         obj = self.validated(plural, obj)
         with self.cond:
             old = self.objects.get(key)
+            if old is not None and plural == "secrets":
+                check_secret_update(old, obj)
             return self._store(key, copy.deepcopy(obj), "MODIFIED" if old else "ADDED", old)
 
     def get(self, plural: str, namespace: str | None, name: str) -> Obj | None:
@@ -249,6 +260,8 @@ class FakeKube:
         """``obj`` as stored: checked, and for a custom resource pruned and typed by its schema;
         installing a CRD serves its resources from then on."""
         validate(plural, obj)
+        if plural == "secrets":
+            return secret_stored(obj)
         cr = self.custom.get(plural)
         if cr is not None:
             return validate_object(cr, obj)
@@ -418,12 +431,14 @@ class _Handler(BaseHTTPRequestHandler):
         custom = fake.custom.get(plural)
         with fake.cond:
             if verb == "list":
+                check_field_selector(plural, query.get("fieldSelector"))
                 items = [
                     copy.deepcopy(o)
                     for (p, n, _), o in sorted(fake.objects.items(), key=lambda kv: kv[0][2])
                     if p == plural
                     and (ns is None or n == ns)
                     and labels_match(o, query.get("labelSelector"))
+                    and fields_match(o, query.get("fieldSelector"))
                 ]
                 if custom is not None and "as=Table" in (self.headers.get("Accept") or ""):
                     return 200, table(custom, items, str(fake.rv))
@@ -498,6 +513,8 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 raise ApiError(404, "NotFound", f"no subresource {sub}")
             new = fake.validated(plural, new)
+            if plural == "secrets":
+                check_secret_update(current, new)
             return 200, fake._store(key, new, "MODIFIED", current)
 
     def _updated(self, verb: str, current: Obj, body: Any) -> Obj:
@@ -573,6 +590,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _watch(self, plural: str, ns: str | None, query: dict[str, str]) -> None:
         fake = self.fake
         selector = query.get("labelSelector")
+        field_selector = query.get("fieldSelector")
+        check_field_selector(plural, field_selector)
         bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
         timeout_s = float(query.get("timeoutSeconds") or 1800)
         if fake.watch_lifetime_s is not None:
@@ -589,6 +608,7 @@ class _Handler(BaseHTTPRequestHandler):
                 p == plural
                 and (ns is None or obj["metadata"].get("namespace") == ns)
                 and labels_match(obj, selector)
+                and fields_match(obj, field_selector)
             )
 
         with fake.cond:

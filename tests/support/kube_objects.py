@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import base64
 import ipaddress
 from typing import Any
 
 Obj = dict[str, Any]
+TLS_TYPE = "kubernetes.io/tls"
 
 
 def _is_ip(address: str) -> bool:
@@ -23,8 +25,10 @@ def ingress(
     ingress_class: str | None = "sluice",
     annotations: dict[str, str] | None = None,
     default_backend: tuple[str, int | str] | None = None,
+    tls: list[tuple[list[str], str | None]] | None = None,
 ) -> Obj:
-    """``rules``: (host, path, pathType, service, port number or name)."""
+    """``rules``: (host, path, pathType, service, port number or name); ``tls``: (hosts,
+    secretName) per ``spec.tls`` entry."""
 
     def backend(svc: str, port: int | str) -> Obj:
         return {
@@ -48,6 +52,10 @@ def ingress(
         spec["ingressClassName"] = ingress_class
     if default_backend:
         spec["defaultBackend"] = backend(*default_backend)
+    if tls:
+        spec["tls"] = [
+            {"hosts": hosts} | ({"secretName": secret} if secret else {}) for hosts, secret in tls
+        ]
     return {
         "kind": "Ingress",
         "apiVersion": "networking.k8s.io/v1",
@@ -172,5 +180,21 @@ def node(
             "capacity": {"cpu": cpu, "memory": "16Gi", "pods": "110"},
             "allocatable": {"cpu": cpu, "memory": "15Gi", "pods": "110"},
             "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        },
+    }
+
+
+def tls_secret(
+    name: str, cert_pem: bytes, key_pem: bytes, namespace: str = "shop", type_: str = TLS_TYPE
+) -> Obj:
+    """A Secret holding a certificate and key as ``kubernetes.io/tls`` does (base64 data)."""
+    return {
+        "kind": "Secret",
+        "apiVersion": "v1",
+        "metadata": {"name": name, "namespace": namespace},
+        "type": type_,
+        "data": {
+            "tls.crt": base64.b64encode(cert_pem).decode(),
+            "tls.key": base64.b64encode(key_pem).decode(),
         },
     }

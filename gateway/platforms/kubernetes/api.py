@@ -39,6 +39,7 @@ from kubernetes import client as k8s
 from gateway.platforms.kubernetes import crd
 from gateway.platforms.kubernetes.model import (
     BY_STATUS,
+    TLS_SECRET_TYPE,
     ContainerResources,
     EndpointSlice,
     Gone,
@@ -51,6 +52,7 @@ from gateway.platforms.kubernetes.model import (
     Pod,
     PolicyObject,
     Scale,
+    Secret,
     Service,
     WorkloadKind,
     endpoint_slice_from_json,
@@ -60,6 +62,7 @@ from gateway.platforms.kubernetes.model import (
     node_from_json,
     pod_from_json,
     policy_object_from_json,
+    secret_from_json,
     service_from_json,
     workload_from_json,
 )
@@ -89,6 +92,7 @@ RBAC_RULES: tuple[RbacRule, ...] = (
     RbacRule("networking.k8s.io", "ingresses/status", ("patch",)),
     RbacRule("discovery.k8s.io", "endpointslices", ("list", "watch")),
     RbacRule("", "services", ("get",)),
+    RbacRule("", "secrets", ("get", "list", "watch")),
     RbacRule("", "pods", ("list", "watch")),
     RbacRule("", "nodes", ("list", "watch")),
     RbacRule("", "pods/resize", ("patch",)),
@@ -232,6 +236,15 @@ class KubeApi:
             lister = functools.partial(self.core.list_namespaced_pod, namespace)
         return self._reflector("pods", lister, pod_from_json, None)
 
+    def watch_tls_secrets(self, namespace: str | None = None) -> Reflector[Secret]:
+        """Secrets of type ``kubernetes.io/tls`` only (a field selector: the API server sends
+        no other Secret, so none is held in memory); the type cannot change after creation."""
+        every: Callable[..., Any] = self.core.list_secret_for_all_namespaces
+        if namespace is not None:
+            every = functools.partial(self.core.list_namespaced_secret, namespace)
+        lister = functools.partial(every, field_selector=f"type={TLS_SECRET_TYPE}")
+        return self._reflector("secrets", lister, secret_from_json, None)
+
     def watch_nodes(self) -> Reflector[Node]:
         """Every node (cluster-scoped), for ``budget.cpu: auto``."""
         return self._reflector("nodes", self.core.list_node, node_from_json, None)
@@ -268,6 +281,11 @@ class KubeApi:
     async def get_service(self, namespace: str, name: str) -> Service:
         obj = await self._call(self.core.read_namespaced_service, name, namespace)
         return service_from_json(self._plain(obj))
+
+    async def get_secret(self, namespace: str, name: str) -> Secret:
+        """One Secret (to tell a missing one from one of another type than the watch's)."""
+        obj = await self._call(self.core.read_namespaced_secret, name, namespace)
+        return secret_from_json(self._plain(obj))
 
     async def patch_ingress_status(
         self, namespace: str, name: str, addresses: list[str]

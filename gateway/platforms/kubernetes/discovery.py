@@ -22,12 +22,14 @@ from types import TracebackType
 from gateway.dataplane.updates import EndpointInfo, EndpointUpdate, RoutesUpdate
 from gateway.platforms.kubernetes.api import KubeApi, Reflector
 from gateway.platforms.kubernetes.ingress_rules import Backend, IngressTable, Problem, build_table
+from gateway.platforms.kubernetes.ingress_tls import IngressCertificates
 from gateway.platforms.kubernetes.model import (
     EndpointSlice,
     Ingress,
     KubeError,
     ObjectRef,
     PolicyObject,
+    Secret,
     SlicePort,
     Workload,
 )
@@ -111,6 +113,12 @@ class KubernetesDiscovery:
             else []
         )
         self._policy_objects: list[dict[str, PolicyObject]] = [{} for _ in self._policy_watches]
+        self.tls = (
+            IngressCertificates(api, self.config.namespaces, self.config.ingress_class)
+            if settings.tls is not None
+            else None
+        )
+        """The Ingresses' TLS Secrets (only with a TLS listener: ``tls`` in the config)."""
         self.policy_objects = PolicyObjects()
         """The ScalingPolicy objects: which are in force, and each one's verdict."""
         self._ingresses: list[dict[str, Ingress]] = [{} for _ in namespaces]
@@ -121,6 +129,8 @@ class KubernetesDiscovery:
         self._service_ports: dict[tuple[str, str], dict[int, str]] = {}
         self._peer_slices: dict[str, EndpointSlice] = {}
         self._reported: set[tuple[str, str, str]] = set()
+        self._tls_reported: set[tuple[str, str, str]] = set()
+        """TLS problems recorded (forgotten once solved: a recurrence is reported again)."""
         self._problems: tuple[tuple[Problem, ...], Mapping[str, Ingress]] = ((), {})
         self.is_leader: Callable[[], bool] = lambda: True
         """Only the leader records InvalidIngress Events (the platform sets its elector's)."""
@@ -140,6 +150,8 @@ class KubernetesDiscovery:
         for i, sw in enumerate(self._slice_watches):
             self._supervise(f"endpointslices[{i}]", functools.partial(self._follow_slices, i, sw))
         self._supervise("peers", self._follow_peers)
+        for i, tw in enumerate(self.tls.watches() if self.tls is not None else ()):
+            self._supervise(f"secrets[{i}]", functools.partial(self._follow_secrets, i, tw))
         for i, pw in enumerate(self._policy_watches):
             self._supervise(
                 f"scalingpolicies[{i}]", functools.partial(self._follow_policies, i, pw)
@@ -294,7 +306,10 @@ class KubernetesDiscovery:
             self._service_ports.clear()
             everything = self._rebuild()
             await self._bump()
-            await self._report(self.table.problems, {ing.meta.key: ing for ing in everything})
+            self._problems = (self.table.problems, {ing.meta.key: ing for ing in everything})
+            if self.tls is not None:
+                await self.tls.set_ingresses(everything)
+            await self.report_problems()
             await self._publish_status(everything)
 
     async def _follow_policies(self, i: int, watch: Reflector[PolicyObject]) -> None:
@@ -313,28 +328,39 @@ class KubernetesDiscovery:
             self._synced_slices[i] = True
             await self._bump()
 
+    async def _follow_secrets(self, i: int, watch: Reflector[Secret]) -> None:
+        assert self.tls is not None
+        async for problems_changed in self.tls.follow(i, watch):
+            if problems_changed:
+                await self.report_problems()
+
     async def _follow_peers(self) -> None:
         async for snapshot in self._peer_watch.snapshots():
             self._peer_slices = snapshot
 
-    async def _report(self, problems: tuple[Problem, ...], by_key: Mapping[str, Ingress]) -> None:
-        self._problems = (problems, by_key)
-        await self.report_problems()
-
     async def report_problems(self) -> None:
-        """Log each Ingress problem and record it as one ``InvalidIngress`` Warning Event: once
-        per (Ingress, problem) for the Ingress's lifetime (a status patch, Sluice's own
-        included, does not repeat it), and only on the leader; a replica that becomes leader
-        records what was not recorded yet on its next call."""
+        """Log each Ingress problem and record it as one Warning Event (``InvalidIngress``;
+        ``TLSCertificate`` for a host served with the default certificate): once per
+        (Ingress, problem) for the Ingress's lifetime (a status patch, Sluice's own included,
+        does not repeat it; a TLS problem solved and back is reported again), and only on the
+        leader; a replica that becomes leader records what was not recorded yet on its next
+        call."""
         problems, by_key = self._problems
+        tls = self.tls.resolution.problems if self.tls is not None else ()
+
+        def ident(p: Problem) -> tuple[str, str, str]:
+            ing = by_key.get(p.ingress)
+            return (p.ingress, ing.meta.uid if ing else "", p.message)
+
+        self._tls_reported &= {ident(p) for p in tls}
         if not self.is_leader():
             return
-        for p in problems:
+        for p in (*problems, *tls):
             ing = by_key.get(p.ingress)
-            ident = (p.ingress, ing.meta.uid if ing else "", p.message)
-            if ident in self._reported:
+            seen = self._tls_reported if p in tls else self._reported
+            if ident(p) in seen:
                 continue
-            self._reported.add(ident)
+            seen.add(ident(p))
             log.warning("ingress %s: %s", p.ingress, p.message)
             if ing is None:
                 continue
@@ -342,7 +368,7 @@ class KubernetesDiscovery:
                 "Ingress", "networking.k8s.io/v1", ing.meta.namespace, ing.meta.name, ing.meta.uid
             )
             try:
-                await self.api.create_event(ref, "Warning", "InvalidIngress", p.message)
+                await self.api.create_event(ref, "Warning", p.reason, p.message)
             except KubeError as e:
                 log.warning("cannot record an event on ingress %s: %s", p.ingress, e)
 

@@ -68,6 +68,8 @@ class Problem:
     ingress: str
     """``namespace/name`` of the Ingress at fault."""
     message: str
+    reason: str = "InvalidIngress"
+    """The reason of the Warning Event recorded on the Ingress."""
 
 
 @dataclass(frozen=True, slots=True)

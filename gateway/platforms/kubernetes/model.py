@@ -7,6 +7,9 @@ against them and the small exception tree here, never against the client.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -86,6 +89,14 @@ class IngressRule:
 
 
 @dataclass(frozen=True, slots=True)
+class IngressTls:
+    """One ``spec.tls`` entry: a Secret of the Ingress's namespace for these hosts."""
+
+    hosts: tuple[str, ...]
+    secret_name: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class Ingress:
     meta: Meta
     ingress_class_name: str | None
@@ -93,6 +104,21 @@ class Ingress:
     default_backend: IngressBackend | None
     load_balancer: tuple[str, ...]
     """IPs/hostnames currently in ``status.loadBalancer.ingress``."""
+    tls: tuple[IngressTls, ...] = ()
+    created: str = ""
+    """``metadata.creationTimestamp`` (RFC 3339: sorts by time); the older Ingress wins a host."""
+
+
+TLS_SECRET_TYPE = "kubernetes.io/tls"
+
+
+@dataclass(frozen=True, slots=True)
+class Secret:
+    """A Secret as Sluice reads it: its type and decoded data (TLS Secrets only are watched)."""
+
+    meta: Meta
+    type: str
+    data: Mapping[str, bytes] = field(default_factory=dict, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,13 +307,28 @@ def ingress_from_json(d: Mapping[str, Any]) -> Ingress:
             for p in (r.get("http") or {}).get("paths") or []
         )
         rules.append(IngressRule(r.get("host") or None, paths))
+    tls = tuple(
+        IngressTls(tuple(t.get("hosts") or ()), t.get("secretName") or None)
+        for t in spec.get("tls") or []
+    )
     return Ingress(
         _meta(d),
         spec.get("ingressClassName"),
         tuple(rules),
         _backend(spec.get("defaultBackend")),
         _lb(d.get("status")),
+        tls,
+        str((d.get("metadata") or {}).get("creationTimestamp") or ""),
     )
+
+
+def secret_from_json(d: Mapping[str, Any]) -> Secret:
+    """``data`` values are base64 in the API's JSON; one that does not decode is left out."""
+    data: dict[str, bytes] = {}
+    for k, v in (d.get("data") or {}).items():
+        with contextlib.suppress(binascii.Error, ValueError, TypeError):
+            data[k] = base64.b64decode(v or "", validate=True)
+    return Secret(_meta(d), d.get("type") or "Opaque", data)
 
 
 def endpoint_slice_from_json(d: Mapping[str, Any]) -> EndpointSlice:

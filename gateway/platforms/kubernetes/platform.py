@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from gateway.dataplane.updates import EndpointUpdate, RoutesUpdate
+from gateway.dataplane.updates import CertificatesUpdate, EndpointUpdate, RoutesUpdate
 from gateway.platforms import Gateway
 from gateway.platforms.kubernetes.actuator import KubernetesActuator
 from gateway.platforms.kubernetes.api import KubeApi
@@ -219,15 +219,27 @@ class KubernetesPlatform:
     def endpoints(self) -> AsyncIterator[EndpointUpdate]:
         return self.control.discovery.updates()
 
+    async def certificates(self) -> AsyncIterator[CertificatesUpdate]:
+        """The Ingresses' TLS Secrets (with a TLS listener configured)."""
+        tls = self.control.discovery.tls
+        if tls is None:
+            return
+        async for update in tls.certificates():
+            yield update
+
     def on_busy_change(self, service: str, busy: bool) -> None:
         pass
 
     def report(self) -> Mapping[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "lending": False,
             "leader": self.control.elector.is_leader(),
             "signals": self.control.signal_source,
         }
+        tls = self.control.discovery.tls
+        if tls is not None:
+            out["tls"] = tls.report()
+        return out
 
     def _status_writer(self, scaler: ScalerLoop) -> PolicyStatusWriter:
         control, discovery = self.control, self.control.discovery

@@ -22,7 +22,12 @@ import logging
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from gateway.dataplane.updates import EndpointUpdate, RoutesUpdate, routes_from_settings
+from gateway.dataplane.updates import (
+    CertificatesUpdate,
+    EndpointUpdate,
+    RoutesUpdate,
+    routes_from_settings,
+)
 from gateway.platforms import Gateway
 from gateway.platforms.local.discovery import LocalParts, local_parts
 from gateway.platforms.local.lender import QuotaLender
@@ -78,6 +83,11 @@ class LocalPlatform:
     async def endpoints(self) -> AsyncIterator[EndpointUpdate]:
         async for update in self.parts.endpoints.updates():
             yield update
+
+    async def certificates(self) -> AsyncIterator[CertificatesUpdate]:
+        """None: only the config file's ``tls.certificates``."""
+        return
+        yield
 
     def on_busy_change(self, service: str, busy: bool) -> None:
         if self.lender is not None and service in self.lender.policies:
