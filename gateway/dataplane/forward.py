@@ -160,6 +160,8 @@ class Exchange:
     """When a queued request left the admission queue (loop time; else ``started_at``)."""
     h2up: H2Upstream | None = None
     """The upstream HTTP/2 stream when the service's protocol is h2c (else None)."""
+    goaway_retried = False
+    """The stream was sent again after an upstream's GOAWAY left it unprocessed."""
     client_h2 = False
     """The client speaks HTTP/2 (``h2server.StreamExchange``)."""
 
@@ -582,14 +584,19 @@ class Exchange:
             self.wbuf = []
         self.wbuf.append(LAST_CHUNK)
 
-    def upstream_lost(self, got_bytes: bool, unprocessed: bool = False) -> None:
+    def upstream_lost(
+        self, got_bytes: bool, unprocessed: bool = False, goaway: bool = False
+    ) -> None:
         """The bound upstream connection closed or was reset (``got_bytes``: after answering;
         ``unprocessed``: an HTTP/2 stream the upstream refused or never took, retried like a
-        connect failure)."""
+        connect failure; ``goaway``: never taken because beyond the last stream id of the
+        upstream's GOAWAY, sent again once on a new connection to the same endpoint)."""
         if self.done:
             return
         self.upstream = None
         if self.resp_state == 0:
+            if goaway and self._reopen_h2():
+                return
             if (
                 self.reused
                 and self.attempts == 0
@@ -902,6 +909,36 @@ class Exchange:
         if self.replay_bytes > policy.replay_body_bytes:
             self.replay = None
             self.replay_bytes = policy.replay_body_bytes + 1
+
+    def _reopen_h2(self) -> bool:
+        """Send an HTTP/2 stream the upstream's GOAWAY left unprocessed again, on a new
+        connection to the same endpoint (RFC 9113 §6.8), once per exchange; True if sent.
+        Like a connect failure it costs no attempt and no retry budget."""
+        h2up = self.h2up
+        ep = self.endpoint
+        service = self.service
+        if (
+            h2up is None
+            or h2up.replay is None
+            or ep is None
+            or service is None
+            or self.goaway_retried
+            or self.done
+            or self.client.closed
+            or getattr(ep.pool, "closed", True)
+        ):
+            return False
+        self.goaway_retried = True
+        service.retry_budget.start_unbudgeted()
+        h2up.release()
+        new = self.h2up = h2up.retry_copy()
+        self.req_sent = False
+        self.interim = False
+        if self.span is not None and self.attempt_span is not None:
+            self.attempt_span.end(None, Cause.RESET.code)
+            self.attempt_span = self.span.attempt(ep.host, ep.port, retry_reason="goaway")
+        new.open(ep)
+        return True
 
     def _retry(self, cause: Cause, unprocessed: bool = False) -> bool:
         """Start another attempt on an untried endpoint if that is safe; True if started.

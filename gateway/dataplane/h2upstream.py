@@ -26,6 +26,7 @@ import h2.errors
 import h2.events
 import h2.exceptions
 import h2.settings
+from hyperframe.frame import Frame, GoAwayFrame
 
 from gateway.dataplane.errors import Cause
 from gateway.dataplane.h2encode import install as install_hpack
@@ -196,6 +197,10 @@ class H2UpstreamConnection(asyncio.Protocol):
         self.dp = pool.dp
         self.h2 = h2.connection.H2Connection(_CONFIG)
         install_hpack(self.h2)
+        # The h2 library closes its state machine on a received GOAWAY (and drops what it
+        # had to send), so the streams the upstream still answers (up to its last stream id,
+        # RFC 9113 §6.8) would end in a protocol error: a GOAWAY is only reported here.
+        self.h2._frame_dispatch_table[GoAwayFrame] = _goaway_event
         self.transport: asyncio.Transport | None = None
         self.streams: dict[int, H2Upstream] = {}
         self.blocked: set[H2Upstream] = set()
@@ -274,11 +279,14 @@ class H2UpstreamConnection(asyncio.Protocol):
             self._window_opened()
             self.pool.drain_waiting()
         elif isinstance(event, h2.events.ConnectionTerminated):
+            # No new streams here; those above the last stream id were never processed (the
+            # exchange sends them again on a new connection), the others are still answered.
             self.usable = False
             last = event.last_stream_id if event.last_stream_id is not None else 0
             for sid in [s for s in self.streams if s > last]:
                 stream = self.streams.pop(sid)
-                stream.on_reset(True)  # never processed: the exchange may retry it
+                self.blocked.discard(stream)
+                stream.on_reset(unprocessed=True, goaway=True)
             self.pool.lost(self)
             if not self.streams:
                 self.close()
@@ -397,6 +405,19 @@ class H2UpstreamConnection(asyncio.Protocol):
 
     def __repr__(self) -> str:
         return f"H2UpstreamConnection({self.pool.address}, {len(self.streams)} streams)"
+
+
+def _goaway_event(frame: Frame) -> tuple[list[Frame], list[h2.events.Event]]:
+    """A received GOAWAY as a ``ConnectionTerminated`` event, the connection left open."""
+    assert isinstance(frame, GoAwayFrame)
+    event = h2.events.ConnectionTerminated()
+    try:
+        event.error_code = h2.errors.ErrorCodes(frame.error_code)
+    except ValueError:
+        event.error_code = frame.error_code
+    event.last_stream_id = frame.last_stream_id
+    event.additional_data = frame.additional_data or None
+    return [], [event]
 
 
 # Client-reading pause reasons (see forward.py; repeated here to avoid an import cycle).
@@ -665,13 +686,14 @@ class H2Upstream:
         self.response_ended = True
         self.ex.on_upstream_complete()
 
-    def on_reset(self, unprocessed: bool = False) -> None:
+    def on_reset(self, unprocessed: bool = False, goaway: bool = False) -> None:
         """The stream was reset or its connection lost (``unprocessed``: refused, or beyond
-        a GOAWAY's last stream: the upstream did nothing with it)."""
+        a GOAWAY's last stream (``goaway``): the upstream did nothing with it)."""
         self.conn = None
         if not self.response_ended:
             self.response_ended = True
-            self.ex.upstream_lost(self.got_bytes, unprocessed and not self.got_bytes)
+            unprocessed = unprocessed and not self.got_bytes
+            self.ex.upstream_lost(self.got_bytes, unprocessed, goaway and unprocessed)
 
     # -- flow control toward the client -----------------------------------------------------
 

@@ -140,9 +140,17 @@ class WsUpstream(Process):
 
 
 class H2Upstream(Process):
-    """``tests.support.h2_upstream`` (an h2c server on the ``h2`` library) in its own process."""
+    """``tests.support.h2_upstream`` (an h2c server on the ``h2`` library, or h2 over TLS with
+    ``tls``'s certificate and key files) in its own process (``fired_dir``: a directory shared
+    with other such upstreams, so a ``/goaway-*`` key fires once over all of them)."""
 
-    def __init__(self, name: str, refuse_first: int = 0) -> None:
+    def __init__(
+        self,
+        name: str,
+        refuse_first: int = 0,
+        tls: tuple[str, str] | None = None,
+        fired_dir: Path | None = None,
+    ) -> None:
         self.name = name
         super().__init__(
             [
@@ -153,6 +161,8 @@ class H2Upstream(Process):
                 name,
                 "--refuse-first",
                 str(refuse_first),
+                *(["--tls", *tls] if tls else []),
+                *(["--fired-dir", str(fired_dir)] if fired_dir else []),
             ],
             re.compile(r"listening (\S+)"),
         )
