@@ -15,8 +15,10 @@ from 1, counted over the process).
 * ``/hold?key=K`` — no answer until a ``/goaway-above?key=K`` arrives on the same connection
 * ``/goaway-above?key=K`` — the first time for K: a GOAWAY (NO_ERROR) whose last stream id
   is the stream before this one, so this stream is not processed (RFC 9113 §6.8); then
-  the streams held under K are answered on the same connection (after the GOAWAY), and
-  the connection is closed once nothing is open.  Later times: answered as any path
+  the streams held under K are answered on the same connection (after the GOAWAY), which
+  is left for the client to close (closing it here could reset it under the client's
+  unread answers, as a socket closed with unread input does).  Later times: answered as
+  any path
 * ``/goaway-at?key=K`` — the first time for K (over every process given the same
   ``--fired-dir``, which records the keys fired): a GOAWAY (NO_ERROR) whose last stream id is
   this stream's (it may have been processed), then the connection is closed without an
@@ -95,7 +97,6 @@ class Server(asyncio.Protocol):
         self.streams: dict[int, Stream] = {}
         self.held: dict[str, list[int]] = {}
         self.number = 0
-        self.going_away = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -147,7 +148,6 @@ class Server(asyncio.Protocol):
                 if above:
                     for held in self.held.pop(key, []):
                         self.respond(held)
-                    self.close_when_idle()
                 elif self.transport is not None:
                     self.flush()
                     self.transport.close()
@@ -168,7 +168,6 @@ class Server(asyncio.Protocol):
                 self.respond(event.stream_id)
         elif isinstance(event, h2.events.StreamReset):
             self.streams.pop(event.stream_id, None)
-            self.close_when_idle()
         elif isinstance(event, h2.events.WindowUpdated):
             for sid in list(self.streams):
                 self.send_pending(sid)
@@ -182,12 +181,6 @@ class Server(asyncio.Protocol):
         frame.error_code = h2.errors.ErrorCodes.NO_ERROR
         if self.transport is not None:
             self.transport.write(frame.serialize())
-        self.going_away = True
-
-    def close_when_idle(self) -> None:
-        if self.going_away and not self.streams and self.transport is not None:
-            self.flush()
-            self.transport.close()
 
     def respond(self, sid: int) -> None:
         stream = self.streams[sid]
@@ -241,7 +234,6 @@ class Server(asyncio.Protocol):
             end_stream=True,
         )
         self.streams.pop(sid, None)
-        self.close_when_idle()
 
     def send_pending(self, sid: int) -> None:
         stream = self.streams.get(sid)
@@ -260,7 +252,6 @@ class Server(asyncio.Protocol):
             self.state.sent_bytes += window
             self.conn.send_data(sid, b"x" * window, end_stream=not stream.remaining)
         self.streams.pop(sid, None)
-        self.close_when_idle()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.streams.clear()
