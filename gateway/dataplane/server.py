@@ -274,7 +274,8 @@ class ClientConnection(asyncio.Protocol):
         """Feed the per-field parser in steps of at most half the room left (so a limit is
         met where byte-by-byte reads would meet it); return the last step.  A Content-Length
         body in progress is one step up to its end (it is not counted, and smaller steps
-        would cut its writes); a chunked one is fed whole with what follows it."""
+        would cut its writes); a chunked one in steps up to each blank line (CRLF CRLF: a
+        chunked message can end only there, llhttp insists on CRLF), then on as a head."""
         parser = self.parser
         at = 0
         end = len(data)
@@ -283,8 +284,13 @@ class ClientConnection(asyncio.Protocol):
                 step = max(1, self._room() // 2)
             elif self.body_end >= 0:
                 step = max(1, self.body_end - self.head_from)
+            elif at == 0 and b"\n" in data[:3]:
+                step = max(1, self._room() // 2)  # a blank line split by the read may end it
             else:
-                break
+                blank = data.find(b"\r\n\r\n", max(at - 3, 0))
+                if blank == -1:
+                    break  # the body cannot end in this read: the rest in one piece
+                step = blank + 4 - at
             if end - at <= step:
                 break
             piece = data[at : at + step]

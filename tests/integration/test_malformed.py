@@ -68,6 +68,11 @@ def chunked(body: bytes, target: bytes = b"/c") -> bytes:
     return post(b"Transfer-Encoding: chunked\r\n", body, target)
 
 
+def big_chunked(body: bytes) -> bytes:
+    """A chunked POST /c to the service without a body limit."""
+    return req(b"POST /c HTTP/1.1", b"Host: other.test\r\nTransfer-Encoding: chunked\r\n", body)
+
+
 def header_seen(name: str, expected: str | None) -> Check:
     def check(events: list[dict[str, Any]], responses: list[Response]) -> None:
         first = events[0]
@@ -794,6 +799,65 @@ SMUGGLING_PIPELINES = [
         [200, 200],
         False,
         [("POST", "/p"), ("GET", "/2")],
+    ),
+    # A chunked body, then (in the same read or not) a head with a syntax error past a
+    # limit: the limit was met first, as for any head (issue 20).
+    Case(
+        "chunked-then-uri-over-8k-then-ctl",
+        chunked(b"5\r\nhello\r\n0\r\n\r\n")
+        + b"GET /"
+        + b"u" * 9000
+        + b"\x01 HTTP/1.1\r\n"
+        + H
+        + b"\r\n",
+        [200, 414],
+        True,
+        [("POST", "/c")],
+    ),
+    Case(
+        "chunked-then-header-over-32k-then-ctl",
+        chunked(b"5\r\nhello\r\n0\r\n\r\n")
+        + req(headers=H + b"X-Big: " + b"a" * 33000 + b"\x01\r\n"),
+        [200, 431],
+        True,
+        [("POST", "/c")],
+    ),
+    Case(
+        "chunked-blank-lines-trailers-then-uri-over-8k-then-ctl",
+        big_chunked(
+            b"8\r\na\r\n\r\nbcd\r\n"
+            + b"%x\r\n" % 20000
+            + b"\r\n\r\n" * 5000
+            + b"\r\n0\r\nX-T: 1\r\n\r\n"
+        )
+        + b"GET /"
+        + b"u" * 9000
+        + b"\x01 HTTP/1.1\r\n"
+        + H
+        + b"\r\n",
+        [200, 414],
+        True,
+        [("POST", "/c")],
+    ),
+    Case(
+        "chunked-20k-then-header-over-32k-then-ctl",
+        big_chunked(b"%x\r\n" % 20000 + b"b" * 20000 + b"\r\n0\r\n\r\n")
+        + req(headers=H + b"X-Big: " + b"a" * 33000 + b"\x01\r\n"),
+        [200, 431],
+        True,
+        [("POST", "/c")],
+    ),
+    Case(
+        "chunked-then-ctl-then-uri-over-8k",
+        chunked(b"5\r\nhello\r\n0\r\n\r\n")
+        + b"GET /u\x01"
+        + b"u" * 9000
+        + b" HTTP/1.1\r\n"
+        + H
+        + b"\r\n",
+        [200, 400],
+        True,
+        [("POST", "/c")],
     ),
 ]
 
