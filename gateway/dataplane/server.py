@@ -274,8 +274,9 @@ class ClientConnection(asyncio.Protocol):
         """Feed the per-field parser in steps of at most half the room left (so a limit is
         met where byte-by-byte reads would meet it); return the last step.  A Content-Length
         body in progress is one step up to its end (it is not counted, and smaller steps
-        would cut its writes); a chunked one in steps up to each blank line (CRLF CRLF: a
-        chunked message can end only there, llhttp insists on CRLF), then on as a head."""
+        would cut its writes); a chunked one in steps that end at a blank line (CRLF CRLF:
+        a chunked message can end only there, llhttp insists on CRLF) no more than half the
+        room after the first one (so no head after the body gets more than that with it)."""
         parser = self.parser
         at = 0
         end = len(data)
@@ -290,7 +291,8 @@ class ClientConnection(asyncio.Protocol):
                 blank = data.find(b"\r\n\r\n", max(at - 3, 0))
                 if blank == -1:
                     break  # the body cannot end in this read: the rest in one piece
-                step = blank + 4 - at
+                last = data.rfind(b"\r\n\r\n", blank, blank + 4 + self._room() // 2)
+                step = last + 4 - at
             if end - at <= step:
                 break
             piece = data[at : at + step]
