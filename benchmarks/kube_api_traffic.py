@@ -19,7 +19,14 @@ real ``kubernetes`` client), each size puts N Deployments with 2 pods each, then
   caches (median);
 * ``writes per change`` — after the steady window, 10 % of the services get a new replica
   count; the ``/scale`` patches and all writes (patches and their Events) made over 3 ticks,
-  per change.
+  per change;
+* ``pod metrics`` — reported apart from the informer budget: with every service listing a
+  ``cpu_utilization`` metric, the ``metrics.k8s.io`` PodMetrics lists the leader makes per
+  15 s poll (one per namespace: here all services share one), against what the HPA
+  controller makes for the same services (one PodMetrics list per HPA object per 15 s sync
+  period: N / 15 s). PodMetrics cannot be watched (metrics-server serves no watch), so both
+  poll; ``poll ms`` is the wall time of one poll (list + parse) and ``fill ms`` the CPU time
+  of filling N services' signals from it (per tick).
 
 It prints a table with the ratios and writes JSON to ``--out`` (outside the tracked files).
 A benchmark, not a test: nothing here gates CI.
@@ -45,7 +52,9 @@ from gateway.platforms.kubernetes.api import KubeApi  # noqa: E402
 from gateway.platforms.kubernetes.cache import WorkloadCache  # noqa: E402
 from gateway.platforms.kubernetes.leader import LeaderElector  # noqa: E402
 from gateway.platforms.kubernetes.model import Workload  # noqa: E402
+from gateway.platforms.kubernetes.pod_metrics import PodMetricsSource  # noqa: E402
 from scaler.decision import Decision  # noqa: E402
+from scaler.signals import ServiceSignals  # noqa: E402
 from tests.support.fake_kube import FakeKube  # noqa: E402
 from tests.support.kube_objects import deployment, pod  # noqa: E402
 
@@ -54,6 +63,8 @@ INFORMER_WATCH_S = 450.0  # client-go: a random watch timeout between 5 and 10 m
 LEASE_RETRY_S = 2.0
 INFORMER_BUDGET = INFORMERS / INFORMER_WATCH_S + 1 / LEASE_RETRY_S
 RES = {"requests": {"cpu": "500m"}, "limits": {"cpu": "500m"}}
+POD_METRICS_INTERVAL_S = 15.0  # metrics-server's resolution, the HPA controller's sync period
+POD_METRICS_POLLS = 3
 
 
 def decisions(targets: dict[str, Workload], replicas: dict[str, int]) -> dict[str, Decision]:
@@ -125,6 +136,35 @@ async def measure(n: int, steady_s: float) -> dict[str, float]:
             ]
             writes = len(made)
             scale_patches = sum(1 for c in made if c.resource == "deployments/scale")
+            # cpu_utilization: metrics.k8s.io PodMetrics, one list per namespace per poll
+            fake.metrics_server = "up"
+            fake.pod_cpu = {
+                ("shop", f"{w.name}-{r}"): {"app": "100m"}
+                for w in targets.values()
+                for r in range(2)
+            }
+            source = PodMetricsSource(
+                api,
+                cache,
+                lambda: targets,
+                lambda: list(targets),
+                interval_s=POD_METRICS_INTERVAL_S,
+                is_leader=elector.is_leader,
+            )
+            idx, poll_ms = len(fake.requests), []
+            for _ in range(POD_METRICS_POLLS):
+                w0 = time.monotonic()
+                assert await source.poll()
+                poll_ms.append((time.monotonic() - w0) * 1000)
+            metrics_lists = sum(1 for c in fake.requests[idx:] if c.api_group == "metrics.k8s.io")
+            per_poll = metrics_lists / POD_METRICS_POLLS
+            fill_ms = []
+            for t in range(3):
+                sigs = {s: ServiceSignals(s, float(t)) for s in targets}
+                c0 = time.thread_time()
+                filled = source.add_cpu_signals(sigs)
+                fill_ms.append((time.thread_time() - c0) * 1000)
+            assert all(f.cpu_seconds_total is not None for f in filled.values())
             lost = not elector.is_leader()
             elect.cancel()
             await asyncio.gather(elect, return_exceptions=True)
@@ -142,6 +182,11 @@ async def measure(n: int, steady_s: float) -> dict[str, float]:
         "scale_patches": scale_patches,
         "leadership_lost": lost,
         "tick_ms_median": statistics.median(tick_ms),
+        "pod_metrics_lists_per_poll": per_poll,
+        "pod_metrics_requests_per_s": per_poll / POD_METRICS_INTERVAL_S,
+        "hpa_controller_pod_metrics_requests_per_s": n / POD_METRICS_INTERVAL_S,
+        "pod_metrics_poll_ms_median": statistics.median(poll_ms),
+        "pod_metrics_fill_ms_median": statistics.median(fill_ms),
     }
 
 
@@ -180,6 +225,18 @@ def main() -> None:
             indent=2,
         )
     )
+    print()
+    print(
+        f"{'services':>8} {'podmetrics req/s':>17} {'hpa ctrl req/s':>15} {'hpa/sluice':>11} "
+        f"{'poll ms':>8} {'fill ms':>8}   (metrics.k8s.io, apart from the informer budget)"
+    )
+    for r in rows:
+        print(
+            f"{r['services']:>8} {r['pod_metrics_requests_per_s']:>17.3f} "
+            f"{r['hpa_controller_pod_metrics_requests_per_s']:>15.3f} "
+            f"{r['hpa_controller_pod_metrics_requests_per_s'] / r['pod_metrics_requests_per_s']:>11.0f} "
+            f"{r['pod_metrics_poll_ms_median']:>8.1f} {r['pod_metrics_fill_ms_median']:>8.2f}"
+        )
     print(f"wrote {path}")
 
 

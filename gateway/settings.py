@@ -687,6 +687,15 @@ class KubernetesConfig(_Model):
     peer_timeout_s: float = Field(
         default=1.0, gt=0, le=30, description="Timeout for GET /api/signals on each peer gateway."
     )
+    pod_metrics_interval_s: float = Field(
+        default=15.0,
+        ge=1,
+        le=300,
+        description="cpu_utilization: how often the leader lists metrics.k8s.io PodMetrics, "
+        "once per namespace of the services that list a cpu_utilization metric (default: "
+        "metrics-server's resolution and the HPA controller's sync period; never more often "
+        "than the scaler ticks).",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Self:

@@ -232,8 +232,8 @@ class MetricTrack:
     def _missing_why(self) -> str:
         if self.spec.type == "cpu_utilization":
             return (
-                ": CPU not measured by this platform (local: cgroup usage; kubernetes: "
-                "metrics.k8s.io is not read yet)"
+                ": CPU not measured (local: cgroup usage; kubernetes: metrics.k8s.io "
+                "PodMetrics, when metrics-server answers and reports the ready pods)"
             )
         if self.spec.type == "app":
             source = self.spec.source

@@ -104,7 +104,8 @@ def decisions_route(runtime: Runtime) -> Route:
         lending: dict[str, Any] = (
             dict(platform.report()) if platform is not None else {"lending": False}
         )
-        tls = lending.pop("tls", None)  # kubernetes: each Ingress host's certificate
+        # kubernetes: each Ingress host's certificate; the metrics.k8s.io poller
+        own = {k: lending.pop(k) for k in ("tls", "pod_metrics") if k in lending}
         return JSONResponse(
             finite_json(
                 {
@@ -128,7 +129,7 @@ def decisions_route(runtime: Runtime) -> Route:
                     },
                     "latest": latest,
                     "recent": [decision_json(d) for d in recent],
-                    **({} if tls is None else {"tls": tls}),
+                    **own,
                 }
             )
         )

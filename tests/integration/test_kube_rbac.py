@@ -114,6 +114,10 @@ async def test_every_call_is_covered_by_rbac_rules_and_every_rule_is_used() -> N
             async with asyncio.timeout(10):
                 while capacity.budget_cpu().source.startswith("auto: waiting"):
                     await asyncio.sleep(0.02)
+            # cpu_utilization reads metrics.k8s.io PodMetrics (metrics-server)
+            fake.metrics_server = "up"
+            fake.pod_cpu[("shop", "web-1")] = {"app": "50m"}
+            assert [m.meta.name for m in await api.list_pod_metrics("shop", "app=web")] == ["web-1"]
             # a repeated Event updates the first one's count
             for _ in range(2):
                 await api.create_event(targets["shop/web"].ref(), "Warning", "Same", "again")

@@ -13,6 +13,8 @@ It follows the API's semantics where Sluice depends on them:
   Deployment/StatefulSet), ``/resize`` (only container resources of a Pod may change there, the
   QoS class may not change; a plain Pod update that changes resources is 422);
 * merge-patch and strategic-merge-patch (lists of named objects merged by ``name``), json-patch;
+* ``metrics.k8s.io/v1beta1`` PodMetrics as metrics-server serves them (``fake_kube_metrics``:
+  404 when not installed, 503 when down, new pods absent);
 * Secrets (``type`` defaulted and immutable, ``stringData``, base64 ``data``, TLS keys) and
   ``fieldSelector`` on list/watch (``fake_kube_secrets``).
 
@@ -36,6 +38,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from tests.support import fake_kube_metrics
 from tests.support.fake_kube_crd import CustomResource, register, table, validate_object
 from tests.support.fake_kube_rules import (
     ApiError,
@@ -121,6 +124,11 @@ class FakeKube:
         """Allocatable CPU per node name: a resize that does not fit is refused with 403."""
         self.forbidden_left = 0
         """Requests still answered 403 (as right after an API-server restart)."""
+        self.metrics_server = "absent"
+        """``metrics.k8s.io``: ``absent`` (404), ``down`` (503) or ``up``."""
+        self.pod_cpu: dict[tuple[str, str], dict[str, str]] = {}
+        """What metrics-server measured: (namespace, pod) -> container -> cpu quantity; a
+        Running pod without an entry is new (absent from PodMetrics lists)."""
         self.watch_lifetime_s: float | None = None
         """When set, every watch ends cleanly after this long (0: at once, with no events)."""
         handler = type("Handler", (_Handler,), {"fake": self})
@@ -344,6 +352,9 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
         m = _PATH.match(url.path)
+        if m and m["gv"] == "apis/metrics.k8s.io/v1beta1":
+            self._metrics(m["ns"], m["plural"], m["name"], query)
+            return
         if not m or (m["gv"], m["plural"]) not in self.fake.resources:
             self._send(
                 404, ApiError(404, "NotFound", f"the server could not find {url.path}").status()
@@ -407,6 +418,33 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(400, ApiError(400, "BadRequest", f"bad request: {e}").status())
             return
         self._send(code, out)
+
+    def _metrics(
+        self, ns: str | None, plural: str, name: str | None, query: dict[str, str]
+    ) -> None:
+        fake = self.fake
+        watch = query.get("watch") in ("true", "1")
+        with fake.cond:
+            fake.requests.append(
+                Call(
+                    "get" if name else ("watch" if watch else "list"),
+                    "metrics.k8s.io",
+                    plural,
+                    ns,
+                    name,
+                )
+            )
+            pods = [copy.deepcopy(o) for (p, _, _), o in fake.objects.items() if p == "pods"]
+            usage = copy.deepcopy(fake.pod_cpu)
+            state = fake.metrics_server
+        try:
+            if plural != "pods" and state == "up":
+                raise ApiError(404, "NotFound", "the server could not find the requested resource")
+            body = fake_kube_metrics.answer(state, pods, usage, ns, name, query)
+        except ApiError as e:
+            self._send(e.code, e.status())
+            return
+        self._send(200, body)
 
     def _send(self, code: int, obj: Obj) -> None:
         data = json.dumps(obj).encode()

@@ -322,7 +322,7 @@ def test_cpu_utilization_without_a_measure_says_so() -> None:
     states = {"api": ServiceState("api", 3, 3, 0.1)}
     d = step(engine, 0.0, states)
     assert d.replicas == 3
-    assert any("CPU not measured by this platform" in r for r in d.reasons)
+    assert any("CPU not measured (local: cgroup usage; kubernetes:" in r for r in d.reasons)
 
 
 BOUNDS = (0.1, 0.2, 0.4, 0.8)

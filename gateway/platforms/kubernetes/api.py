@@ -50,6 +50,7 @@ from gateway.platforms.kubernetes.model import (
     NotFound,
     ObjectRef,
     Pod,
+    PodMetrics,
     PolicyObject,
     Scale,
     Secret,
@@ -61,6 +62,7 @@ from gateway.platforms.kubernetes.model import (
     microtime,
     node_from_json,
     pod_from_json,
+    pod_metrics_from_json,
     policy_object_from_json,
     secret_from_json,
     service_from_json,
@@ -74,6 +76,7 @@ STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 EVENT_AGGREGATION_S = 600.0
 """A repeated Event within this long updates the first one's count (client-go: 10 min)."""
 EVENT_CACHE_SIZE = 4096
+METRICS_GROUP, METRICS_VERSION = "metrics.k8s.io", "v1beta1"
 FIELD_MANAGER = "sluice"
 """``fieldManager`` of every write: ``managedFields`` name Sluice, not the client library."""
 
@@ -102,6 +105,7 @@ RBAC_RULES: tuple[RbacRule, ...] = (
     RbacRule("apps", "deployments/scale", ("get", "patch")),
     RbacRule("apps", "statefulsets/scale", ("get", "patch")),
     RbacRule("coordination.k8s.io", "leases", ("get", "create", "update")),
+    RbacRule("metrics.k8s.io", "pods", ("list",)),
     RbacRule("sluice.io", "scalingpolicies", ("get", "list", "watch")),
     RbacRule("sluice.io", "scalingpolicies/status", ("update",)),
 )
@@ -286,6 +290,24 @@ class KubeApi:
         """One Secret (to tell a missing one from one of another type than the watch's)."""
         obj = await self._call(self.core.read_namespaced_secret, name, namespace)
         return secret_from_json(self._plain(obj))
+
+    async def list_pod_metrics(
+        self, namespace: str, label_selector: str | None = None
+    ) -> list[PodMetrics]:
+        """``metrics.k8s.io/v1beta1`` PodMetrics of ``namespace`` (metrics-server): NotFound
+        when the API is not served (no metrics-server, or its APIService is not registered);
+        a pod metrics-server has not measured yet is absent."""
+        kwargs = {} if label_selector is None else {"label_selector": label_selector}
+        obj = await self._call(
+            self.custom.list_namespaced_custom_object,
+            METRICS_GROUP,
+            METRICS_VERSION,
+            namespace,
+            "pods",
+            **kwargs,
+        )
+        items = obj.get("items") if isinstance(obj, dict) else None
+        return [pod_metrics_from_json(i) for i in items or []]
 
     async def patch_ingress_status(
         self, namespace: str, name: str, addresses: list[str]

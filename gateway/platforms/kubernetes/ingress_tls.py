@@ -298,6 +298,7 @@ class IngressCertificates:
         """For the platform's report: each host's certificate and the problems."""
         return {
             "synced": self.synced,
+            "watch_errors": [w.last_error for w in self._watches if w.last_error],
             "hosts": dict(self.resolution.hosts),
             "problems": [f"ingress {p.ingress}: {p.message}" for p in self.resolution.problems],
         }

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -193,6 +194,18 @@ class Pod:
     cpu_request_cores: float = 0.0
     """The CPU the scheduler reserves for the pod on its node: the larger of its containers'
     requests (plus sidecars') and its largest init container's, plus ``spec.overhead``."""
+
+
+@dataclass(frozen=True, slots=True)
+class PodMetrics:
+    """One pod's ``metrics.k8s.io/v1beta1`` PodMetrics: CPU use per container, averaged over
+    ``window_s`` ending at ``timestamp`` (metrics-server)."""
+
+    meta: Meta
+    timestamp: str
+    window_s: float
+    cpu_cores: Mapping[str, float]
+    """Container name -> cores used."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -422,6 +435,44 @@ def node_from_json(d: Mapping[str, Any]) -> Node:
     )
 
 
+def parse_duration_s(value: str) -> float:
+    """A Go duration as metrics-server writes ``window`` (``15.002s``, ``1m0s``, ``500ms``)."""
+    total, number = 0.0, ""
+    units = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+    i = 0
+    while i < len(value):
+        c = value[i]
+        if c.isdigit() or c == ".":
+            number += c
+            i += 1
+            continue
+        unit = next(
+            (u for u in sorted(units, key=len, reverse=True) if value.startswith(u, i)), None
+        )
+        if unit is None or not number:
+            raise ValueError(f"not a duration: {value!r}")
+        total += float(number) * units[unit]
+        number, i = "", i + len(unit)
+    if number:
+        raise ValueError(f"not a duration (no unit): {value!r}")
+    return total
+
+
+def pod_metrics_from_json(d: Mapping[str, Any]) -> PodMetrics:
+    """A PodMetrics item; a container whose CPU is not a quantity is left out."""
+    cpu: dict[str, float] = {}
+    for c in d.get("containers") or []:
+        with contextlib.suppress(ValueError, TypeError, KeyError):
+            cores = parse_cpu_cores(str((c.get("usage") or {})["cpu"]))
+            if math.isfinite(cores) and cores >= 0:
+                cpu[str(c.get("name") or "")] = cores
+    try:
+        window_s = parse_duration_s(str(d.get("window") or "0s"))
+    except ValueError:
+        window_s = 0.0
+    return PodMetrics(_meta(d), str(d.get("timestamp") or ""), window_s, cpu)
+
+
 def pod_from_json(d: Mapping[str, Any]) -> Pod:
     spec, status = d.get("spec") or {}, d.get("status") or {}
     conditions = {c.get("type"): c for c in status.get("conditions") or []}
@@ -480,7 +531,7 @@ def microtime(t: datetime | None) -> datetime | None:
 def parse_cpu_cores(quantity: str) -> float:
     """A Kubernetes CPU quantity ('250m', '1', '0.5', '2500u', '1e3m') in cores."""
     q = quantity.strip()
-    for suffix, scale in (("n", 1e-9), ("u", 1e-6), ("m", 1e-3), ("k", 1e3)):
+    for suffix, scale in (("n", 1e-9), ("u", 1e-6), ("m", 1e-3), ("k", 1e3), ("M", 1e6)):
         if q.endswith(suffix):
             return float(q[: -len(suffix)]) * scale
     return float(q)

@@ -26,6 +26,7 @@ from gateway.platforms.kubernetes.capacity import ClusterCapacity
 from gateway.platforms.kubernetes.discovery import KubernetesDiscovery, default_identity
 from gateway.platforms.kubernetes.leader import LeaderElector
 from gateway.platforms.kubernetes.peers import PeerSignals
+from gateway.platforms.kubernetes.pod_metrics import PodMetricsSource
 from gateway.platforms.kubernetes.policy_status import PolicyStatusWriter
 from gateway.settings import Settings
 from scaler.loop import ScalerLoop
@@ -82,6 +83,16 @@ class KubernetesControl:
             self.capacity = ClusterCapacity(
                 self.api, self.cache, self.discovery.workloads, settings.budget.reserved
             )
+        self.pod_metrics = PodMetricsSource(
+            self.api,
+            self.cache,
+            self.discovery.workloads,
+            self.cpu_metric_services,
+            interval_s=cfg.pod_metrics_interval_s,
+            is_leader=self.elector.is_leader,
+        )
+        """``cpu_utilization``: metrics.k8s.io PodMetrics, polled by the leader."""
+        self._pod_metrics_task: asyncio.Task[None] | None = None
         self.peer_signals = PeerSignals(
             http, self.discovery.peer_admin_addresses, cfg.peer_timeout_s, token
         )
@@ -99,11 +110,23 @@ class KubernetesControl:
         """Each service's ``scaling.cpu.max``: the pods' CPU limit with share enforcement."""
         return {name: p.cpu.max for name, p in self.discovery.policies().items()}
 
+    def cpu_metric_services(self) -> list[str]:
+        """The services with a ``cpu_utilization`` metric."""
+        return [
+            name
+            for name, p in self.discovery.policies().items()
+            if any(m.type == "cpu_utilization" for m in p.metrics)
+        ]
+
     async def signals(self, now: float | None = None) -> dict[str, ServiceSignals]:
-        """Signals merged from every gateway replica when leading; {} otherwise (frozen).
+        """Signals merged from every gateway replica when leading, with the CPU metrics.k8s.io
+        measures for the services with a cpu_utilization metric; {} otherwise (frozen).
 
         ``now`` defaults to the event loop's clock, so this is a ``ScalerLoop`` signals
         provider as it stands."""
+        return self.pod_metrics.add_cpu_signals(await self._merged(now))
+
+    async def _merged(self, now: float | None) -> dict[str, ServiceSignals]:
         if not self.elector.is_leader():
             return {}
         at = asyncio.get_running_loop().time() if now is None else now
@@ -161,16 +184,28 @@ class KubernetesControl:
                     log.exception("leader election failed; restarting in 1s")
                     await asyncio.sleep(1.0)
 
+        async def poll_metrics() -> None:
+            while True:
+                try:
+                    await self.pod_metrics.run()
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("metrics.k8s.io polling failed; restarting in 1s")
+                    await asyncio.sleep(1.0)
+
         self._elector_task = asyncio.create_task(elect(), name="kube-leader-election")
+        self._pod_metrics_task = asyncio.create_task(poll_metrics(), name="kube-pod-metrics")
         return self
 
     async def __aexit__(
         self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if self._elector_task is not None:
-            self._elector_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._elector_task
+        for task in (self._pod_metrics_task, self._elector_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self.discovery.__aexit__(t, e, tb)
         await self.api.close()
 
@@ -239,6 +274,8 @@ class KubernetesPlatform:
         tls = self.control.discovery.tls
         if tls is not None:
             out["tls"] = tls.report()
+        if self.control.cpu_metric_services():
+            out["pod_metrics"] = self.control.pod_metrics.report()
         return out
 
     def _status_writer(self, scaler: ScalerLoop) -> PolicyStatusWriter:
