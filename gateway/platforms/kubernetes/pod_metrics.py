@@ -118,6 +118,8 @@ class PodMetricsSource:
         """Why the metrics API cannot be read (None: it answers)."""
         self._counters: dict[str, CpuCounter] = {}
         self._usage: dict[str, Usage | None] = {}
+        self._usage_of: tuple[int, int] = (-1, -1)
+        """(polls, pod cache version) the figures in ``_usage`` were computed from."""
         self.polls = 0
 
     def __repr__(self) -> str:
@@ -183,6 +185,10 @@ class PodMetricsSource:
         metric (None when not measured)."""
         out = dict(signals)
         targets = self._targets()
+        state = (self.polls, self.cache.version())
+        if state != self._usage_of:  # a new poll, or a pod or workload changed
+            self._usage.clear()
+            self._usage_of = state
         for service in list(self._counters):
             if service not in targets:
                 del self._counters[service]
@@ -191,12 +197,16 @@ class PodMetricsSource:
             sig = out.get(service)
             if sig is None:
                 continue
-            usage = None
-            scale = self.cache.scale(target)
-            samples = self.samples.get(target.namespace)
-            if scale is not None and samples is not None:
-                usage = service_usage(self.cache.pods(target.namespace, scale.selector), samples)
-            self._usage[service] = usage
+            if service in self._usage:
+                usage = self._usage[service]
+            else:
+                usage = None
+                scale = self.cache.scale(target)
+                samples = self.samples.get(target.namespace)
+                if scale is not None and samples is not None:
+                    pods = self.cache.pods(target.namespace, scale.selector)
+                    usage = service_usage(pods, samples)
+                self._usage[service] = usage
             total = self._counters.setdefault(service, CpuCounter()).update(
                 sig.at, None if usage is None else usage.cores
             )
