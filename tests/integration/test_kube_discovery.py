@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
@@ -13,8 +14,9 @@ from gateway.platforms.kubernetes.api import KubeApi
 from gateway.platforms.kubernetes.discovery import KubernetesDiscovery
 from gateway.platforms.kubernetes.model import ObjectRef
 from gateway.settings import Settings, parse_settings
+from tests.support.certs import make_ca
 from tests.support.fake_kube import FakeKube
-from tests.support.kube_objects import endpoint_slice, ingress, service
+from tests.support.kube_objects import endpoint_slice, ingress, service, tls_secret
 
 T = TypeVar("T")
 TIMEOUT_S = 10
@@ -349,6 +351,59 @@ async def test_only_the_leader_records_an_ingress_problem_once_and_repeats_aggre
                 "create",
                 "patch",
             }
+    finally:
+        await api_a.close()
+        await api_b.close()
+
+
+async def test_tls_fallbacks_are_recorded_by_the_leader_once_and_again_when_back(
+    fake: FakeKube, tmp_path: Path
+) -> None:
+    ca = make_ca(tmp_path)
+    issued = ca.issue(tmp_path, "shop", ["shop.test"])
+    fake.put(
+        ingress("web", [("shop.test", "/", "Prefix", "web", 80)], tls=[(["shop.test"], "web-tls")])
+    )
+    tls = {"tls": {"certificates": [{"cert_file": "unused.pem", "key_file": "unused.key"}]}}
+    config = parse_settings(
+        {**tls, "platform": "kubernetes", "kubernetes": {"status_addresses": ["203.0.113.7"]}}
+    )
+    api_a, api_b = KubeApi.connect(host=fake.url), KubeApi.connect(host=fake.url)
+    leading = {"a": False, "b": False}
+
+    def warnings() -> list[dict[str, Any]]:
+        return [e for e in fake.list("events") if e["reason"] == "TLSCertificate"]
+
+    try:
+        async with KubernetesDiscovery(api_a, config) as a, KubernetesDiscovery(api_b, config) as b:
+            a.is_leader, b.is_leader = (lambda: leading["a"]), (lambda: leading["b"])
+            assert a.tls is not None and b.tls is not None
+            await wait_for(lambda: bool(a.tls and a.tls.resolution.problems))
+            await wait_for(lambda: bool(b.tls and b.tls.resolution.problems))
+            await a.report_problems()
+            await b.report_problems()
+            assert warnings() == []  # nobody leads: nothing recorded
+            leading["a"] = True
+            await a.report_problems()
+            await a.report_problems()
+            await b.report_problems()
+            (event,) = warnings()
+            assert event["message"] == (
+                "host shop.test: secret shop/web-tls not found; served with the default certificate"
+            )
+            assert event["count"] == 1
+            # solved: the Secret appears; then gone again: recorded again (the same Event)
+            fake.put(
+                tls_secret("web-tls", issued.cert_file.read_bytes(), issued.key_file.read_bytes())
+            )
+            await wait_for(lambda: bool(a.tls and not a.tls.resolution.problems))
+            assert a.tls.resolution.hosts == {"shop.test": "secret shop/web-tls"}
+            fake.remove("secrets", "shop", "web-tls")
+            await wait_for(lambda: bool(a.tls and a.tls.resolution.problems))
+            await a.report_problems()
+            (event,) = warnings()
+            assert event["count"] == 2
+            assert {c.verb for c in fake.requests if c.resource == "events"} == {"create", "patch"}
     finally:
         await api_a.close()
         await api_b.close()

@@ -8,6 +8,8 @@ import math
 import pytest
 
 from gateway.platforms.kubernetes.model import (
+    Pod,
+    PodMetrics,
     parse_cpu_cores,
     parse_duration_s,
     pod_from_json,
@@ -55,7 +57,7 @@ def test_bad_windows(window: str) -> None:
         parse_duration_s(window)
 
 
-def metrics(name: str, **cpu: str) -> object:
+def metrics(name: str, **cpu: str) -> PodMetrics:
     return pod_metrics_from_json(
         {
             "metadata": {"name": name, "namespace": "shop"},
@@ -89,7 +91,7 @@ def test_pod_metrics_items() -> None:
 RES = {"requests": {"cpu": "500m"}, "limits": {"cpu": "500m"}}
 
 
-def pods(*ready: bool) -> list:  # type: ignore[type-arg]
+def pods(*ready: bool) -> list[Pod]:
     return [pod_from_json(pod(f"web-{i}", "web", RES, ready=r)) for i, r in enumerate(ready)]
 
 
@@ -100,7 +102,7 @@ def test_usage_is_the_main_containers_over_the_ready_pods() -> None:
         "web-1": metrics("web-1", app="200m"),
         "web-2": metrics("web-2", app="500m"),  # not ready: not counted
     }
-    usage = service_usage(ps, samples)  # type: ignore[arg-type]
+    usage = service_usage(ps, samples)
     assert usage is not None
     assert usage.cores == pytest.approx(0.6)
     assert (usage.measured, usage.ready) == (2, 2)
@@ -109,7 +111,7 @@ def test_usage_is_the_main_containers_over_the_ready_pods() -> None:
 def test_a_ready_pod_not_measured_yet_counts_at_the_measured_average() -> None:
     ps = pods(True, True, True, True)
     samples = {"web-0": metrics("web-0", app="300m"), "web-1": metrics("web-1", app="100m")}
-    usage = service_usage(ps, samples)  # type: ignore[arg-type]
+    usage = service_usage(ps, samples)
     assert usage is not None
     assert usage.cores == pytest.approx(0.8)  # (0.3 + 0.1) / 2 × 4 ready pods
     assert (usage.measured, usage.ready) == (2, 4)
@@ -117,7 +119,7 @@ def test_a_ready_pod_not_measured_yet_counts_at_the_measured_average() -> None:
 
 def test_no_measured_ready_pod_is_no_figure() -> None:
     assert service_usage(pods(True, True), {}) is None
-    assert service_usage(pods(False), {"web-0": metrics("web-0", app="1")}) is None  # type: ignore[dict-item]
+    assert service_usage(pods(False), {"web-0": metrics("web-0", app="1")}) is None
 
 
 def test_the_counter_integrates_the_figure_in_force_over_the_signals_time() -> None:
@@ -136,5 +138,5 @@ def test_a_stopped_measure_resets_once_then_is_missing_and_resumes_from_zero() -
     assert c.update(2.0, None) == 0.0  # a step down: the scaler forgets its rate
     assert c.update(3.0, None) is None
     resumed = c.update(5.0, 0.25)  # as if 0.25 cores had held since the reset at 2.0
-    assert resumed == pytest.approx(0.75)
+    assert resumed is not None and resumed == pytest.approx(0.75)
     assert math.isclose((resumed - 0.0) / (5.0 - 2.0), 0.25)
