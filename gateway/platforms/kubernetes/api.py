@@ -297,17 +297,17 @@ class KubeApi:
         """``metrics.k8s.io/v1beta1`` PodMetrics of ``namespace`` (metrics-server): NotFound
         when the API is not served (no metrics-server, or its APIService is not registered);
         a pod metrics-server has not measured yet is absent."""
-        kwargs = {} if label_selector is None else {"label_selector": label_selector}
-        obj = await self._call(
-            self.custom.list_namespaced_custom_object,
-            METRICS_GROUP,
-            METRICS_VERSION,
-            namespace,
-            "pods",
-            **kwargs,
-        )
-        items = obj.get("items") if isinstance(obj, dict) else None
-        return [pod_metrics_from_json(i) for i in items or []]
+
+        def fetch(**call: Any) -> list[PodMetrics]:  # in the pool: parsing too (2,000 pods)
+            if label_selector is not None:
+                call["label_selector"] = label_selector
+            obj = self.custom.list_namespaced_custom_object(
+                METRICS_GROUP, METRICS_VERSION, namespace, "pods", **call
+            )
+            items = obj.get("items") if isinstance(obj, dict) else None
+            return [pod_metrics_from_json(i) for i in items or []]
+
+        return await self._call(fetch)
 
     async def patch_ingress_status(
         self, namespace: str, name: str, addresses: list[str]
