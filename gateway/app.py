@@ -42,6 +42,7 @@ from gateway.dataplane.tls import (
 )
 from gateway.dataplane.updates import (
     CertificatesUpdate,
+    PemCertificate,
     endpoints_from_settings,
     routes_from_settings,
 )
@@ -93,6 +94,9 @@ class TlsTermination:
         self.platform: list[Certificate] = []
         """The platform's certificates, loaded."""
         self._platform_pem = CertificatesUpdate()
+        self._loaded: dict[tuple[PemCertificate, str, tuple[str, ...]], Certificate] = {}
+        """Platform certificates loaded, by (PEM, version floor, ALPN): one Secret rotated
+        among a thousand loads one context, not a thousand."""
         self.listener = TlsListener(certificates, settings.tls.min_version, alpn)
         self.port = settings.tls.listen.port
         if runtime is not None:
@@ -110,29 +114,36 @@ class TlsTermination:
     def _load_platform(
         self, update: CertificatesUpdate, min_version: str | None = None
     ) -> list[Certificate]:
-        loaded = []
+        floor = min_version or self.config.min_version
+        alpn = tuple(self.listener.alpn)
+        loaded, kept = [], {}
         for pem in update.certificates:
-            try:
-                loaded.append(
-                    load_pem_certificate(
+            key = (pem, floor, alpn)
+            cert = self._loaded.get(key)
+            if cert is None:
+                try:
+                    cert = load_pem_certificate(
                         pem.source,
                         pem.cert_pem,
                         pem.key_pem,
                         hosts=pem.hosts,
-                        min_version=min_version or self.config.min_version,
-                        alpn=self.listener.alpn,
+                        min_version=floor,
+                        alpn=alpn,
                     )
-                )
-            except TlsError as e:  # the platform checked it: only a race gets here
-                log.warning("tls: %s; its hosts get the default certificate", e)
+                except TlsError as e:  # the platform checked it: only a race gets here
+                    log.warning("tls: %s; its hosts get the default certificate", e)
+                    continue
+                for line in expiry_warnings([cert], time.time()):
+                    log.warning("tls: %s", line)
+            kept[key] = cert
+            loaded.append(cert)
+        self._loaded = kept
         return loaded
 
     def apply_certificates(self, update: CertificatesUpdate) -> None:
         """The platform's certificates changed: new handshakes use them at once."""
         self._platform_pem = update
         self.platform = self._load_platform(update)
-        for line in expiry_warnings(self.platform, time.time()):
-            log.warning("tls: %s", line)
         self.listener.swap(self._combined())
         log.info("tls: %d certificate(s) from the platform", len(self.platform))
 
