@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import socket
 from typing import TYPE_CHECKING, cast
 
@@ -29,7 +28,15 @@ from hyperframe.frame import GoAwayFrame
 from gateway.dataplane.errors import Cause
 from gateway.dataplane.forward import Exchange
 from gateway.dataplane.h2encode import install as install_hpack
-from gateway.dataplane.headers import HOP_BY_HOP, HeadCache, connection_tokens, response_fields
+from gateway.dataplane.headers import (
+    H2_BAD_VALUE,
+    H2_CONNECTION_SPECIFIC,
+    H2_FIELD_NAME,
+    HOP_BY_HOP,
+    HeadCache,
+    connection_tokens,
+    response_fields,
+)
 from gateway.dataplane.limits import RequestRejected
 from gateway.dataplane.upstream import WRITE_BUFFER_HIGH, WRITE_BUFFER_LOW
 
@@ -95,13 +102,9 @@ class MalformedRequest(RequestRejected):
 
 
 _PSEUDO = frozenset({b":method", b":scheme", b":authority", b":path"})
-_CONNECTION_SPECIFIC = frozenset(
-    {b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade"}
-)
-_NAME = re.compile(rb"[!#$%&'*+\-.^_`|~0-9a-z]+\Z")
-"""A field name: an RFC 9110 token in lower case (RFC 9113 §8.2.1)."""
-_BAD_VALUE = re.compile(rb"[\x00\r\n]|\A[ \t]|[ \t]\Z")
-"""What a field value must not hold: NUL, CR, LF, or whitespace at either end (§8.2.1)."""
+_CONNECTION_SPECIFIC = H2_CONNECTION_SPECIFIC
+_NAME = H2_FIELD_NAME
+_BAD_VALUE = H2_BAD_VALUE
 _FIELDS_CACHE_MAX = 1024
 _FIELDS_CACHE_ENTRY_MAX = 2048
 """Header sets larger than this (bytes of names and values) are not cached."""

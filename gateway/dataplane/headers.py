@@ -18,10 +18,20 @@ Each function makes one pass over the headers with one dict lookup per field; on
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from http import HTTPStatus
 
 from gateway.dataplane.limits import check_fields
+
+H2_FIELD_NAME = re.compile(rb"[!#$%&'*+\-.^_`|~0-9a-z]+\Z")
+"""An HTTP/2 field name: an RFC 9110 token in lower case (RFC 9113 §8.2.1)."""
+H2_BAD_VALUE = re.compile(rb"[\x00\r\n]|\A[ \t]|[ \t]\Z")
+"""What an HTTP/2 field value must not hold: NUL, CR, LF, or whitespace at either end."""
+H2_CONNECTION_SPECIFIC = frozenset(
+    {b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade"}
+)
+"""Fields an HTTP/2 message must not carry (RFC 9113 §8.2.2)."""
 
 HOP_BY_HOP = frozenset(
     {

@@ -12,6 +12,8 @@ from 1, counted over the process).
   ``x-trailer-count``
 * ``/big?bytes=N`` (or any path ending so) — an N-byte body, sent as fast as the client's windows allow
 * ``/hang`` — headers only, then nothing (until the stream or connection ends)
+* ``/malformed?kind=K`` — a response RFC 9113 calls malformed, of kind ``K`` (see
+  ``MALFORMED``: its header block, or its trailers after a good head and a body)
 * ``/hold?key=K`` — no answer until a ``/goaway-above?key=K`` arrives on the same connection
 * ``/goaway-above?key=K`` — the first time for K: a GOAWAY (NO_ERROR) whose last stream id
   is the stream before this one, so this stream is not processed (RFC 9113 §6.8); then
@@ -48,6 +50,21 @@ import h2.exceptions
 from hyperframe.frame import GoAwayFrame
 
 CHUNK = 16 * 1024
+
+
+MALFORMED: dict[str, tuple[list[tuple[bytes, bytes]], list[tuple[bytes, bytes]] | None]] = {
+    "uppercase-name": ([(b":status", b"200"), (b"X-Upper", b"1")], None),
+    "crlf-in-value": ([(b":status", b"200"), (b"x-a", b"a\r\nx-injected: 1")], None),
+    "space-around-value": ([(b":status", b"200"), (b"x-a", b" padded")], None),
+    "connection-field": ([(b":status", b"200"), (b"connection", b"close")], None),
+    "pseudo-after-regular": ([(b"x-a", b"1"), (b":status", b"200")], None),
+    "no-status": ([(b"x-a", b"1")], None),
+    "request-pseudo": ([(b":status", b"200"), (b":path", b"/")], None),
+    "bad-status": ([(b":status", b"2x0")], None),
+    "trailer-pseudo": ([(b":status", b"200")], [(b":status", b"200")]),
+    "trailer-crlf": ([(b":status", b"200")], [(b"grpc-message", b"a\r\nb")]),
+}
+"""Malformed responses: (header block, trailers or None)."""
 
 
 class State:
@@ -91,7 +108,12 @@ class Server(asyncio.Protocol):
     def __init__(self, state: State) -> None:
         self.state = state
         self.conn = h2.connection.H2Connection(
-            h2.config.H2Configuration(client_side=False, header_encoding=None)
+            h2.config.H2Configuration(
+                client_side=False,
+                header_encoding=None,
+                validate_outbound_headers=False,  # (what /malformed sends is checked nowhere)
+                normalize_outbound_headers=False,
+            )
         )
         self.transport: asyncio.Transport | None = None
         self.streams: dict[int, Stream] = {}
@@ -207,6 +229,14 @@ class Server(asyncio.Protocol):
             self.streams.pop(sid, None)
             return
         self.state.served += 1
+        if url.path.endswith("/malformed"):
+            block, trailers = MALFORMED[query["kind"][0]]
+            self.conn.send_headers(sid, block, end_stream=trailers is None)
+            if trailers is not None:
+                self.conn.send_data(sid, b"body")
+                self.conn.send_headers(sid, trailers, end_stream=True)
+            self.streams.pop(sid, None)
+            return
         if url.path == "/hang":
             self.conn.send_headers(sid, head)
             return
