@@ -416,7 +416,9 @@ class Exchange:
 
     # -- request body from the client ----------------------------------------------------------
 
-    def on_request_body(self, body: bytes) -> None:
+    def on_request_body(self, body: bytes, last: bool = False) -> None:
+        """A piece of the request body (``last``: an HTTP/2 client's END_STREAM came with it,
+        so an HTTP/2 upstream stream can end with it too; ``on_request_end`` follows)."""
         if self.done:
             return  # the exchange ended early: the rest of the body is read and dropped
         self.body_bytes += len(body)
@@ -426,7 +428,7 @@ class Exchange:
             self.fail(Cause.BODY_TOO_LARGE)
             return
         if self.h2up is not None:
-            self.h2up.body(body)
+            self.h2up.body(body, last)
             return
         up = self.upstream
         if up is not None:

@@ -27,6 +27,7 @@ from hyperframe.frame import GoAwayFrame
 
 from gateway.dataplane.errors import Cause
 from gateway.dataplane.forward import Exchange
+from gateway.dataplane.h2encode import QuietConnection
 from gateway.dataplane.h2encode import install as install_hpack
 from gateway.dataplane.headers import (
     H2_BAD_VALUE,
@@ -508,7 +509,7 @@ class H2Connection(asyncio.Protocol):
         self.dp = dp
         self.tls = tls
         """Came through the TLS listener (``h2`` by ALPN): ``X-Forwarded-Proto: https``."""
-        self.h2 = h2.connection.H2Connection(_CONFIG)
+        self.h2 = QuietConnection(_CONFIG)
         install_hpack(self.h2)
         self.transport: asyncio.Transport = None  # type: ignore[assignment]  # connection_made
         self.peer_ip = b""
@@ -591,10 +592,12 @@ class H2Connection(asyncio.Protocol):
                 stream.unacked += n
             else:
                 self.acknowledge(sid, n)
-            if ex is not None and event.data:
-                ex.on_request_body(event.data)
-            if event.stream_ended and ex is not None and not ex.req_done:
-                ex.on_request_end()
+            if ex is not None:
+                ended = event.stream_ended is not None
+                if event.data:
+                    ex.on_request_body(event.data, ended)
+                if ended and not ex.req_done:
+                    ex.on_request_end()
         elif isinstance(event, h2.events.StreamEnded):
             pass  # carried by the DataReceived/RequestReceived it came with
         elif isinstance(event, h2.events.TrailersReceived):

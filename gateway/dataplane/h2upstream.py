@@ -29,6 +29,7 @@ import h2.settings
 from hyperframe.frame import Frame, GoAwayFrame
 
 from gateway.dataplane.errors import Cause
+from gateway.dataplane.h2encode import QuietConnection
 from gateway.dataplane.h2encode import install as install_hpack
 from gateway.dataplane.headers import (
     H2_BAD_VALUE,
@@ -274,7 +275,7 @@ class H2UpstreamConnection(asyncio.Protocol):
     def __init__(self, pool: H2EndpointConnections) -> None:
         self.pool = pool
         self.dp = pool.dp
-        self.h2 = h2.connection.H2Connection(_CONFIG)
+        self.h2 = QuietConnection(_CONFIG)
         install_hpack(self.h2)
         # The h2 library closes its state machine on a received GOAWAY (and drops what it
         # had to send), so the streams the upstream still answers (up to its last stream id,
@@ -408,17 +409,20 @@ class H2UpstreamConnection(asyncio.Protocol):
         stream.bound(self, sid)
         self._send()
 
-    def send_data(self, sid: int, data: bytes) -> bytes:
-        """Send what the windows allow; return the rest."""
+    def send_data(self, sid: int, data: bytes, end: bool = False) -> bytes:
+        """Send what the windows allow (``end``: END_STREAM on the frame that takes the last
+        byte); return the rest."""
         conn = self.h2
         sent = 0
+        total = len(data)
         try:
             window = conn.local_flow_control_window(sid)
             size = conn.max_outbound_frame_size
-            while sent < len(data) and window > 0:
-                n = min(window, size, len(data) - sent)
-                conn.send_data(sid, data[sent : sent + n])
+            while sent < total and window > 0:
+                n = min(window, size, total - sent)
+                piece = data if n == total else data[sent : sent + n]
                 sent += n
+                conn.send_data(sid, piece, end_stream=end and sent == total)
                 window -= n
         except h2.exceptions.ProtocolError:
             return b""
@@ -528,6 +532,7 @@ class H2Upstream:
         "cancelled",
         "conn",
         "connect_s",
+        "end_sent",
         "ex",
         "got_bytes",
         "head_ends",
@@ -551,6 +556,8 @@ class H2Upstream:
         self.pending: list[bytes] = []
         """Request bytes waiting for the upstream's window."""
         self.req_end = ex.req_done  # (an HTTP/2 GET ended with its HEADERS: no end() call)
+        self.end_sent = False
+        """END_STREAM went with the last DATA frame (no separate empty frame to end)."""
         self.response_ended = False
         self.got_bytes = False
         self.head_ends = False
@@ -612,8 +619,10 @@ class H2Upstream:
             buf, self.buf = self.buf, []
             self.buf_bytes = 0
             ex.client.unpause(PAUSE_BUFFER)
-            for piece in buf:
-                self._send_body(piece)
+            last = len(buf) - 1
+            end_with_data = self.req_end and self.trailers is None
+            for i, piece in enumerate(buf):
+                self._send_body(piece, end_with_data and i == last)
         if end:
             ex._request_sent()
         elif self.req_end:
@@ -657,7 +666,9 @@ class H2Upstream:
             fields.append((b"traceparent", ex.attempt_span.traceparent))
         return fields
 
-    def body(self, data: bytes) -> None:
+    def body(self, data: bytes, last: bool = False) -> None:
+        """A piece of the request body (``last``: nothing follows, the stream may end with
+        it unless trailers are to come)."""
         replay = self.replay
         if replay is not None:
             self.replay_bytes += len(data)
@@ -672,15 +683,17 @@ class H2Upstream:
             if self.buf_bytes > BUFFER_LIMIT:
                 self.ex.client.pause(PAUSE_BUFFER)
             return
-        self._send_body(data)
+        self._send_body(data, last and self.trailers is None)
 
-    def _send_body(self, data: bytes) -> None:
+    def _send_body(self, data: bytes, end: bool = False) -> None:
         conn = self.conn
         assert conn is not None
         if self.pending:
             self.pending.append(data)
             return
-        rest = conn.send_data(self.sid, data)
+        rest = conn.send_data(self.sid, data, end)
+        if end and not rest:
+            self.end_sent = True
         if rest:
             self.pending.append(rest)
             conn.blocked.add(self)
@@ -701,7 +714,9 @@ class H2Upstream:
             return  # sent when the window opens (window_opened)
         conn = self.conn
         assert conn is not None
-        if self.trailers is not None:
+        if self.end_sent:
+            pass
+        elif self.trailers is not None:
             conn.send_trailers(self.sid, self.trailers)
         else:
             conn.end_stream(self.sid)
