@@ -509,6 +509,8 @@ class H2Connection(asyncio.Protocol):
         self.dp = dp
         self.tls = tls
         """Came through the TLS listener (``h2`` by ALPN): ``X-Forwarded-Proto: https``."""
+        self.send_queued = False
+        """``_send`` waits for the end of the loop round (``_send_soon``)."""
         self.h2 = QuietConnection(_CONFIG)
         install_hpack(self.h2)
         self.transport: asyncio.Transport = None  # type: ignore[assignment]  # connection_made
@@ -578,7 +580,7 @@ class H2Connection(asyncio.Protocol):
             if self.closed:
                 return
             self._event(event)
-        self._send()
+        self._send_soon()
 
     def _event(self, event: h2.events.Event) -> None:
         if isinstance(event, h2.events.RequestReceived):
@@ -748,16 +750,24 @@ class H2Connection(asyncio.Protocol):
     # -- sending (h2 queues frames; one write per call site) ------------------------------
 
     def _send(self) -> None:
+        self.send_queued = False
         data = self.h2.data_to_send()
         if data and not self.closed:
             self.dp.outbox.write(self.transport, data)
+
+    def _send_soon(self) -> None:
+        """Write what h2 queued at the end of this loop round (with the other streams'
+        frames of the round: one write), or at once when the data plane writes at once."""
+        if not self.send_queued:
+            self.send_queued = True
+            self.dp.outbox.later(self._send)
 
     def send_headers(self, sid: int, fields: list[tuple[bytes, bytes]], end: bool) -> None:
         try:
             self.h2.send_headers(sid, fields, end_stream=end)
         except h2.exceptions.ProtocolError:
             return  # the stream is gone (reset meanwhile)
-        self._send()
+        self._send_soon()
 
     def send_data(self, sid: int, data: bytes, end: bool = False) -> bytes:
         """Send what the windows allow (``end``: END_STREAM on the last frame, when all of
@@ -769,7 +779,7 @@ class H2Connection(asyncio.Protocol):
             total = len(data)
             if total <= window and total <= size:  # the usual case: one frame
                 conn.send_data(sid, data, end_stream=end)
-                self._send()
+                self._send_soon()
                 return b""
             sent = 0
             while sent < total and window > 0:
@@ -779,13 +789,13 @@ class H2Connection(asyncio.Protocol):
                 window -= n
         except h2.exceptions.ProtocolError:
             return b""  # the stream is gone: drop the rest
-        self._send()
+        self._send_soon()
         return data[sent:]
 
     def end_stream(self, sid: int) -> None:
         with contextlib.suppress(h2.exceptions.ProtocolError):
             self.h2.end_stream(sid)
-        self._send()
+        self._send_soon()
 
     def reset(self, sid: int, code: int) -> None:
         with contextlib.suppress(h2.exceptions.ProtocolError):
@@ -796,7 +806,7 @@ class H2Connection(asyncio.Protocol):
         if n:
             with contextlib.suppress(h2.exceptions.ProtocolError):
                 self.h2.acknowledge_received_data(n, sid)
-            self._send()
+            self._send_soon()
 
     # -- stream lifetimes -----------------------------------------------------------------
 

@@ -288,6 +288,8 @@ class H2UpstreamConnection(asyncio.Protocol):
         self.usable = True
         """Not closed and no GOAWAY received: new streams may start here."""
         self.closed = False
+        self.send_queued = False
+        """``_send`` waits for the end of the loop round (``_send_soon``)."""
 
     def has_room(self) -> bool:
         return len(self.streams) < self.h2.remote_settings.max_concurrent_streams
@@ -323,7 +325,7 @@ class H2UpstreamConnection(asyncio.Protocol):
             return
         for event in events:
             self._event(event)
-        self._send()
+        self._send_soon()
 
     def _event(self, event: h2.events.Event) -> None:
         if isinstance(event, h2.events.ResponseReceived):
@@ -399,15 +401,23 @@ class H2UpstreamConnection(asyncio.Protocol):
     # -- used by H2Upstream ----------------------------------------------------------------
 
     def _send(self) -> None:
+        self.send_queued = False
         data = self.h2.data_to_send()
         if data and self.transport is not None and not self.closed:
             self.dp.outbox.write(self.transport, data)
+
+    def _send_soon(self) -> None:
+        """Write what h2 queued at the end of this loop round (all the streams' frames of
+        the round in one write), or at once when the data plane writes at once."""
+        if not self.send_queued:
+            self.send_queued = True
+            self.dp.outbox.later(self._send)
 
     def start(self, stream: H2Upstream) -> None:
         sid = self.h2.get_next_available_stream_id()
         self.streams[sid] = stream
         stream.bound(self, sid)
-        self._send()
+        self._send_soon()
 
     def send_data(self, sid: int, data: bytes, end: bool = False) -> bytes:
         """Send what the windows allow (``end``: END_STREAM on the frame that takes the last
@@ -426,18 +436,18 @@ class H2UpstreamConnection(asyncio.Protocol):
                 window -= n
         except h2.exceptions.ProtocolError:
             return b""
-        self._send()
+        self._send_soon()
         return data[sent:]
 
     def end_stream(self, sid: int) -> None:
         with contextlib.suppress(h2.exceptions.ProtocolError):
             self.h2.end_stream(sid)
-        self._send()
+        self._send_soon()
 
     def send_trailers(self, sid: int, fields: list[tuple[bytes, bytes]]) -> None:
         with contextlib.suppress(h2.exceptions.ProtocolError):
             self.h2.send_headers(sid, fields, end_stream=True)
-        self._send()
+        self._send_soon()
 
     def ack_connection(self, n: int) -> None:
         """Give ``n`` received bytes back to the connection's window only."""
@@ -825,7 +835,7 @@ class H2Upstream:
         if self.unacked and self.conn is not None:
             n, self.unacked = self.unacked, 0
             self.conn.ack_stream(self.sid, n)
-            self.conn._send()
+            self.conn._send_soon()
 
     def release(self) -> None:
         self.cancelled = True

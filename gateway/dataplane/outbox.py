@@ -21,6 +21,11 @@ writes are held, until a round holds fewer again.  Writes larger than
 ``OUTBOX_MAX_BYTES`` (body streaming) are written at once after what is held, so memory and
 flow control (``pause_writing`` of the transport) stay as they were.
 
+A connection that produces its bytes in many small steps per round (an HTTP/2 connection:
+each stream's frames) can ask to be called once at the end of the round instead
+(:meth:`Outbox.later`): its producer runs before the held writes go out, so the round's
+frames of all its streams leave in one write.
+
 Whoever writes to, closes or aborts a transport the outbox may hold writes for must
 :meth:`Outbox.flush` first when :attr:`Outbox.pending` is set, so the bytes stay in order
 and a close never overtakes them.
@@ -30,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +49,7 @@ class Outbox:
     """The data plane's writes of one event-loop round, sent together at its end when the
     loop is busy (several writes per round), at once when it is not."""
 
-    __slots__ = ("held_bytes", "holding", "loop", "pending", "round_writes")
+    __slots__ = ("held_bytes", "holding", "loop", "pending", "producers", "round_writes")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
@@ -54,6 +60,8 @@ class Outbox:
         """Writes are held (the last round had several); else they go out at once."""
         self.round_writes = 0
         """Writes sent at once in the current round (while not holding)."""
+        self.producers: list[Callable[[], None]] = []
+        """Called at the end of the round, before the held writes go out (see ``later``)."""
 
     def write(self, transport: asyncio.Transport, data: bytes) -> None:
         """``transport.write(data)``, at the end of this loop round when holding."""
@@ -98,6 +106,18 @@ class Outbox:
         pending.append((transport, pieces))
         self.held_bytes = size
 
+    def later(self, producer: Callable[[], None]) -> None:
+        """Call ``producer`` (which writes through this outbox) once the round's I/O
+        callbacks ran, before the held writes go out; at once when writes are not held.
+        The caller asks once per round (it keeps its own flag)."""
+        if self.pending is None and not self.holding:
+            producer()
+            return
+        self.producers.append(producer)
+        if self.pending is None:
+            self.pending = []
+            self.loop.call_soon(self._round_flush)
+
     def _round_end(self) -> None:
         """A round that wrote at once ended: hold the next rounds' writes if it wrote several."""
         if self.round_writes >= HOLD_MIN_WRITES:
@@ -107,12 +127,18 @@ class Outbox:
     def _round_flush(self) -> None:
         """A round that held writes ended: send them; write at once again if it held few."""
         pending = self.pending
-        if pending is not None and len(pending) < HOLD_MIN_WRITES:
+        if pending is not None and len(pending) + len(self.producers) < HOLD_MIN_WRITES:
             self.holding = False
         self.flush()
 
     def flush(self) -> None:
-        """Send everything held, in order (to a transport closed meanwhile: dropped)."""
+        """Send everything held, in order (to a transport closed meanwhile: dropped), after
+        the producers waiting for the round's end wrote theirs."""
+        producers = self.producers
+        if producers:
+            self.producers = []
+            for producer in producers:
+                producer()
         pending = self.pending
         if pending is None:
             return

@@ -124,3 +124,33 @@ async def test_a_quiet_loop_writes_at_once_and_a_busy_round_turns_holding_on() -
     assert not outbox.holding  # that round held only one write: at once again
     outbox.write(a, b"again")
     assert log[-1] == ("a", b"again")
+
+
+async def test_a_producer_writes_once_at_the_end_of_the_round_before_the_held_writes_go() -> None:
+    outbox = holding_outbox()
+    log, (a, b) = transports("a", "b")
+    queued: list[bytes] = []
+
+    def produce() -> None:  # an HTTP/2 connection writing what its streams queued
+        outbox.write(b, b"".join(queued))
+        queued.clear()
+
+    outbox.write(a, b"1")
+    queued.append(b"frame1")
+    outbox.later(produce)
+    queued.append(b"frame2")  # (the producer is asked once per round)
+    assert log == []
+    await asyncio.sleep(0)
+    assert log == [("a", b"1"), ("b", b"frame1frame2")]
+    queued.append(b"frame3")
+    outbox.later(produce)  # alone in its round: still waits for the round's end
+    assert log[-1] == ("b", b"frame1frame2")
+    outbox.flush()  # an explicit flush (before a close) runs the producers first
+    assert log[-1] == ("b", b"frame3")
+
+
+async def test_a_producer_runs_at_once_when_writes_are_not_held() -> None:
+    outbox = Outbox(asyncio.get_running_loop())
+    log, (a,) = transports("a")
+    outbox.later(lambda: outbox.write(a, b"now"))
+    assert log == [("a", b"now")]
