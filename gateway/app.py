@@ -30,6 +30,7 @@ from gateway.admin.server import AdminServer
 from gateway.dataplane.access_log import AccessLog
 from gateway.dataplane.limits import HeadLimits
 from gateway.dataplane.server import DataPlane
+from gateway.dataplane.shared_admission import SharedLimits, drain_then, pipe_notifier
 from gateway.dataplane.tls import (
     Certificate,
     CertificateSet,
@@ -446,6 +447,7 @@ async def serve(
         print(f"sluice: cannot listen: {e}", file=sys.stderr, flush=True)
         if workers is not None:
             await workers.stop(0)
+            workers.close()
         await dataplane.stop(0)
         if access_log is not None:
             access_log.close()
@@ -481,6 +483,7 @@ async def serve(
         await reloader.stop()
     if workers is not None:
         await workers.stop(drain_s)
+        workers.close()
     await dataplane.stop(drain_s)
     if access_log is not None:
         loop.remove_signal_handler(signal.SIGUSR1)
@@ -552,6 +555,11 @@ async def serve_worker(fd: int) -> int:
         runtime.apply_settings(new)
         dataplane.configure(new.trusted_proxies, HeadLimits.from_settings(new.limits))
 
+    shared = None
+    if start.shared_fd >= 0:
+        shared = SharedLimits(
+            start.shared_fd, len(start.wake_fds), start.index, pipe_notifier(start.wake_fds)
+        )
     link = WorkerLink(
         channel,
         runtime,
@@ -559,7 +567,11 @@ async def serve_worker(fd: int) -> int:
         lambda: dataplane.unmatched_total,
         applied=start.seq,
         hooks=start.hooks,
+        shared=shared,
     )
+    if shared is not None:
+        wake_fd = start.wake_fds[start.index][0]
+        loop.add_reader(wake_fd, drain_then, wake_fd, link.wake)
     await dataplane.start(*start.listen, reuse_port=True)
     if tls is not None and settings.tls is not None and start.tls_listen is not None:
         _, tls.port = await dataplane.start_tls(*start.tls_listen, tls.listener, reuse_port=True)

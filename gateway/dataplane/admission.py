@@ -51,6 +51,7 @@ from typing import Protocol
 
 from aiolimiter import AsyncLimiter
 
+from gateway.dataplane.shared_admission import ADMITTED, FULL, SharedRow
 from gateway.settings import ServiceLimits
 
 QUEUE_WAIT_BUCKETS_S: tuple[float, ...] = (
@@ -135,10 +136,13 @@ class Admission:
         "_limiter",
         "_loop",
         "_queue",
+        "_rate_interval_s",
         "_rate_retry_after_s",
+        "_rate_tolerance_s",
         "_wake_scheduled",
         "capacity",
         "early_wake_at",
+        "gated",
         "gauge",
         "hold_when_empty",
         "in_use",
@@ -153,6 +157,8 @@ class Admission:
         "rejected",
         "replicas",
         "service",
+        "shared",
+        "shared_held",
         "wait_counts",
         "wait_sum_s",
     )
@@ -200,6 +206,15 @@ class Admission:
         self.max_body_bytes: int | None = None
         self._limiter: AsyncLimiter | None = None
         self._rate_retry_after_s = 1
+        self._rate_interval_s = 0.0
+        self._rate_tolerance_s = 0.0
+        self.shared: SharedRow | None = None
+        """The service's row shared with the other data-plane workers (``workers: N``): the
+        slots, the queue bound and the rate limit then hold for all of them together."""
+        self.shared_held = 0
+        """Slots this worker holds in the shared row."""
+        self.gated = False
+        """The fast path (:meth:`try_take`) does not apply: a rate limit, or shared slots."""
         self.configure(limits or ServiceLimits())
 
     # -- configuration (startup and hot reload) ---------------------------------------------
@@ -219,6 +234,14 @@ class Admission:
             if old is None or old.max_rate != burst or old.time_period != burst / rate.rps:
                 self._limiter = AsyncLimiter(burst, burst / rate.rps)
             self._rate_retry_after_s = max(1, math.ceil(1 / rate.rps))
+            self._rate_interval_s = 1 / rate.rps
+            self._rate_tolerance_s = (burst - 1) / rate.rps
+        self.set_replicas(self.replicas)
+
+    def share(self, row: SharedRow | None) -> None:
+        """Enforce the limits together with the other workers through ``row`` (``None``:
+        alone).  Requests queued or holding slots now keep them."""
+        self.shared = row
         self.set_replicas(self.replicas)
 
     def hold_at_zero(self, on_hold: Callable[[], None] | None) -> None:
@@ -252,7 +275,14 @@ class Admission:
             self.capacity = 0
         else:
             self.capacity = math.inf if per is None else per * replicas
-        if self.queued and self.in_use < self.capacity:
+        shared = self.shared
+        self.gated = self._limiter is not None or (shared is not None and self.capacity != math.inf)
+        if shared is not None:
+            if self.capacity != math.inf:
+                shared.grow(self.capacity)
+            elif self.queued and not self._wake_scheduled:
+                self._schedule_wake()
+        elif self.queued and self.in_use < self.capacity:
             self._schedule_wake()
 
     # -- hot path -------------------------------------------------------------------------
@@ -268,6 +298,8 @@ class Admission:
         request later gets exactly one of ``on_admit(wait_s)`` (it then holds a slot) or
         ``on_reject(error)``, unless it is :meth:`abandon`\\ ed first.
         """
+        if self.shared is not None:
+            return self._admit_shared(on_admit, on_reject)
         if self._limiter is not None:
             self._take_token()
         if self.in_use < self.capacity and not self.queued:
@@ -287,7 +319,7 @@ class Admission:
 
         The data plane's fast path (no callbacks to create); on False it calls :meth:`admit`.
         """
-        if self._limiter is None and self.in_use < self.capacity and not self.queued:
+        if not self.gated and self.in_use < self.capacity and not self.queued:
             self.in_use += 1
             if self.in_use == 1 and self.on_busy_change is not None:
                 self.on_busy_change(True)
@@ -299,7 +331,9 @@ class Admission:
     def release(self) -> None:
         """A request that held a slot has finished."""
         self.in_use -= 1
-        if self.queued:
+        if self.shared_held:
+            self._release_shared()
+        elif self.queued:
             if not self._wake_scheduled:
                 self._schedule_wake()
         elif not self.in_use and self.on_busy_change is not None:
@@ -309,6 +343,8 @@ class Admission:
         """A queued request's client went away: drop it from the queue (no callback)."""
         if waiter.live:
             self._drop(waiter)
+            if self.shared is not None:
+                self._leave_shared()
             self._maybe_idle()
 
     # -- slow paths -----------------------------------------------------------------------
@@ -350,18 +386,25 @@ class Admission:
         coro.close()  # pragma: no cover - has_capacity() just said it would not wait
         raise AssertionError("aiolimiter waited although it had capacity")  # pragma: no cover
 
+    def _queue_full(self) -> QueueFull:
+        self.rejected[QueueFull.code] += 1
+        return QueueFull(
+            self.service,
+            QUEUE_RETRY_AFTER_S,
+            f"{self.queue_max} request(s) already waiting (queue.max {self.queue_max})",
+        )
+
     def _enqueue(
-        self, on_admit: Callable[[float], None], on_reject: Callable[[AdmissionError], None]
+        self,
+        on_admit: Callable[[float], None],
+        on_reject: Callable[[AdmissionError], None],
+        now: float | None = None,
     ) -> Waiter:
-        if self.queued >= self.queue_max:
-            self.rejected[QueueFull.code] += 1
-            raise QueueFull(
-                self.service,
-                QUEUE_RETRY_AFTER_S,
-                f"{self.queued} request(s) already waiting (queue.max {self.queue_max})",
-            )
+        if now is None and self.queued >= self.queue_max:
+            raise self._queue_full()
         loop = self._loop_now()
-        now = loop.time()
+        if now is None:
+            now = loop.time()
         waiter = Waiter(on_admit, on_reject, now)
         waiter.timer = loop.call_at(now + self.queue_timeout_s, self._expire, waiter)
         self._queue.append(waiter)
@@ -370,7 +413,10 @@ class Admission:
             self.gauge.queued = self.queued
         if self.queued == 1 and not self.in_use and self.on_busy_change is not None:
             self.on_busy_change(True)
-        if self.in_use < self.capacity:
+        if self.shared is not None:
+            if self.replicas == 0 and self.on_hold is not None:
+                self.on_hold()
+        elif self.in_use < self.capacity:
             self._schedule_wake()
         elif self.replicas == 0 and self.on_hold is not None:
             self.on_hold()
@@ -393,6 +439,8 @@ class Admission:
             return
         waiter.timer = None
         self._drop(waiter)
+        if self.shared is not None:
+            self._leave_shared()
         self._maybe_idle()
         self.rejected[QueueTimeout.code] += 1
         self._observe_wait(self._loop_now().time() - waiter.enqueued_at)
@@ -410,6 +458,9 @@ class Admission:
 
     def _wake(self) -> None:
         self._wake_scheduled = False
+        if self.shared is not None:
+            self._wake_shared()
+            return
         queue = self._queue
         now = self._loop_now().time()
         while self.queued and self.in_use < self.capacity:
@@ -422,6 +473,96 @@ class Admission:
             wait_s = now - waiter.enqueued_at
             self._observe_wait(wait_s)
             waiter.on_admit(wait_s)
+
+    # -- shared with the other workers (``workers: N``) -----------------------------------
+
+    def _admit_shared(
+        self,
+        on_admit: Callable[[float], None],
+        on_reject: Callable[[AdmissionError], None],
+    ) -> Waiter | None:
+        row = self.shared
+        assert row is not None
+        now = self._loop_now().time()
+        if self._limiter is not None and not row.take_token(
+            now, self._rate_interval_s, self._rate_tolerance_s
+        ):
+            self.rejected[RateLimited.code] += 1
+            raise RateLimited(
+                self.service,
+                self._rate_retry_after_s,
+                f"over {self._limiter.max_rate:g} requests per {self._limiter.time_period:g}s",
+            )
+        if self.capacity == math.inf:
+            verdict = ADMITTED
+        else:
+            verdict = row.enter(self.capacity, self.queue_max, now)
+            if verdict == FULL:
+                raise self._queue_full()
+        if verdict == ADMITTED:
+            if self.capacity != math.inf:
+                self.shared_held += 1
+            self.in_use += 1
+            if self.in_use == 1 and not self.queued and self.on_busy_change is not None:
+                self.on_busy_change(True)
+            if self.in_use + self.queued >= self.early_wake_at:
+                self._wake_early()
+            return None
+        waiter = self._enqueue(on_admit, on_reject, now)
+        if self.in_use + self.queued >= self.early_wake_at:
+            self._wake_early()
+        return waiter
+
+    def _release_shared(self) -> None:
+        row = self.shared
+        self.shared_held -= 1
+        if row is not None:
+            row.release(self.capacity)
+        if not self.in_use and not self.queued and self.on_busy_change is not None:
+            self.on_busy_change(False)
+
+    def _leave_shared(self) -> None:
+        row = self.shared
+        assert row is not None
+        if self.capacity != math.inf:
+            row.leave(self.capacity, self._head_after)
+
+    def _head_after(self, skip: int) -> float:
+        """Enqueue time of the live waiter after the first ``skip`` (inf when none)."""
+        for waiter in self._queue:
+            if waiter.live:
+                if not skip:
+                    return waiter.enqueued_at
+                skip -= 1
+        return math.inf
+
+    def wake_shared(self) -> None:
+        """Another worker may have granted this one slots (its pipe was written)."""
+        if self.shared is not None and not self._wake_scheduled:
+            self._wake_shared()
+
+    def _wake_shared(self) -> None:
+        row = self.shared
+        assert row is not None
+        queue = self._queue
+        now = self._loop_now().time()
+        if self.capacity == math.inf:  # the limit went away: everybody in
+            granted = self.queued
+        else:
+            granted = row.consume(self._head_after)
+            self.shared_held += granted
+        while granted and self.queued:
+            waiter = queue[0]
+            self._drop(waiter)
+            self.in_use += 1
+            granted -= 1
+            wait_s = now - waiter.enqueued_at
+            self._observe_wait(wait_s)
+            waiter.on_admit(wait_s)
+        while granted:  # pragma: no cover - a grant always has its request (leave() frees)
+            granted -= 1
+            self.in_use += 1
+            self.release()
 
     def _observe_wait(self, wait_s: float) -> None:
         self.wait_counts[bisect_left(QUEUE_WAIT_BUCKETS_S, wait_s)] += 1

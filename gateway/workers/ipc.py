@@ -49,6 +49,10 @@ class Start:
     log_format: str = "text"
     certificates: CertificatesUpdate = field(default_factory=CertificatesUpdate)
     """The platform's TLS certificates (Kubernetes: the Ingresses' TLS Secrets)."""
+    shared_fd: int = -1
+    """The shared admission file (``gateway.dataplane.shared_admission``); -1: none."""
+    wake_fds: tuple[tuple[int, int], ...] = ()
+    """Per worker index, (read, write) ends of its wake pipe (a slot was granted to it)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,12 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.dataplane.app_metrics import AppState
+from gateway.dataplane.shared_admission import (
+    SharedLimits,
+    create_file,
+    create_pipes,
+    pipe_notifier,
+)
 from gateway.dataplane.stats import ServiceStats, StatsState
 from gateway.dataplane.updates import CertificatesUpdate, EndpointUpdate, RoutesUpdate
 from gateway.runtime import Runtime
@@ -135,6 +141,10 @@ class Workers:
         self._tokens = itertools.count(1)
         self._collecting: dict[int, tuple[set[int], asyncio.Future[None]]] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self.shared_fd = create_file(count)
+        self.wake_pipes = create_pipes(count)
+        self.shared = SharedLimits(self.shared_fd, count, -1, pipe_notifier(self.wake_pipes))
+        """Admission shared by the workers; this process frees a dead worker's slots."""
         runtime.on_update = self.forward
         runtime.workers = self
 
@@ -225,9 +235,10 @@ class Workers:
 
     async def _spawn(self, w: WorkerProcess) -> None:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        shared = (self.shared_fd, *(fd for pipe in self.wake_pipes for fd in pipe))
         try:
             w.process = await asyncio.create_subprocess_exec(
-                *self.argv(child.fileno()), pass_fds=(child.fileno(),)
+                *self.argv(child.fileno()), pass_fds=(child.fileno(), *shared)
             )
         finally:
             child.close()
@@ -244,7 +255,9 @@ class Workers:
                 self.listen,
                 self.tls_listen,
                 *self.log_setup,
-                self.runtime.certificates,
+                certificates=self.runtime.certificates,
+                shared_fd=self.shared_fd,
+                wake_fds=tuple(self.wake_pipes),
             )
         )
         message = await self._until_ready(w, channel)
@@ -331,6 +344,11 @@ class Workers:
                 [a.retired()] if kept is None else [kept, a.retired()]
             )
         self._retired_unmatched += w.unmatched
+        # Its slots, queue places and grants in the shared admission are free again (a
+        # worker killed with requests in flight never gave them back itself).
+        self.shared.reset_worker(
+            w.index, [(n, s.admission.capacity) for n, s in self.runtime.services.items()]
+        )
         names = set(w.stats) | set(w.admission) | w.busy
         w.stats, w.admission, w.in_flight, w.unmatched = {}, {}, {}, 0
         busy, w.busy = w.busy, set()
@@ -378,6 +396,14 @@ class Workers:
         for sock in self._reserved:
             sock.close()
         self._reserved = []
+
+    def close(self) -> None:
+        """Release the shared admission file and the wake pipes (after :meth:`stop`)."""
+        self.shared.close()
+        for fd in (self.shared_fd, *(fd for pipe in self.wake_pipes for fd in pipe)):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.wake_pipes = []
 
     def signal(self, sig: signal.Signals) -> None:
         """Send ``sig`` to every worker (SIGUSR1: reopen the access log)."""

@@ -13,6 +13,7 @@ import os
 from collections.abc import Callable
 
 from gateway.dataplane.app_metrics import AppState
+from gateway.dataplane.shared_admission import SharedLimits
 from gateway.dataplane.updates import CertificatesUpdate, EndpointUpdate, RoutesUpdate
 from gateway.runtime import Runtime
 from gateway.settings import Settings
@@ -49,6 +50,7 @@ class WorkerLink:
         *,
         applied: int,
         hooks: Hooks,
+        shared: SharedLimits | None = None,
     ) -> None:
         self.channel = channel
         self.runtime = runtime
@@ -56,6 +58,9 @@ class WorkerLink:
         self.unmatched = unmatched
         self.applied = applied
         self.hooks = hooks
+        self.shared = shared
+        """Admission shared with the other workers (limits hold for the whole gateway)."""
+        self._unshared: set[str] = set()
         self._sent: dict[str, tuple[int, ...]] = {}
         self._reporter: asyncio.TimerHandle | None = None
         self._last_report_s = -math.inf
@@ -83,8 +88,16 @@ class WorkerLink:
 
     def apply_hooks(self) -> None:
         hooks = self.hooks
+        shared = self.shared
         for name, service in self.runtime.services.items():
             admission = service.admission
+            if shared is not None and admission.shared is None and name not in self._unshared:
+                index = shared.index_of(name)
+                if index is None:
+                    self._unshared.add(name)
+                    log.warning("%s: no shared admission row left: limits apply per worker", name)
+                else:
+                    admission.share(shared.row(index))
             level = hooks.wake_levels.get(name)
             if level is None:
                 admission.arm_early_wake(math.inf, None)
@@ -101,6 +114,11 @@ class WorkerLink:
                     self._busy(name, admission.busy)
             elif admission.on_busy_change is not None:
                 admission.watch_busy(None)
+
+    def wake(self) -> None:
+        """Another worker granted slots to this one's queues (its wake pipe was written)."""
+        for service in self.runtime.services.values():
+            service.admission.wake_shared()
 
     def _event(self, kind: str, service: str) -> None:
         self.channel.send(Event(kind, service))

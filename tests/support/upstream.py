@@ -8,7 +8,7 @@ prints ``listening HOST:PORT`` once it accepts connections.  Every response carr
 * ``/echo...`` (any other path too) — JSON: method, target, headers (as received, in
   order), body (text, when under 64 KiB), body_bytes and peer_port (the gateway's side)
 * ``/status/<code>`` — that status with a short body
-* ``/delay?s=<seconds>`` — answer after a delay
+* ``/delay?s=<seconds>`` — answer after a delay (``/_delays`` reports how many overlapped)
 * ``/hang`` — never answer (until the connection closes)
 * ``/hold?s=<seconds>`` — answer after a delay, but record ``hold-cancelled`` in the
   event log if the connection closes first
@@ -22,6 +22,8 @@ prints ``listening HOST:PORT`` once it accepts connections.  Every response carr
 * ``/switch`` — ``101 Switching Protocols`` (to the request's ``Upgrade``, else ``foo``),
   then echo raw bytes until the peer closes
 * ``/_events`` — the event log (JSON list), for tests to read directly (not via the gateway)
+* ``/_delays`` — ``{"active": n, "peak": n}``: ``/delay`` requests being served now and the
+  most at once since the upstream started (read directly, not via the gateway)
 """
 
 from __future__ import annotations
@@ -65,6 +67,8 @@ class Upstream:
     def __init__(self, name: str) -> None:
         self.name = name
         self.events: list[dict[str, object]] = []
+        self.delays_active = 0
+        self.delays_peak = 0
 
     async def read_request(self, reader: asyncio.StreamReader) -> Request | None:
         try:
@@ -165,7 +169,12 @@ class Upstream:
             await self.respond(writer, status, f"status {status} from {self.name}\n".encode())
             return True
         if path == "/delay":
-            await asyncio.sleep(float(req.arg("s", "0.1")))
+            self.delays_active += 1
+            self.delays_peak = max(self.delays_peak, self.delays_active)
+            try:
+                await asyncio.sleep(float(req.arg("s", "0.1")))
+            finally:
+                self.delays_active -= 1
             await self.respond(writer, 200, f"delayed {self.name}\n".encode())
             return True
         if path == "/hang":
@@ -272,6 +281,10 @@ class Upstream:
                 writer.write(data)
                 await writer.drain()
             return False
+        if path == "/_delays":
+            body = {"active": self.delays_active, "peak": self.delays_peak}
+            await self.respond(writer, 200, json.dumps(body).encode(), "application/json")
+            return True
         if path == "/_events":
             await self.respond(writer, 200, json.dumps(self.events).encode(), "application/json")
             return True

@@ -1,0 +1,314 @@
+"""Admission state shared by the data-plane workers (``workers: N``), so that a service's
+concurrency slots, queue bound and rate limit hold for the gateway as a whole.
+
+One row per service in a shared-memory file (``memfd``), changed only under a POSIX record
+lock on that row's byte (``fcntl.lockf``: the kernel drops the lock of a worker that dies,
+so a ``kill -9`` never wedges the others).  A row holds the rate limiter's theoretical
+arrival time (GCRA, the same leaky bucket as ``aiolimiter``: ``burst`` at once, ``rps``
+sustained) and, per worker, its slots taken, its queued requests, the slots granted to its
+queue and the enqueue time of its oldest waiter without a grant.  A freed slot goes to the
+worker whose oldest waiting request is oldest (FIFO within a worker, oldest-first across
+them), which is woken through its pipe.  Invariant: the slots taken over every worker
+(granted ones included) never exceed the capacity the taking worker sees.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import math
+import mmap
+import os
+from collections.abc import Callable, Iterable, Sequence
+
+MAX_ROWS = 4096
+"""Services that can share their admission (more are enforced per worker, with a warning)."""
+
+_HEADER = 2
+"""Doubles at the start of a row: the rate limiter's theoretical arrival time, a spare."""
+_FIELDS = 4
+"""Doubles per worker in a row: slots taken, queued, granted, oldest ungranted wait start."""
+_IN_USE, _QUEUED, _GRANTS, _HEAD = range(_FIELDS)
+
+ADMITTED, QUEUED, FULL = 0, 1, 2
+"""What :meth:`SharedRow.enter` decided."""
+
+
+_NAME_BYTES = 32
+"""A row's entry in the name table: a used flag and the SHA-256 of the service name (31 bytes
+of it)."""
+
+
+def row_doubles(workers: int) -> int:
+    return _HEADER + _FIELDS * workers
+
+
+def file_bytes(workers: int) -> int:
+    return MAX_ROWS * row_doubles(workers) * 8 + MAX_ROWS * _NAME_BYTES
+
+
+def create_file(workers: int) -> int:
+    """A zeroed shared-memory file for ``workers`` workers (its fd)."""
+    fd = os.memfd_create("sluice-admission", 0)
+    os.ftruncate(fd, file_bytes(workers))
+    return fd
+
+
+def pipe_notifier(pipes: Sequence[tuple[int, int]]) -> Callable[[int], None]:
+    """``notify(w)``: a byte into worker ``w``'s wake pipe (a full pipe already wakes it)."""
+    writers = [w for _, w in pipes]
+
+    def notify(worker: int) -> None:
+        with contextlib.suppress(BlockingIOError):
+            os.write(writers[worker], b"\0")
+
+    return notify
+
+
+def drain_then(fd: int, wake: Callable[[], None]) -> None:
+    """A wake pipe is readable: empty it, then ``wake()`` (look at every row's grants)."""
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass
+    wake()
+
+
+def create_pipes(workers: int) -> list[tuple[int, int]]:
+    """One non-blocking wake pipe per worker."""
+    pipes = []
+    for _ in range(workers):
+        r, w = os.pipe()
+        os.set_blocking(r, False)
+        os.set_blocking(w, False)
+        pipes.append((r, w))
+    return pipes
+
+
+class SharedLimits:
+    """One process's view of the shared file: rows by index, the lock, and who to wake.
+
+    ``me`` is this worker's index (``-1`` for the main process, which only resets the slots
+    of a worker that died).  ``notify(w)`` wakes worker ``w`` (a byte in its pipe)."""
+
+    def __init__(self, fd: int, workers: int, me: int, notify: Callable[[int], None]) -> None:
+        self.fd = fd
+        self.workers = workers
+        self.me = me
+        self.notify = notify
+        self._map = mmap.mmap(fd, file_bytes(workers))
+        self._names_at = MAX_ROWS * row_doubles(workers) * 8
+        self.cells = memoryview(self._map)[: self._names_at].cast("d")
+        self.rows: dict[int, SharedRow] = {}
+        self._indexes: dict[str, int | None] = {}
+
+    def index_of(self, service: str) -> int | None:
+        """The row of ``service``: the same in every process (the first to ask takes a free
+        one, under the name table's lock); None when every row is taken."""
+        if service in self._indexes:
+            return self._indexes[service]
+        entry = b"\x01" + hashlib.sha256(service.encode()).digest()[: _NAME_BYTES - 1]
+        found: int | None = None
+        fcntl.lockf(self.fd, fcntl.LOCK_EX, 1, MAX_ROWS)
+        try:
+            table = self._map
+            at = self._names_at
+            for i in range(MAX_ROWS):
+                used = table[at : at + _NAME_BYTES]
+                if used == entry:
+                    found = i
+                    break
+                if used[0] == 0:
+                    table[at : at + _NAME_BYTES] = entry
+                    found = i
+                    break
+                at += _NAME_BYTES
+        finally:
+            fcntl.lockf(self.fd, fcntl.LOCK_UN, 1, MAX_ROWS)
+        self._indexes[service] = found
+        return found
+
+    def row(self, index: int) -> SharedRow:
+        row = self.rows.get(index)
+        if row is None:
+            row = self.rows[index] = SharedRow(self, index)
+        return row
+
+    def reset_worker(self, worker: int, capacities: Iterable[tuple[str, float]]) -> None:
+        """Worker ``worker`` is gone: its slots, queue and grants are freed in the rows of
+        ``capacities`` (service -> capacity), and the freed slots granted to the others."""
+        for service, capacity in capacities:
+            index = self.index_of(service)
+            if index is None:
+                continue
+            row = self.row(index)
+            with row:
+                base = row.base + _HEADER + _FIELDS * worker
+                for i in range(_FIELDS):
+                    row.cells[base + i] = 0.0
+                woken = row.regrant(capacity)
+            for w in woken:
+                self.notify(w)
+
+    def close(self) -> None:
+        self.rows.clear()
+        self.cells.release()
+        self._map.close()
+
+    def __repr__(self) -> str:
+        return f"SharedLimits(workers={self.workers}, me={self.me}, rows={len(self.rows)})"
+
+
+class SharedRow:
+    """One service's row.  Use ``with row:`` around every read-modify-write."""
+
+    __slots__ = ("base", "cells", "fd", "index", "limits", "mine", "workers")
+
+    def __init__(self, limits: SharedLimits, index: int) -> None:
+        self.limits = limits
+        self.fd = limits.fd
+        self.index = index
+        self.cells = limits.cells
+        self.workers = limits.workers
+        self.base = index * row_doubles(limits.workers)
+        self.mine = self.base + _HEADER + _FIELDS * limits.me
+
+    def __enter__(self) -> SharedRow:
+        fcntl.lockf(self.fd, fcntl.LOCK_EX, 1, self.index)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        fcntl.lockf(self.fd, fcntl.LOCK_UN, 1, self.index)
+
+    # -- under the lock -------------------------------------------------------------------
+
+    def totals(self) -> tuple[float, float, float]:
+        """(slots taken, queued, queued without a grant) over every worker."""
+        cells = self.cells
+        in_use = queued = waiting = 0.0
+        i = self.base + _HEADER
+        for _ in range(self.workers):
+            in_use += cells[i + _IN_USE]
+            q = cells[i + _QUEUED]
+            queued += q
+            waiting += q - cells[i + _GRANTS]
+            i += _FIELDS
+        return in_use, queued, waiting
+
+    def regrant(self, capacity: float) -> list[int]:
+        """Grant free slots to the oldest waiters; the workers to wake."""
+        cells = self.cells
+        woken: list[int] = []
+        in_use, _, waiting = self.totals()
+        while waiting > 0 and in_use < capacity:
+            best = -1
+            best_head = math.inf
+            i = self.base + _HEADER
+            for w in range(self.workers):
+                if cells[i + _QUEUED] > cells[i + _GRANTS] and cells[i + _HEAD] < best_head:
+                    best, best_head = w, cells[i + _HEAD]
+                i += _FIELDS
+            if best < 0:  # pragma: no cover - waiting > 0 means some worker has one
+                break
+            i = self.base + _HEADER + _FIELDS * best
+            cells[i + _IN_USE] += 1
+            cells[i + _GRANTS] += 1
+            in_use += 1
+            waiting -= 1
+            if best not in woken:
+                woken.append(best)
+        return woken
+
+    # -- one locked step each -------------------------------------------------------------
+
+    def take_token(self, now: float, interval_s: float, tolerance_s: float) -> bool:
+        """The rate limit (GCRA): True when a request may pass now."""
+        with self:
+            cells = self.cells
+            tat = max(cells[self.base], now)
+            if tat - now > tolerance_s:
+                return False
+            cells[self.base] = tat + interval_s
+            return True
+
+    def enter(self, capacity: float, queue_max: int, now: float) -> int:
+        """Take a slot (``ADMITTED``) when one is free and nobody waits anywhere, else join
+        the queue (``QUEUED``) unless it already holds ``queue_max`` requests (``FULL``)."""
+        with self:
+            cells = self.cells
+            in_use, queued, waiting = self.totals()
+            mine = self.mine
+            if in_use < capacity and waiting <= 0:
+                cells[mine + _IN_USE] += 1
+                return ADMITTED
+            if queued >= queue_max:
+                return FULL
+            if cells[mine + _QUEUED] <= cells[mine + _GRANTS]:
+                cells[mine + _HEAD] = now
+            cells[mine + _QUEUED] += 1
+        return QUEUED
+
+    def release(self, capacity: float) -> None:
+        """A slot this worker held is free: grant it on (and wake who gets it)."""
+        with self:
+            self.cells[self.mine + _IN_USE] -= 1
+            woken = self.regrant(capacity)
+        for w in woken:
+            self.limits.notify(w)
+
+    def grow(self, capacity: float) -> None:
+        """The capacity may have grown: grant what is free."""
+        with self:
+            woken = self.regrant(capacity)
+        for w in woken:
+            self.limits.notify(w)
+
+    def leave(self, capacity: float, next_head: Callable[[int], float]) -> None:
+        """A queued request of this worker left without its slot (abandoned, timed out).
+
+        When every request still queued here had a grant, one grant lost its request: that
+        slot is freed.  ``next_head(g)`` is the enqueue time of the queued request after the
+        first ``g`` (inf when none)."""
+        with self:
+            cells = self.cells
+            mine = self.mine
+            woken: list[int] = []
+            if cells[mine + _QUEUED] <= cells[mine + _GRANTS]:
+                cells[mine + _GRANTS] -= 1
+                cells[mine + _IN_USE] -= 1
+                cells[mine + _QUEUED] -= 1
+                woken = self.regrant(capacity)
+            else:
+                cells[mine + _QUEUED] -= 1
+                cells[mine + _HEAD] = next_head(int(cells[mine + _GRANTS]))
+        for w in woken:
+            self.limits.notify(w)
+
+    def consume(self, next_head: Callable[[int], float]) -> int:
+        """The grants to this worker's queue: how many of its oldest requests now hold a
+        slot (they leave the shared queue count)."""
+        with self:
+            cells = self.cells
+            mine = self.mine
+            granted = int(cells[mine + _GRANTS])
+            if granted:
+                cells[mine + _GRANTS] = 0
+                cells[mine + _QUEUED] -= granted
+                cells[mine + _HEAD] = next_head(granted)
+        return granted
+
+    def snapshot(self) -> list[tuple[int, int, int]]:
+        """(slots taken, queued, granted) per worker (tests, debugging)."""
+        with self:
+            out = []
+            i = self.base + _HEADER
+            for _ in range(self.workers):
+                c = self.cells
+                out.append((int(c[i + _IN_USE]), int(c[i + _QUEUED]), int(c[i + _GRANTS])))
+                i += _FIELDS
+            return out
+
+    def __repr__(self) -> str:
+        return f"SharedRow({self.index}, worker {self.limits.me})"
