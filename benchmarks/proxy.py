@@ -9,6 +9,7 @@
     python benchmarks/proxy.py --websocket          # also the WebSocket echo rows
     python benchmarks/proxy.py --tls           # also both proxies terminating TLS
     python benchmarks/proxy.py --workers 2     # also nginx and Sluice with 2 worker processes
+    python benchmarks/proxy.py --workers 2 --limited   # also Sluice (2 workers) with limits
 
 What runs (all on 127.0.0.1, ports picked free, everything stopped at the end):
 
@@ -372,6 +373,15 @@ services:
     endpoints: ["127.0.0.1:{upstream_port}"]
 """
 
+LIMITS_CONFIG = """\
+    limits:
+      concurrency_per_replica: 100000
+      queue: {max: 1000}
+      rate_limit: {rps: 10000000, burst: 100000}
+"""
+"""``--limited``: a concurrency limit and a rate limit that never bind (what is measured is
+their cost: with ``workers: N`` every admission and release takes the shared row's lock)."""
+
 
 def start_upstream(workdir: Path, body: str = UPSTREAM_BODY) -> tuple[Process, int]:
     """The fast upstream (nginx answering ``body``) on the load core, serving: (process, port).
@@ -395,6 +405,7 @@ def start_gateway(
     extra_config: str = "",
     cwd: Path = ROOT,
     core: str = PROXY_CORE,
+    limits: bool = False,
 ) -> tuple[Process, int]:
     """A Sluice gateway (``cwd``'s tree, default this one) in front of the upstream, on the
     proxy core, ready and serving: (process, data-plane port).  Stopped again if it does not
@@ -403,6 +414,7 @@ def start_gateway(
     config = workdir / f"{name}.yaml"
     config.write_text(
         SLUICE_CONFIG.format(port=port, admin_port=admin, upstream_port=upstream_port)
+        + (LIMITS_CONFIG if limits else "")
         + extra_config
     )
     argv = [sys.executable, "-m", "gateway", "run", "--config", str(config)]
@@ -588,6 +600,13 @@ def workers_ratios(table: dict[str, dict[str, float | None]]) -> dict[str, float
             )
         if one is not None and row["rps"] and one["rps"]:
             out[f"rps_sluice_w{n}_over_sluice"] = row["rps"] / one["rps"]
+        limited = table.get(f"limited-w{n}")
+        if limited is not None and limited["rps"] and row["rps"]:
+            out[f"rps_limited_w{n}_over_sluice_w{n}"] = limited["rps"] / row["rps"]
+        if limited is not None and limited["cpu_us_per_request"] and row["cpu_us_per_request"]:
+            out[f"cpu_per_request_limited_w{n}_over_sluice_w{n}"] = (
+                limited["cpu_us_per_request"] / row["cpu_us_per_request"]
+            )
     return out
 
 
@@ -611,6 +630,13 @@ def print_workers_ratios(rat: dict[str, float | None]) -> None:
             f"{_fmt(rat.get(f'cpu_per_request_sluice_w{n}_over_sluice'), '.2f')}"
             f"  (req/s {_fmt(rat.get(f'rps_sluice_w{n}_over_sluice'), '.2f')}x)"
         )
+        limited = rat.get(f"rps_limited_w{n}_over_sluice_w{n}")
+        if limited is not None:
+            print(
+                f"limits shared by {n} workers: req/s {limited:.2f}x, CPU per request "
+                f"{_fmt(rat.get(f'cpu_per_request_limited_w{n}_over_sluice_w{n}'), '.2f')}x "
+                f"of sluice-w{n} (no limits)"
+            )
 
 
 def tls_ratios(table: dict[str, dict[str, float | None]]) -> dict[str, float | None]:
@@ -1026,6 +1052,13 @@ def run(args: argparse.Namespace) -> Run:
                 gateways.append(
                     (f"sluice-w{n}", {"extra_config": f"workers: {n}\n", "core": ALL_CORES})
                 )
+                if args.limited:
+                    gateways.append(
+                        (
+                            f"limited-w{n}",
+                            {"extra_config": f"workers: {n}\n", "core": ALL_CORES, "limits": True},
+                        )
+                    )
         for name, options in gateways:
             gateway, port = start_gateway(name, workdir, upstream_port, **options)
             processes.append(gateway)
@@ -1122,6 +1155,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=1,
         help="also measure nginx (worker_processes N) and Sluice (workers: N) on every core",
+    )
+    parser.add_argument(
+        "--limited",
+        action="store_true",
+        help="with --workers N: also Sluice with a concurrency and a rate limit that never bind "
+        "(target limited-wN: the cost of limits shared by the workers)",
     )
     parser.add_argument("--out", type=Path, default=None, help="JSON output file")
     return parser

@@ -32,6 +32,7 @@ from pydantic import (
     model_validator,
 )
 
+from gateway.cores import usable_cores
 from gateway.platforms.local.config import ReplicasConfig
 from scaler.policy import BudgetConfig, KeyedValueError, ScalingPolicy, check_floors
 from scaler.validation import validation_problems
@@ -824,9 +825,9 @@ class Settings(_Model):
 
     @property
     def worker_count(self) -> int:
-        """``workers`` resolved (``auto``: the cores this process may run on)."""
+        """``workers`` resolved (``auto``: the cores this process may use, ``gateway.cores``)."""
         if self.workers == "auto":
-            return max(1, len(os.sched_getaffinity(0)))
+            return usable_cores()
         return self.workers
 
     listen: ListenConfig = Field(
@@ -839,10 +840,11 @@ class Settings(_Model):
         default=None, description="The TLS (HTTPS) listener; omitted = plain HTTP only."
     )
     workers: Annotated[int, Field(ge=1, le=256)] | Literal["auto"] = Field(
-        default=1,
+        default="auto",
         description="Data-plane processes accepting on the same ports (SO_REUSEPORT); "
-        "auto = one per core; 1 = everything in one process. The scaler, the admin plane "
-        "and (on local) the replicas stay in the main process. Restart to change.",
+        "auto (default) = one per usable core (CPU affinity, capped by the cgroup CPU quota); "
+        "1 = everything in one process. The scaler, the admin plane and (on local) the "
+        "replicas stay in the main process. Restart to change.",
     )
     platform: PlatformName = Field(
         default="static",

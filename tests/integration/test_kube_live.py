@@ -76,6 +76,7 @@ async def live_gateway(
     the fake API through a kubeconfig: the composition root starts the KubernetesPlatform."""
     settings = parse_settings(
         {
+            "workers": 1,  # the data plane in this process: the test reads its runtime
             "listen": {"host": "127.0.0.1", "port": 0},
             "admin": {"host": "127.0.0.1", "port": 0},
             "platform": "kubernetes",

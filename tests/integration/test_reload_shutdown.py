@@ -42,7 +42,9 @@ def config(endpoints: list[str], queue_max: int = 100, **top: Any) -> dict[str, 
 
 def rewrite(g: Gateway, cfg: dict[str, Any]) -> None:
     tmp = g.config_path.with_suffix(".tmp")
-    tmp.write_text(yaml.safe_dump(cfg))
+    # ``workers`` as the gateway was started with (it cannot change on reload).
+    started = yaml.safe_load(g.config_path.read_text())
+    tmp.write_text(yaml.safe_dump({"workers": started["workers"], **cfg}))
     tmp.replace(g.config_path)  # atomic, like an editor or a ConfigMap update
 
 

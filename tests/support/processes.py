@@ -197,10 +197,14 @@ class Gateway(Process):
     LINE = re.compile(r"sluice listening data=(\S+) admin=(\S+)(?: tls=(\S+))?")
 
     def __init__(self, config: dict[str, Any], path: Path) -> None:
-        # With ``workers: N`` the main process starts N more interpreters before it is ready.
+        # One data-plane process unless the test sets ``workers`` (the default, one per core,
+        # is tested in test_workers.py): a test then sees its requests in one process's
+        # traces, balancer and outlier state, as it was written for.
         workers = config.get("workers", 1)
+        # With ``workers: N`` the main process starts N more interpreters before it is ready.
         ready_timeout_s = READY_TIMEOUT_S * (3 if workers == "auto" or workers > 1 else 1)
         config = {
+            "workers": workers,
             "listen": {"host": "127.0.0.1", "port": 0},
             "admin": {"host": "127.0.0.1", "port": 0},
             **config,
