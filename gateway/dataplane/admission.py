@@ -548,6 +548,8 @@ class Admission:
         now = self._loop_now().time()
         if self.capacity == math.inf:  # the limit went away: everybody in
             granted = self.queued
+            if granted:
+                row.forget_queue()
         else:
             granted = row.consume(self._head_after)
             self.shared_held += granted

@@ -299,6 +299,16 @@ class SharedRow:
                 cells[mine + _HEAD] = next_head(granted)
         return granted
 
+    def forget_queue(self) -> None:
+        """The limit went away (no slots to share): this worker's queued requests all go on
+        at once, so they leave the shared queue, and slots granted to them are given back."""
+        with self:
+            cells = self.cells
+            mine = self.mine
+            cells[mine + _IN_USE] -= cells[mine + _GRANTS]
+            cells[mine + _GRANTS] = 0
+            cells[mine + _QUEUED] = 0
+
     def snapshot(self) -> list[tuple[int, int, int]]:
         """(slots taken, queued, granted) per worker (tests, debugging)."""
         with self:

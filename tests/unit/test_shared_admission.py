@@ -218,3 +218,22 @@ def test_rows_are_found_by_name_the_same_in_every_process(loop: SteppedLoop) -> 
         b.close()
     finally:
         os.close(fd)
+
+
+def test_queued_requests_leave_the_shared_queue_when_the_limit_goes_away(
+    loop: SteppedLoop,
+) -> None:
+    w = Workers(loop, limits(per=1))
+    a0, a1 = w.admissions
+    rec = Recorder()
+    try:
+        assert a0.admit(*rec.callbacks("r1")) is None
+        assert a1.admit(*rec.callbacks("q1")) is not None
+        a1.configure(limits(per=None))  # reloaded without concurrency_per_replica
+        loop.settle()
+        assert rec.events == [("admit", "q1")]
+        assert w.row() == [(1, 0, 0), (0, 0, 0)]  # worker 1 queues nothing any more
+        a1.release()  # its request ran outside the shared slots
+        assert w.row() == [(1, 0, 0), (0, 0, 0)]
+    finally:
+        w.close()
