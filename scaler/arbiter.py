@@ -273,11 +273,15 @@ def size_arrays(
     cpu = np.where(r > 0, cpu, cpu_ref)
     fixed = ~np.isnan(fixed_cpu)
     if fixed.any():
+        # A blocked resize cannot grow a replica in place: CPU beyond what the replicas hold
+        # at the CPU in force becomes more replicas of that CPU.  Less CPU is a shrink in
+        # place on the replicas it has (a decrease frees node CPU: it is not refused for
+        # capacity) -- never a serving replica removed because a resize up is pending.
         fc = np.minimum(np.maximum(np.where(fixed, fixed_cpu, 1.0), cpu_min), cpu_max)
-        rf = np.minimum(np.minimum(np.floor(cores / fc + eps).astype(np.int64), r), max_r)
-        rf = np.maximum(rf, min_r)
+        room_r = np.floor(cores / fc + eps).astype(np.int64)
+        rf = np.maximum(np.minimum(np.minimum(np.maximum(room_r, current), r), max_r), min_r)
         cut = (rf > 0) & (rf * fc > cores + eps)
-        cf = np.where(cut, cores / np.maximum(rf, 1), fc)
+        cf = np.where(cut, np.maximum(cores / np.maximum(rf, 1), cpu_min), fc)
         r = np.where(fixed, rf, r)
         cpu = np.where(fixed, np.where(rf > 0, cf, cpu_ref), cpu)
         note = np.where(fixed, np.where(cut, 4, 3), note)

@@ -12,10 +12,14 @@ Contract (other parts of Sluice code against it; extend, don't rename):
 
 Per tick and service: the metric (concurrency or rps) is fed to the horizontal recommender
 (KPA windows, or the HPA calculation), which says how many *reference replicas* (of
-``cpu.request`` cores) are needed; that times ``cpu.request`` is the CPU demand (or, when
-the platform measures CPU, the measured use with headroom, raised by throttling).  The
-arbiter (``scaler.budget``) turns all demands into allocations under the budget, and each
-allocation is split into replicas × CPU per replica.
+``cpu.request`` cores) are needed: the replicas to run (held warm for
+``scale_down_delay_s``; a replica still starting is never removed).  The CPU demand is the
+work now (when the platform measures CPU: the larger of the use and this tick's metric at the
+KPA's aim; else the recommendation's reference replicas × ``cpu.request``); what the replicas
+could use beyond it (warm replicas, bigger replicas) is soft demand, served from spare CPU only.
+The arbiter (``scaler.arbiter``) turns all demands into allocations under the budget, and
+each allocation is given to the replicas (``size_arrays``): new replicas start only on CPU
+the service surely keeps.
 
 Every per-service quantity lives in a numpy array indexed like the policies, so one tick is
 a few dozen array operations whatever the number of services; each decision renders its
@@ -342,7 +346,6 @@ class Engine:
         wanted = cur_r.copy()
         load = cur_r.copy()
         now_load = cur_r.copy()
-        hold = np.zeros(n, dtype=np.int64)
         valid = np.zeros(n, dtype=bool)
         kpa_tick = None
         ki = self.kpa_index
@@ -354,7 +357,6 @@ class Engine:
             wanted[ki] = kpa_tick.replicas
             load[ki] = kpa_tick.load
             now_load[ki] = np.where(kpa_tick.active, 1, 0)
-            hold[ki] = kpa_tick.hold
             valid[ki] = kpa_tick.active
         hpa_notes: dict[int, tuple[str, Trace, dict[str, float]]] = {}
         hi = self.hpa_index
@@ -390,7 +392,7 @@ class Engine:
                 now,
                 sigs,
                 flags=(active, fresh),
-                out=(wanted, load, hold),
+                out=(wanted, load),
                 state=(cur_r, ready, cur_cpu),
                 value=value,
             )
@@ -709,15 +711,15 @@ class Engine:
         sigs: list[ServiceSignals | None],
         *,
         flags: tuple[BoolArray, BoolArray],
-        out: tuple[IntArray, IntArray, IntArray],
+        out: tuple[IntArray, IntArray],
         state: tuple[IntArray, FloatArray, FloatArray],
         value: FloatArray,
     ) -> dict[int, MetricsVerdict]:
         """``scaling.metrics``: each service's metrics answer; the largest becomes ``wanted``
-        (and the load its CPU demand counts).  Updates ``out`` = (wanted, load, hold) in place;
+        (and the load its CPU demand counts).  Updates ``out`` = (wanted, load) in place;
         the primary's own answer counts only when it is listed."""
         active, fresh = flags
-        wanted, load, hold = out
+        wanted, load = out
         cur_r, ready, cur_cpu = state
         verdicts: dict[int, MetricsVerdict] = {}
         for i, metrics in self.metrics.items():
@@ -738,13 +740,10 @@ class Engine:
             verdicts[i] = verdict
             if not on:
                 continue
-            # The replicas are at least soft demand (as the KPA's held ones): with measured CPU
-            # the demand is the use, and replicas beyond it are served from spare CPU first.
             if metrics.primary_listed:
                 load[i] = max(int(load[i]), verdict.replicas)
-                hold[i] = max(int(hold[i]), verdict.replicas)
             else:
-                load[i] = hold[i] = verdict.replicas
+                load[i] = verdict.replicas
             wanted[i] = verdict.replicas
         return verdicts
 
@@ -767,9 +766,9 @@ class Engine:
         A KPA-mode service whose CPU the platform measures needs the larger of what its
         replicas used last tick and what the work in the system right now needs at the
         KPA's aim (this tick's metric ÷ (target × target_utilization), in ``cpu.request``
-        cores: the headroom the replicas get, once): a burst gets CPU the tick it is seen, a
-        service whose burst is over gives it back the next tick.  A throttled use (capped
-        by its quota, it understates the need) counts as ``used / target_utilization``.
+        cores: the headroom, once): a burst gets CPU the tick it is seen, a service whose
+        burst is over gives it back the next tick.  A throttled use (capped by its quota,
+        it understates the need) counts as ``used / target_utilization``.
         Otherwise: the load's reference replicas at ``cpu.request`` (the larger of the panic
         window's want and this tick's; HPA mode: the HPA's replicas), headroom included.
         Never more than the replicas it runs can use (``cpu.max`` each): CPU a service
@@ -783,14 +782,14 @@ class Engine:
         used = self._cpu_used
         now = kpa_now & ~np.isnan(used)
         if now.any():
+            work = value / (self.target * self.target_utilization) * self.cpu_ref
             # Throttled (its use capped by its quota): the use understates the need, so it
             # gets the target utilisation's headroom on top -- once.
             thr = np.where(np.isnan(self._thr_rate), 0.0, self._thr_rate)
             throttled = thr > _THROTTLED_S_PER_S * np.maximum(cur_r, 1)
             use = np.where(now, used, 0.0)
             use = np.where(throttled, use / self.target_utilization, use)
-            aim = self.target * self.target_utilization
-            now_cores = np.maximum(value / aim * self.cpu_ref, use)
+            now_cores = np.maximum(work, use)
             wanted_cores = np.where(now, now_cores, wanted_cores)
         least = np.minimum(run, cur_r) * self.cpu_min
         demand = np.maximum(np.minimum(wanted_cores, run * self.cpu_max), least)

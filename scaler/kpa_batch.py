@@ -64,8 +64,6 @@ class KpaTick:
     tick's instant want (CPU follows this)."""
     want_instant: Ints
     """Reference replicas this tick's metric snapshot alone needs."""
-    hold: Ints
-    """Reference replicas the KPA keeps (stable window, rate limits, panic's no-scale-down)."""
     rule: Ints
     """Index into :data:`RULES`."""
     stable: Floats
@@ -287,7 +285,6 @@ class KpaBatch:
             want_i = np.where(valid, np.maximum(np.ceil(instant / tv - _EPS), 0), 0)
             want_i = want_i.astype(np.int64)
         load = np.minimum(np.maximum(want_p, want_i), self.max_r)
-        kept = np.minimum(desired, self.max_r)
         zero = desired == 0
         idle_for = now - self.last_active
         covered = now - self.first_at
@@ -314,7 +311,6 @@ class KpaBatch:
             replicas=desired,
             load=np.where(valid, load, current),
             want_instant=want_i,
-            hold=np.where(valid, kept, 0),
             rule=rule,
             stable=stable,
             panic=panic,

@@ -8,7 +8,10 @@ CPU has nothing in flight a fifth of the time, in gaps of tens of milliseconds.
 
 The gateway sees those gaps as they happen: a service with no request in flight or queued
 is idle.  After it has been idle for ``budget.lend_after_idle_s``, its replicas keep only
-their floor (``cpu.min`` each) and the rest of their quota is *lent*: shared by weight among
+its floor (the CPU it always keeps), spread over them, and at least ``budget.lend_keep_cores``
+each (by default the kernel's smallest quota: its next request takes the rest back before it
+is forwarded, so a warm replica beyond the floor needs CPU only for what it does on its own);
+the rest of their quota is *lent*: shared by weight among
 the services that are busy, each replica up to its ``cpu.max``.  The owner's next request
 takes it back at once, in place (the borrowers' quotas shrink; their requests slow down and
 none is stopped).
@@ -39,11 +42,19 @@ class Holding:
     cores: float
     """Decided CPU per replica: its quota while the service is busy."""
     floor: float
-    """What an idle replica keeps (``cpu.min``)."""
+    """What an idle replica keeps (:func:`idle_floor`)."""
     ceiling: float
     """The most a borrowing replica may have (``cpu.max``)."""
     weight: float = 1.0
     """The service's ``weight``: its share of what is lent."""
+
+
+def idle_floor(replicas: int, floor_cores: float, keep_cores: float) -> float:
+    """What each of ``replicas`` replicas of an idle service keeps: its floor (``floor_cores``,
+    the CPU the service always keeps: ``guaranteed_cpu`` or ``min_replicas × cpu.min``) spread
+    over them, and at least ``keep_cores`` (``budget.lend_keep_cores``) each.  Warm replicas
+    beyond the floor's keep only ``keep_cores``: their next request takes the rest back."""
+    return max(keep_cores, floor_cores / replicas) if replicas > 0 else keep_cores
 
 
 def lend(holdings: Mapping[str, Holding], idle: Collection[str]) -> dict[str, float]:

@@ -543,8 +543,9 @@ class BudgetConfig(_Model):
         description=(
             "limit enforcement: between ticks, lend the quota of a service that has had no "
             "request in flight or queued for lend_after_idle_s to the busy services (by weight, "
-            "each replica up to cpu.max; the idle one keeps cpu.min per replica), and take it "
-            "back at its next request (scaler/lending.py). Applied by the local platform with "
+            "each replica up to cpu.max; the idle one keeps its floor, each replica at least "
+            "lend_keep_cores), and "
+            "take it back at its next request (scaler/lending.py). Applied by the local platform with "
             "arbitration: shared; the Kubernetes platform cannot resize pods that fast and "
             "lends at ticks only."
         ),
@@ -554,6 +555,20 @@ class BudgetConfig(_Model):
         ge=0,
         le=10,
         description="How long a service must be idle before its quota is lent (hysteresis).",
+    )
+    lend_keep_cores: float = Field(
+        default=0.01,
+        ge=0.01,
+        le=64,
+        description=(
+            "The least each replica of an idle service keeps while its quota is lent (cores; "
+            "never more than its decided CPU). An idle service keeps its floor (guaranteed_cpu, "
+            "default min_replicas x cpu.min) spread over its replicas; warm replicas beyond it "
+            "keep this. The default is the kernel's smallest CFS quota (1 ms per 100 ms "
+            "period): the service's next request takes the decided quota back before it is "
+            "forwarded, so a warm idle replica needs CPU only for what it does on its own "
+            "(health checks, timers). Raise it for replicas with background work."
+        ),
     )
     early_ticks: bool = Field(
         default=True,

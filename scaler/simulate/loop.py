@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from scaler.arbiter import water_fill as arbiter_water_fill
-from scaler.lending import Holding, lend
+from scaler.lending import Holding, idle_floor, lend
 from scaler.simulate.model import DRAINING, PENDING, READY, STARTING, Replica, ServiceModel
 
 _EPS = 1e-9
@@ -63,8 +63,10 @@ class Lending:
 
     after_idle_s: float
     floor_cores: Mapping[str, float]
-    """``cpu.min`` per service: what an idle replica keeps."""
+    """Per service, the CPU it always keeps (its floor): kept while idle, over its replicas."""
     weights: Mapping[str, float]
+    keep_cores: float = 0.01
+    """``budget.lend_keep_cores``: the least an idle replica keeps (:func:`idle_floor`)."""
 
 
 Rule = Literal["limit", "share"]
@@ -223,7 +225,9 @@ class EventLoop:
             for m in self.models:
                 held = [r.cores for r in m.replicas if r.phase != PENDING]
                 mean = math.fsum(held) / len(held) if held else 0.0
-                floor = self.lending.floor_cores[m.name]
+                floor = idle_floor(
+                    len(held), self.lending.floor_cores[m.name], self.lending.keep_cores
+                )
                 means.append(mean)
                 lendable.append(len(held) * max(mean - floor, 0.0))
                 holdings[m.name] = Holding(

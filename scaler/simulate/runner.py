@@ -198,8 +198,9 @@ def run(
     if lends(name, budget):
         lending = Lending(
             budget.lend_after_idle_s,
-            {s: policies[s].cpu.min for s in scenario.services},
+            {s: policies[s].floor_cores for s in scenario.services},
             {s: policies[s].weight for s in scenario.services},
+            keep_cores=budget.lend_keep_cores,
         )
     loop = EventLoop(budget.fixed_cores(), models, rule=budget.enforcement, lending=lending)
     claims = node.claims()

@@ -12,10 +12,13 @@ from collections.abc import Callable, Iterator, Mapping
 import pytest
 
 from gateway.platforms.local.lender import QuotaLender
+from scaler.lending import idle_floor
 from scaler.policy import ScalingPolicy
 from tests.support.stepped_loop import SteppedLoop
 
 HOLD_S = 0.02
+KEEP = 0.1
+"""What an idle replica keeps (``keep_cores``; the budget's default is 0.01)."""
 
 
 class MemoryPool:
@@ -71,7 +74,9 @@ def loop() -> Iterator[SteppedLoop]:
 
 def setup(loop: SteppedLoop) -> tuple[MemoryPool, QuotaLender]:
     pool = MemoryPool({"api": (1, 0.5), "reports": (1, 1.0)}, total_cpu_cores=2.0)
-    lender = QuotaLender(pool, {"api": policy(), "reports": policy()}, HOLD_S, loop)
+    lender = QuotaLender(
+        pool, {"api": policy(), "reports": policy()}, HOLD_S, loop, keep_cores=KEEP
+    )
     lender.start()
     return pool, lender
 
@@ -145,7 +150,7 @@ def test_a_decision_while_lent_re_applies_on_top_of_it(loop: SteppedLoop) -> Non
 def test_two_idle_services_and_a_weighted_split(loop: SteppedLoop) -> None:
     pool = MemoryPool({"a": (1, 0.5), "b": (1, 0.5), "c": (2, 0.5)}, total_cpu_cores=2.0)
     policies = {"a": policy(weight=3.0), "b": policy(weight=1.0), "c": policy()}
-    lender = QuotaLender(pool, policies, HOLD_S, loop)
+    lender = QuotaLender(pool, policies, HOLD_S, loop, keep_cores=KEEP)
     lender.start()
     lender.set_busy("c", False)
     loop.advance(HOLD_S * 2)
@@ -158,6 +163,28 @@ def test_two_idle_services_and_a_weighted_split(loop: SteppedLoop) -> None:
     assert pool.in_force("a") == pytest.approx(0.1)
     assert pool.in_force("b") == pytest.approx(1.5)  # capped at its cpu.max
     assert pool.total_in_force() <= pool.total_decided() + 1e-9
+
+
+def test_an_idle_service_keeps_its_floor_over_its_replicas_and_lends_the_rest(
+    loop: SteppedLoop,
+) -> None:
+    # reports: 4 warm replicas of 1.0 core, floor 1 × cpu.min = 0.1; api borrows up to 1.5.
+    pool = MemoryPool({"api": (1, 0.5), "reports": (4, 1.0)}, total_cpu_cores=5.0)
+    lender = QuotaLender(pool, {"api": policy(), "reports": policy()}, HOLD_S, loop)
+    lender.start()
+    lender.set_busy("reports", False)
+    loop.advance(HOLD_S * 2)
+    # Its floor spread over its replicas (0.1 / 4), not cpu.min each: its next request takes
+    # the decided quota back before it is forwarded.
+    assert pool.in_force("reports") == pytest.approx(0.025)
+    assert pool.in_force("api") == pytest.approx(1.5)
+    assert pool.total_in_force() <= pool.total_decided() + 1e-9
+
+
+def test_an_idle_replica_keeps_at_least_the_kernels_smallest_quota() -> None:
+    assert idle_floor(4, 0.1, 0.01) == pytest.approx(0.025)
+    assert idle_floor(20, 0.1, 0.01) == pytest.approx(0.01)  # 1 ms per 100 ms period
+    assert idle_floor(1, 0.1, 0.01) == pytest.approx(0.1)
 
 
 def test_an_idle_service_keeps_a_decided_cpu_below_its_floor(loop: SteppedLoop) -> None:
@@ -193,7 +220,7 @@ def test_stop_returns_every_quota_to_the_decided_cpu(loop: SteppedLoop) -> None:
 
 def test_zero_hold_marks_idle_at_the_next_loop_step(loop: SteppedLoop) -> None:
     pool = MemoryPool({"api": (1, 0.5), "reports": (1, 1.0)}, total_cpu_cores=2.0)
-    lender = QuotaLender(pool, {"api": policy(), "reports": policy()}, 0.0, loop)
+    lender = QuotaLender(pool, {"api": policy(), "reports": policy()}, 0.0, loop, keep_cores=KEEP)
     lender.start()
     lender.set_busy("reports", False)
     assert lender.idle == set()

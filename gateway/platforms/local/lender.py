@@ -6,7 +6,8 @@
   slots taken + queued leave or return to 0);
 * a service idle for ``hold_s`` (``budget.lend_after_idle_s``) is *marked idle* (one timer per
   service at most, from the event loop: ``loop.call_later``) and the overlay is applied: its
-  replicas' quotas drop to ``cpu.min`` and the busy services' rise, each replica up to
+  replicas keep its floor (spread over them, at least ``keep_cores`` =
+  ``budget.lend_keep_cores`` each: :func:`~scaler.lending.idle_floor`) and the busy services' rise, each replica up to
   ``cpu.max`` (and the budget);
 * a request for a service marked idle unmarks it and re-applies at once, synchronously,
   before the request goes on: the owner has its decided quota back, the borrowers shrink,
@@ -27,7 +28,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from scaler.lending import Holding, lend
+from scaler.lending import Holding, idle_floor, lend
 from scaler.policy import ScalingPolicy
 
 log = logging.getLogger(__name__)
@@ -50,10 +51,11 @@ class QuotaPool(Protocol):
 class QuotaLender:
     """Marks services idle after ``hold_s`` and keeps the pool's quota overlays true.
 
-    ``policies``: the services' scaling policies (``cpu.min`` is an idle replica's floor,
-    ``cpu.max`` a borrowing replica's ceiling, ``weight`` its share of what is lent).  Every
+    ``policies``: the services' scaling policies (``cpu.max`` is a borrowing replica's ceiling, ``weight`` its share of what is lent).  Every
     service starts busy: it is marked idle only after the gateway has seen it idle.  Timers
-    and time come from ``loop`` (tests step its clock).
+    and time come from ``loop`` (tests step its clock).  ``keep_cores``: the least each
+    replica of an idle service keeps (never more than its decided CPU; the service keeps its
+    floor over its replicas).
     """
 
     def __init__(
@@ -62,18 +64,21 @@ class QuotaLender:
         policies: Mapping[str, ScalingPolicy],
         hold_s: float,
         loop: asyncio.AbstractEventLoop,
+        keep_cores: float = 0.01,
     ) -> None:
         if hold_s < 0:
             raise ValueError(f"hold_s must be >= 0, got {hold_s!r}")
         self.pool = pool
         self.policies = {n: p for n, p in policies.items() if n in pool.services}
         self.hold_s = hold_s
+        self.keep_cores = keep_cores
+        """What each replica of an idle service keeps (``budget.lend_keep_cores``)."""
         self._loop = loop
         self._busy = dict.fromkeys(self.policies, True)
         self._idle_since = dict.fromkeys(self.policies, 0.0)
         self._timer_armed = dict.fromkeys(self.policies, False)
         self.idle: set[str] = set()
-        """Services marked idle: their quota above ``cpu.min`` is lent."""
+        """Services marked idle: their quota above their idle floor is lent."""
         self.quotas: dict[str, float] = {}
         """The quota per replica in force under the latest overlay (services with a decision)."""
         self.applies = 0
@@ -154,7 +159,7 @@ class QuotaLender:
             out[name] = Holding(
                 replicas=replicas,
                 cores=cores,
-                floor=policy.cpu.min,
+                floor=idle_floor(replicas, policy.floor_cores, self.keep_cores),
                 ceiling=max(ceiling, cores),
                 weight=policy.weight,
             )

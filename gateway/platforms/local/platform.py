@@ -145,6 +145,7 @@ def start_lending(gateway: Gateway, pool: LocalPool, settings: Settings) -> Quot
         {name: s.scaling for name, s in settings.services.items()},
         budget.lend_after_idle_s,
         asyncio.get_running_loop(),
+        keep_cores=budget.lend_keep_cores,
     )
     lender.start()
     for name, service in gateway.services.items():
@@ -210,6 +211,7 @@ def lending_report(
     return {
         "lending": lender is not None,
         "lend_after_idle_s": settings.budget.lend_after_idle_s,
+        "lend_keep_cores": settings.budget.lend_keep_cores,
         "idle": sorted(lender.idle) if lender is not None else [],
         "lent_cores": lender.lent_cores() if lender is not None else {},
         "quota_in_force_cores": quotas_in_force(pool),
