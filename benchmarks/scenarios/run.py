@@ -15,10 +15,14 @@ very same arrivals for every run) under:
   from the offered load (proportional to each service's mean, mean during contention, and peak
   offered CPU), the one whose worst service p99 ÷ independent's is lowest;
 
-and two bounds no controller beats on this model: the **p99 floor** per service (the p99 of its
-requests' own service time on a replica at ``cpu.max``: no queueing, no start-up) and the
-**fluid bound** on CPU used during contention (a work-conserving node serving every backlog at
-once up to ``max_replicas × cpu.max``, without start-up delays).
+and bounds no controller beats on this model: the **p99 floor** per service (the p99 of its
+requests' own service time on a replica at ``cpu.max``: no queueing, no start-up), the
+**reactive bound** per service (its p99 with a node to itself, starting from ``min_replicas``
+at ``cpu.max`` and starting every replica it may have at ``cpu.max`` the moment its first
+request arrives, never scaling down: what no controller that cannot see the future beats,
+start-up included) and the **fluid bound** on CPU used during contention (a work-conserving
+node serving every backlog at once up to ``max_replicas × cpu.max``, without start-up
+delays).
 
 It prints one table, scenarios that miss goals first, then the verdict against issue #14's
 goals, and writes JSON (``--out``, default ``scenarios-out/suite.json``, untracked).
@@ -35,6 +39,7 @@ import os
 import platform
 import sys
 import time
+from collections import Counter
 from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
@@ -50,8 +55,10 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from gateway.settings import load_settings  # noqa: E402
+from scaler.decision import ServiceState  # noqa: E402
 from scaler.policy import BudgetConfig, ScalingPolicy  # noqa: E402
-from scaler.simulate.baselines import StaticController  # noqa: E402
+from scaler.signals import ServiceSignals  # noqa: E402
+from scaler.simulate.baselines import RunName, StaticController, Target  # noqa: E402
 from scaler.simulate.report import budget_summary, service_summary  # noqa: E402
 from scaler.simulate.runner import RunResult, Scenario, build_scenario, run  # noqa: E402
 from scaler.simulate.workload import ServiceLoad, load_workload  # noqa: E402
@@ -138,6 +145,54 @@ def p99_floor(scenario: Scenario, service: str, policy: ScalingPolicy) -> float 
     return float(np.quantile(work / speed, 0.99, method="inverted_cdf"))
 
 
+class ReactiveBound:
+    """The reactive bound's controller: ``min_replicas`` at ``cpu.max`` until a service's first
+    request (an early tick wakes it then), then ``max_replicas`` at ``cpu.max`` for good."""
+
+    name: RunName = "static"
+
+    def __init__(self, policies: Mapping[str, ScalingPolicy]) -> None:
+        self.policies = dict(policies)
+        self.rules: dict[str, Counter[str]] = {s: Counter() for s in policies}
+        self.started: set[str] = set()
+
+    def initial(self) -> dict[str, Target]:
+        return {s: Target(p.min_replicas, p.cpu.max) for s, p in self.policies.items()}
+
+    def decide(
+        self,
+        now: float,
+        signals: Mapping[str, ServiceSignals],
+        states: Mapping[str, ServiceState],
+    ) -> dict[str, Target]:
+        out: dict[str, Target] = {}
+        for s, p in self.policies.items():
+            if s in self.started:
+                continue
+            sig = signals[s]
+            if sig.in_flight + sig.queued > 0 or sig.arrivals_total > 0:
+                self.started.add(s)
+                out[s] = Target(p.max_replicas, p.cpu.max)
+            else:  # armed: the first request ticks at once
+                out[s] = Target(p.min_replicas, p.cpu.max, wake_concurrency=1.0)
+        return out
+
+
+def reactive_bound(
+    scenario: Scenario, policies: Mapping[str, ScalingPolicy], budget: BudgetConfig
+) -> dict[str, float | None]:
+    """Per service, the p99 under :class:`ReactiveBound` on a node holding every service's
+    ``max_replicas × cpu.max`` (no contention)."""
+    room = sum(capacity(p) for p in policies.values())
+    node = budget.model_copy(update={"cpu": room, "early_ticks": True})
+    result = run(scenario, "static", policies, node, controller=ReactiveBound(policies))
+    out: dict[str, float | None] = {}
+    for s in scenario.services:
+        lat = result.latencies_s[s]
+        out[s] = float(np.quantile(lat, 0.99, method="inverted_cdf")) if lat.size else None
+    return out
+
+
 def fluid_bound(
     scenario: Scenario, policies: Mapping[str, ScalingPolicy], budget: float
 ) -> float | None:
@@ -199,6 +254,7 @@ def run_scenario(directory: str, enforcement: str | None) -> dict[str, Any]:
     runs: dict[str, dict[str, Any]] = {}
     for name in ("sluice", "independent", "static"):
         runs[name] = summarise(scenario, run(scenario, name, policies, budget), cores)
+    reactive = reactive_bound(scenario, policies, budget)
     splits = candidate_splits(scenario, policies, cores)
     best: tuple[float, str, dict[str, Any]] | None = None
     indep = runs["independent"]["services"]
@@ -231,6 +287,7 @@ def run_scenario(directory: str, enforcement: str | None) -> dict[str, Any]:
                 "offered_cores_mean": float(scenario.offered_cores[s].mean()),
                 "offered_cores_max": float(scenario.offered_cores[s].max()),
                 "p99_floor_s": p99_floor(scenario, s, policies[s]),
+                "p99_reactive_bound_s": reactive[s],
             }
             for s in scenario.services
         },
@@ -277,12 +334,17 @@ def verdict(sc: dict[str, Any]) -> list[dict[str, Any]]:
         r = _ratio(sv[s]["latency_p99_s"], iv[s]["latency_p99_s"])
         if r is not None:
             best = bv[s]["latency_p99_s"]
+            bound = sc["services"][s].get("p99_reactive_bound_s")
+            why = None
+            if bound is not None and bound > P99_SLACK * iv[s]["latency_p99_s"]:
+                why = f"impossible: even the reactive bound is {bound:.3g} s"
             add(
                 "<service>: p99 <= 1.10 x independent",
                 s,
                 r <= P99_SLACK,
                 f"{sv[s]['latency_p99_s']:.3g} s vs {iv[s]['latency_p99_s']:.3g} s ({r:.2f}x); "
                 f"best fixed split {_f(best)} s",
+                why,
             )
     done_s = sum(v["completed"] for v in sv.values())
     done_i = sum(v["completed"] for v in iv.values())
@@ -323,9 +385,16 @@ def verdict(sc: dict[str, Any]) -> list[dict[str, Any]]:
             if meta["role"] == "short":
                 ps, pi, floor = sv[s]["latency_p99_s"], iv[s]["latency_p99_s"], meta["p99_floor_s"]
                 factor = _ratio(pi, ps) or 0.0
+                bound = meta.get("p99_reactive_bound_s")
                 why = None
                 if floor and pi / floor < SEED_P99_FACTOR:
                     why = f"impossible: even the p99 floor ({floor:.3g} s) is only {pi / floor:.1f}x below independent"
+                elif bound and pi / bound < SEED_P99_FACTOR:
+                    why = (
+                        f"impossible: even the reactive bound ({bound:.3g} s: every replica "
+                        f"started at its first request, no contention) is only "
+                        f"{pi / bound:.1f}x below independent"
+                    )
                 add(
                     "seed: short-lived <service> p99 >= 10x lower than independent",
                     s,
@@ -398,6 +467,7 @@ COLUMNS = [
     ("static", "right"),
     ("best split", "right"),
     ("floor", "right"),
+    ("reactive", "right"),
     ("thr S/I", "right"),
     ("CPU in cont. S / I", "right"),
     ("unfin S / I", "right"),
@@ -445,6 +515,7 @@ def print_results(results: list[dict[str, Any]], console: Console) -> None:
                 _f(sv["static"]["latency_p99_s"]),
                 _f(sv["best_split"]["latency_p99_s"]),
                 _f(meta["p99_floor_s"]),
+                _f(meta.get("p99_reactive_bound_s")),
                 _f(_ratio(sv["sluice"]["completed"], sv["independent"]["completed"]), "{:.3f}"),
                 f"{_f(sv['sluice']['cpu_used_in_contention_cores'], '{:.2f}')} / "
                 f"{_f(sv['independent']['cpu_used_in_contention_cores'], '{:.2f}')}",
@@ -529,7 +600,8 @@ def main() -> int:
     print_verdict(results, console)
     console.print(
         f"{len(results)} scenarios in {wall:.0f} s wall ({args.jobs} processes). Columns: p99 S/I = "
-        "Sluice ÷ independent; floor = p99 of a request's own service time at cpu.max; best split = "
+        "Sluice ÷ independent; floor = p99 of a request's own service time at cpu.max; reactive = "
+        "p99 with every replica started at the first request on a node of its own; best split = "
         "best fixed split in hindsight; thr = completed requests; CPU in cont. = cores used "
         "during contention; dir/h = replica direction changes "
         "per hour (load = the offered load's own); rm-start = replicas removed while starting"
