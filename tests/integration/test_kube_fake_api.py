@@ -196,3 +196,37 @@ def test_secrets_as_the_api_server_keeps_them(fake: FakeKube, api: KubeApi) -> N
     with pytest.raises(kubernetes.client.ApiException) as e:
         core.list_namespaced_pod("shop", field_selector="type=kubernetes.io/tls")
     assert e.value.status == 400 and "field label not supported" in e.value.body
+
+
+def test_pod_metrics_as_metrics_server_serves_them(fake: FakeKube, api: KubeApi) -> None:
+    custom = api.custom
+    args = ("metrics.k8s.io", "v1beta1", "shop", "pods")
+    res = {"requests": {"cpu": "500m"}, "limits": {"cpu": "500m"}}
+    fake.put(pod("web-0", "web", res))
+    fake.put(pod("web-1", "web", res))  # new: not measured yet
+    fake.put(pod("db-0", "db", res))
+    fake.pod_cpu = {("shop", "web-0"): {"app": "250m"}, ("shop", "db-0"): {"app": "1500000n"}}
+    # no metrics-server: the group is not served
+    with pytest.raises(kubernetes.client.ApiException) as e:
+        custom.list_namespaced_custom_object(*args)
+    assert e.value.status == 404
+    fake.metrics_server = "down"  # the APIService is registered, metrics-server does not answer
+    with pytest.raises(kubernetes.client.ApiException) as e:
+        custom.list_namespaced_custom_object(*args)
+    assert e.value.status == 503
+    fake.metrics_server = "up"
+    listed = custom.list_namespaced_custom_object(*args)
+    assert listed["kind"] == "PodMetricsList"
+    assert sorted(i["metadata"]["name"] for i in listed["items"]) == ["db-0", "web-0"]
+    web = custom.list_namespaced_custom_object(*args, label_selector="app=web")["items"]
+    assert [(i["metadata"]["name"], i["containers"][0]["usage"]["cpu"]) for i in web] == [
+        ("web-0", "250m")
+    ]
+    assert web[0]["window"] and web[0]["timestamp"]
+    assert custom.get_namespaced_custom_object(*args, "web-0")["kind"] == "PodMetrics"
+    with pytest.raises(kubernetes.client.ApiException) as e:
+        custom.get_namespaced_custom_object(*args, "web-1")
+    assert e.value.status == 404
+    with pytest.raises(kubernetes.client.ApiException) as e:
+        custom.list_namespaced_custom_object(*args, watch=True)
+    assert e.value.status == 405
