@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import h2.config
 import h2.connection
 import h2.errors
 import h2.events
@@ -37,7 +38,7 @@ from hpack.hpack import encode_integer
 from hpack.huffman import HuffmanEncoder
 from hpack.huffman_constants import REQUEST_CODES, REQUEST_CODES_LENGTH
 from hpack.table import HeaderTable
-from hyperframe.frame import Frame, RstStreamFrame
+from hyperframe.frame import Frame, GoAwayFrame, RstStreamFrame
 
 CACHE_MAX = 4096
 """Distinct fields kept encoded (cleared whole when full)."""
@@ -166,10 +167,17 @@ def install(conn: h2.connection.H2Connection) -> None:
 
 
 class QuietConnection(h2.connection.H2Connection):
-    """``h2``'s connection, receiving frames without formatting each one for a trace log:
-    ``H2Connection._receive_frame`` computes ``repr(frame)`` for every frame received, for a
-    logger that then discards it (about a twentieth of a proxied gRPC call).  The rest of
-    the method is ``h2``'s own (4.x)."""
+    """``h2``'s connection, receiving frames without formatting each one for a trace log
+    (``H2Connection._receive_frame`` computes ``repr(frame)`` for every frame received, for
+    a logger that then discards it: about a twentieth of a proxied gRPC call; the rest of
+    the method is ``h2``'s own, 4.x), and staying open after a GOAWAY it receives: ``h2``
+    would close its state machine (and drop what it had to send), so the streams the peer
+    still answers or expects answers on (RFC 9113 §6.8) would end in a protocol error.  A
+    GOAWAY is only reported (``ConnectionTerminated``); the owner decides what follows."""
+
+    def __init__(self, config: h2.config.H2Configuration) -> None:
+        super().__init__(config)
+        self._frame_dispatch_table[GoAwayFrame] = _goaway_event
 
     def _receive_frame(self, frame: Frame) -> list[h2.events.Event]:
         events: list[h2.events.Event]
@@ -197,3 +205,16 @@ class QuietConnection(h2.connection.H2Connection):
         else:
             self._prepare_for_sending(frames)
         return events
+
+
+def _goaway_event(frame: Frame) -> tuple[list[Frame], list[h2.events.Event]]:
+    """A received GOAWAY as a ``ConnectionTerminated`` event, the connection left open."""
+    assert isinstance(frame, GoAwayFrame)
+    event = h2.events.ConnectionTerminated()
+    try:
+        event.error_code = h2.errors.ErrorCodes(frame.error_code)
+    except ValueError:
+        event.error_code = frame.error_code
+    event.last_stream_id = frame.last_stream_id
+    event.additional_data = frame.additional_data or None
+    return [], [event]

@@ -627,7 +627,13 @@ class H2Connection(asyncio.Protocol):
             if h2.settings.SettingCodes.INITIAL_WINDOW_SIZE in event.changed_settings:
                 self._window_opened(0)
         elif isinstance(event, h2.events.ConnectionTerminated):
-            self._close()
+            if event.error_code == h2.errors.ErrorCodes.NO_ERROR:
+                # The client is done: its open streams still get their answers (its last
+                # stream id is about streams the gateway would open), then the connection
+                # closes with the gateway's own GOAWAY.
+                self.goaway()
+            else:
+                self.abort()
 
     def _request(self, event: h2.events.RequestReceived) -> None:
         sid = event.stream_id

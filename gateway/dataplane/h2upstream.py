@@ -26,7 +26,6 @@ import h2.errors
 import h2.events
 import h2.exceptions
 import h2.settings
-from hyperframe.frame import Frame, GoAwayFrame
 
 from gateway.dataplane.errors import Cause
 from gateway.dataplane.h2encode import QuietConnection
@@ -276,11 +275,7 @@ class H2UpstreamConnection(asyncio.Protocol):
         self.pool = pool
         self.dp = pool.dp
         self.h2 = QuietConnection(_CONFIG)
-        install_hpack(self.h2)
-        # The h2 library closes its state machine on a received GOAWAY (and drops what it
-        # had to send), so the streams the upstream still answers (up to its last stream id,
-        # RFC 9113 §6.8) would end in a protocol error: a GOAWAY is only reported here.
-        self.h2._frame_dispatch_table[GoAwayFrame] = _goaway_event
+        install_hpack(self.h2)  # (a received GOAWAY leaves it open: QuietConnection)
         self.transport: asyncio.Transport | None = None
         self.streams: dict[int, H2Upstream] = {}
         self.blocked: set[H2Upstream] = set()
@@ -513,19 +508,6 @@ class H2UpstreamConnection(asyncio.Protocol):
 
     def __repr__(self) -> str:
         return f"H2UpstreamConnection({self.pool.address}, {len(self.streams)} streams)"
-
-
-def _goaway_event(frame: Frame) -> tuple[list[Frame], list[h2.events.Event]]:
-    """A received GOAWAY as a ``ConnectionTerminated`` event, the connection left open."""
-    assert isinstance(frame, GoAwayFrame)
-    event = h2.events.ConnectionTerminated()
-    try:
-        event.error_code = h2.errors.ErrorCodes(frame.error_code)
-    except ValueError:
-        event.error_code = frame.error_code
-    event.last_stream_id = frame.last_stream_id
-    event.additional_data = frame.additional_data or None
-    return [], [event]
 
 
 # Client-reading pause reasons (see forward.py; repeated here to avoid an import cycle).

@@ -17,6 +17,7 @@ import h2.errors
 import httpx
 import pytest
 import yaml
+from hyperframe.frame import GoAwayFrame
 
 from tests.support.certs import make_ca
 from tests.support.h2client import Client
@@ -220,6 +221,32 @@ def test_a_queue_full_stream_is_answered_alone(gw: Gateway) -> None:
 def _config(gw: Gateway) -> dict[str, Any]:
     loaded: dict[str, Any] = yaml.safe_load(gw.config_path.read_text())
     return loaded
+
+
+def test_a_clients_goaway_lets_its_open_streams_finish(gw: Gateway) -> None:
+    """A client's graceful GOAWAY (NO_ERROR) ends the connection once its open streams are
+    answered (RFC 9113 §6.8: its last stream id is about streams the gateway would open;
+    the client's own streams still get their answers), with the gateway's GOAWAY."""
+    c = Client(gw)
+    try:
+        first = c.request("/echo")
+        c.pump({first})
+        sid = c.request("/delay?s=1")  # answered after the GOAWAY arrived
+        frame = GoAwayFrame(0)
+        frame.last_stream_id = 0
+        frame.error_code = h2.errors.ErrorCodes.NO_ERROR
+        c.sock.sendall(frame.serialize())  # (by hand: h2 would close the client's side too)
+        c.pump({sid})
+        answer = c.responses[sid]
+        assert answer["headers"] is not None
+        assert answer["headers"][b":status"] == b"200"
+        assert answer["ended"]
+        while c._read():  # then the gateway ends the connection
+            pass
+        assert c.terminated is not None
+        assert c.terminated.error_code == h2.errors.ErrorCodes.NO_ERROR
+    finally:
+        c.close()
 
 
 def test_drain_sends_goaway_and_finishes_open_streams(
