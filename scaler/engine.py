@@ -250,6 +250,11 @@ class Engine:
         self.cap = self.max_r * self.cpu_max
         self.target_utilization = arr([p.target_utilization for p in pols])
         self.target = arr([p.target for p in pols])
+        self._aim = self.target * arr(
+            [p.target_utilization if p.mode == "kpa" else 1.0 for p in pols]
+        )
+        """The metric per reference replica the scaling rule aims at: the KPA's target ×
+        target_utilization; the HPA's target (its rule has no utilisation headroom)."""
         self.fair = fair_shares(in_force.cores, pols) if n else arr([])
         self.is_rps: BoolArray = np.array([p.metric == "rps" for p in pols], dtype=bool)
         self.is_cpu: BoolArray = np.array([p.metric == "cpu" for p in pols], dtype=bool)
@@ -763,10 +768,10 @@ class Engine:
     ) -> tuple[FloatArray, FloatArray]:
         """Cores each service needs now, and what a frozen one holds.
 
-        A KPA-mode service whose CPU the platform measures needs the larger of what its
-        replicas used last tick and what the work in the system right now needs at the
-        KPA's aim (this tick's metric ÷ (target × target_utilization), in ``cpu.request``
-        cores: the headroom, once): a burst gets CPU the tick it is seen, a service whose
+        A service whose CPU the platform measures needs the larger of what its replicas
+        used last tick and what the work in the system right now needs at its rule's aim
+        (this tick's metric ÷ (target × target_utilization) for the KPA, the headroom once;
+        ÷ target for the HPA, whose rule has none; in ``cpu.request`` cores): a burst gets CPU the tick it is seen, a service whose
         burst is over gives it back the next tick.  A throttled use (capped by its quota,
         it understates the need) counts as ``used / target_utilization``.
         Otherwise: the load's reference replicas at ``cpu.request`` (the larger of the panic
@@ -782,7 +787,7 @@ class Engine:
         used = self._cpu_used
         now = kpa_now & ~np.isnan(used)
         if now.any():
-            work = value / (self.target * self.target_utilization) * self.cpu_ref
+            work = value / self._aim * self.cpu_ref
             # Throttled (its use capped by its quota): the use understates the need, so it
             # gets the target utilisation's headroom on top -- once.
             thr = np.where(np.isnan(self._thr_rate), 0.0, self._thr_rate)

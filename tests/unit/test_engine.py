@@ -158,6 +158,19 @@ def measured_demand(in_flight: int, throttled_s_per_s: float, ready: int = 2) ->
     return d.inputs["demand_cores"]
 
 
+def test_an_hpa_services_measured_demand_is_the_work_at_its_target() -> None:
+    # The HPA's rule has no utilisation headroom: 20 in flight at 10 per replica of 0.5 cores.
+    engine = Engine(
+        {"api": policy(mode="hpa", cpu={"min": 0.1, "max": 2.0, "request": 0.5})},
+        BudgetConfig(cpu=8),
+    )
+    states = {"api": ServiceState("api", 2, 2, 0.5)}
+    for t in range(3):
+        sig = ServiceSignals("api", float(t), in_flight=20, cpu_seconds_total=0.7 * t)
+        d = engine.tick(float(t), {"api": sig}, states)["api"]
+    assert d.inputs["demand_cores"] == pytest.approx(20 / 10 * 0.5)
+
+
 def test_measured_demand_is_the_work_now_at_the_kpa_aim_or_the_use() -> None:
     # 14 in flight at the KPA's aim of 10 × 0.7 per replica of 0.5 cores: the work needs
     # 1.0 core (the headroom once), more than the 0.7 used.
