@@ -5,6 +5,7 @@
     python benchmarks/proxy_harness.py --py-spy prof.svg   # flame graph of one run (py-spy)
     python benchmarks/proxy_harness.py --callgrind         # user-space instructions/request
     python benchmarks/proxy_harness.py --side-by-side ../main   # this tree vs another, at once
+    python benchmarks/proxy_harness.py --side-by-side ../main --tls   # the same over TLS
 
 ``benchmarks/proxy.py`` is the end-to-end comparison (req/s, latency, nginx in the same
 run), but on a shared 2-core machine its req/s swing with whatever else runs.  This
@@ -244,10 +245,19 @@ def side_by_side(args: argparse.Namespace) -> int:
         upstream, upstream_port = bench.start_upstream(workdir)
         processes.append(upstream)
         gateways = {}
+        tls = bench.make_certificate(workdir) if args.tls else None
         for name, tree in trees.items():
-            proc, port = bench.start_gateway(name, workdir, upstream_port, cwd=tree)
+            extra = "workers: 1\n"
+            tls_port = bench.free_port()
+            if tls is not None:
+                extra += bench.SLUICE_TLS.format(tls_port=tls_port, cert=tls[0], key=tls[1])
+            proc, port = bench.start_gateway(
+                name, workdir, upstream_port, cwd=tree, extra_config=extra
+            )
             processes.append(proc)
-            bench.wrk(port, args.connections, 1, 30)  # warm-up
+            if tls is not None:
+                port = tls_port
+            bench.wrk(port, args.connections, 1, 30, _scheme(args))  # warm-up
             gateways[name] = (port, proc)
         ratios = []
         for n in range(1, args.runs + 1):
@@ -277,10 +287,14 @@ def side_by_side(args: argparse.Namespace) -> int:
     return 0
 
 
+def _scheme(args: argparse.Namespace) -> str:
+    return "https" if args.tls else "http"
+
+
 def _load(args: argparse.Namespace, name: str, port: int, done: dict[str, Any]) -> None:
     timeout_s = args.duration_s + 30
     if not args.browser_head:
-        done[name] = bench.wrk(port, args.connections, args.duration_s, timeout_s)
+        done[name] = bench.wrk(port, args.connections, args.duration_s, timeout_s, _scheme(args))
         return
     argv = ["taskset", "-c", bench.LOAD_CORE, "wrk", "-t1", f"-c{args.connections}"]
     argv += [f"-d{args.duration_s:g}s", "--latency", "-H", "Host: bench.test"]
@@ -484,6 +498,11 @@ def main(argv: list[str] | None = None) -> int:
         choices=("text", "json"),
         default=None,
         help="the gateway writes an access log in this format (to a file in the temp directory)",
+    )
+    parser.add_argument(
+        "--tls",
+        action="store_true",
+        help="with --side-by-side: both gateways terminate TLS (wrk over https, keep-alive)",
     )
     parser.add_argument("--json", type=Path, default=None, help="write the summary as JSON")
     args = parser.parse_args(argv)

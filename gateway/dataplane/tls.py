@@ -28,7 +28,7 @@ import ssl
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
 from cryptography import x509
 from cryptography.x509.oid import ExtensionOID, NameOID
@@ -65,9 +65,29 @@ class Certificate:
         return self.not_after_s - now_s
 
 
+class DirectSSLObject(ssl.SSLObject):
+    """``ssl.SSLObject`` whose ``read``, ``write`` and ``pending`` are the C object's own
+    methods: the SSL transport binds them once per connection and then calls them several
+    times per request, each call through ``ssl.SSLObject``'s Python wrapper otherwise (a
+    Python frame that only forwards its arguments)."""
+
+    @property
+    def read(self) -> Callable[..., Any]:
+        return cast(Callable[..., Any], self._sslobj.read)  # type: ignore[attr-defined]
+
+    @property
+    def write(self) -> Callable[..., Any]:
+        return cast(Callable[..., Any], self._sslobj.write)  # type: ignore[attr-defined]
+
+    @property
+    def pending(self) -> Callable[[], int]:
+        return cast(Callable[[], int], self._sslobj.pending)  # type: ignore[attr-defined]
+
+
 def server_context(min_version: str, alpn: Iterable[str]) -> ssl.SSLContext:
     """A server context with the listener's version floor and ALPN list (no certificate)."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.sslobject_class = DirectSSLObject
     context.minimum_version = _VERSIONS[min_version]
     context.set_alpn_protocols(list(alpn))
     return context
@@ -284,6 +304,7 @@ def upstream_context(
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
     context.set_alpn_protocols([alpn])
+    context.sslobject_class = DirectSSLObject
     return context
 
 
