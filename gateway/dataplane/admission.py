@@ -51,7 +51,7 @@ from typing import Protocol
 
 from aiolimiter import AsyncLimiter
 
-from gateway.dataplane.shared_admission import ADMITTED, FULL, SharedRow
+from gateway.dataplane.shared_admission import ADMITTED, FULL, LIMITED, SharedRow
 from gateway.settings import ServiceLimits
 
 QUEUE_WAIT_BUCKETS_S: tuple[float, ...] = (
@@ -484,21 +484,24 @@ class Admission:
         row = self.shared
         assert row is not None
         now = self._loop_now().time()
-        if self._limiter is not None and not row.take_token(
-            now, self._rate_interval_s, self._rate_tolerance_s
-        ):
+        limiter = self._limiter
+        verdict = row.enter(
+            self.capacity,
+            self.queue_max,
+            now,
+            0.0 if limiter is None else self._rate_interval_s,
+            self._rate_tolerance_s,
+        )
+        if verdict == LIMITED:
+            assert limiter is not None
             self.rejected[RateLimited.code] += 1
             raise RateLimited(
                 self.service,
                 self._rate_retry_after_s,
-                f"over {self._limiter.max_rate:g} requests per {self._limiter.time_period:g}s",
+                f"over {limiter.max_rate:g} requests per {limiter.time_period:g}s",
             )
-        if self.capacity == math.inf:
-            verdict = ADMITTED
-        else:
-            verdict = row.enter(self.capacity, self.queue_max, now)
-            if verdict == FULL:
-                raise self._queue_full()
+        if verdict == FULL:
+            raise self._queue_full()
         if verdict == ADMITTED:
             if self.capacity != math.inf:
                 self.shared_held += 1

@@ -1,9 +1,9 @@
 """Admission state shared by the data-plane workers (``workers: N``), so that a service's
 concurrency slots, queue bound and rate limit hold for the gateway as a whole.
 
-One row per service in a shared-memory file (``memfd``), changed only under a POSIX record
-lock on that row's byte (``fcntl.lockf``: the kernel drops the lock of a worker that dies,
-so a ``kill -9`` never wedges the others).  A row holds the rate limiter's theoretical
+One row per service in a shared-memory file (``memfd``), changed only under an exclusive
+``flock`` of the file (the kernel drops the lock of a worker that dies, so a ``kill -9``
+never wedges the others).  A row holds the rate limiter's theoretical
 arrival time (GCRA, the same leaky bucket as ``aiolimiter``: ``burst`` at once, ``rps``
 sustained) and, per worker, its slots taken, its queued requests, the slots granted to its
 queue and the enqueue time of its oldest waiter without a grant.  A freed slot goes to the
@@ -20,6 +20,7 @@ import hashlib
 import math
 import mmap
 import os
+import time
 from collections.abc import Callable, Iterable, Sequence
 
 MAX_ROWS = 4096
@@ -31,8 +32,8 @@ _FIELDS = 4
 """Doubles per worker in a row: slots taken, queued, granted, oldest ungranted wait start."""
 _IN_USE, _QUEUED, _GRANTS, _HEAD = range(_FIELDS)
 
-ADMITTED, QUEUED, FULL = 0, 1, 2
-"""What :meth:`SharedRow.enter` decided."""
+ADMITTED, QUEUED, FULL, LIMITED = 0, 1, 2, 3
+"""What :meth:`SharedRow.enter` decided (``LIMITED``: over the rate limit)."""
 
 
 _NAME_BYTES = 32
@@ -93,11 +94,25 @@ class SharedLimits:
     ``me`` is this worker's index (``-1`` for the main process, which only resets the slots
     of a worker that died).  ``notify(w)`` wakes worker ``w`` (a byte in its pipe)."""
 
-    def __init__(self, fd: int, workers: int, me: int, notify: Callable[[int], None]) -> None:
+    def __init__(
+        self,
+        fd: int,
+        workers: int,
+        me: int,
+        notify: Callable[[int], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.fd = fd
+        # The lock (flock) is taken on this process's own open file description of the file:
+        # the description passed down is shared by every process, and flock excludes
+        # descriptions, not processes.
+        self.lock_fd = os.open(f"/proc/self/fd/{fd}", os.O_RDWR | os.O_CLOEXEC)
         self.workers = workers
         self.me = me
         self.notify = notify
+        self.clock = clock
+        """The rate limiter's clock: read fresh, the same in every process (an event loop's
+        time is cached per loop round, so two workers' would disagree by a round)."""
         self._map = mmap.mmap(fd, file_bytes(workers))
         self._names_at = MAX_ROWS * row_doubles(workers) * 8
         self.cells = memoryview(self._map)[: self._names_at].cast("d")
@@ -111,7 +126,7 @@ class SharedLimits:
             return self._indexes[service]
         entry = b"\x01" + hashlib.sha256(service.encode()).digest()[: _NAME_BYTES - 1]
         found: int | None = None
-        fcntl.lockf(self.fd, fcntl.LOCK_EX, 1, MAX_ROWS)
+        fcntl.flock(self.lock_fd, fcntl.LOCK_EX)
         try:
             table = self._map
             at = self._names_at
@@ -126,7 +141,7 @@ class SharedLimits:
                     break
                 at += _NAME_BYTES
         finally:
-            fcntl.lockf(self.fd, fcntl.LOCK_UN, 1, MAX_ROWS)
+            fcntl.flock(self.lock_fd, fcntl.LOCK_UN)
         self._indexes[service] = found
         return found
 
@@ -156,6 +171,7 @@ class SharedLimits:
         self.rows.clear()
         self.cells.release()
         self._map.close()
+        os.close(self.lock_fd)
 
     def __repr__(self) -> str:
         return f"SharedLimits(workers={self.workers}, me={self.me}, rows={len(self.rows)})"
@@ -168,7 +184,7 @@ class SharedRow:
 
     def __init__(self, limits: SharedLimits, index: int) -> None:
         self.limits = limits
-        self.fd = limits.fd
+        self.fd = limits.lock_fd
         self.index = index
         self.cells = limits.cells
         self.workers = limits.workers
@@ -176,11 +192,11 @@ class SharedRow:
         self.mine = self.base + _HEADER + _FIELDS * limits.me
 
     def __enter__(self) -> SharedRow:
-        fcntl.lockf(self.fd, fcntl.LOCK_EX, 1, self.index)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        fcntl.lockf(self.fd, fcntl.LOCK_UN, 1, self.index)
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
 
     # -- under the lock -------------------------------------------------------------------
 
@@ -223,21 +239,29 @@ class SharedRow:
 
     # -- one locked step each -------------------------------------------------------------
 
-    def take_token(self, now: float, interval_s: float, tolerance_s: float) -> bool:
-        """The rate limit (GCRA): True when a request may pass now."""
+    def enter(
+        self,
+        capacity: float,
+        queue_max: int,
+        now: float,
+        interval_s: float = 0.0,
+        tolerance_s: float = 0.0,
+    ) -> int:
+        """In one locked step: the rate limit when ``interval_s`` (GCRA, on the shared clock;
+        over it: ``LIMITED``), then (with a finite ``capacity``) take a slot (``ADMITTED``)
+        when one is free and nobody waits anywhere, else join the queue (``QUEUED``) unless
+        it already holds ``queue_max`` requests (``FULL``).  ``now`` dates a queued request
+        (the loop's time: it only orders the workers' waiters)."""
         with self:
             cells = self.cells
-            tat = max(cells[self.base], now)
-            if tat - now > tolerance_s:
-                return False
-            cells[self.base] = tat + interval_s
-            return True
-
-    def enter(self, capacity: float, queue_max: int, now: float) -> int:
-        """Take a slot (``ADMITTED``) when one is free and nobody waits anywhere, else join
-        the queue (``QUEUED``) unless it already holds ``queue_max`` requests (``FULL``)."""
-        with self:
-            cells = self.cells
+            if interval_s:
+                clock_now = self.limits.clock()
+                tat = max(cells[self.base], clock_now)
+                if tat - clock_now > tolerance_s:
+                    return LIMITED
+                cells[self.base] = tat + interval_s
+            if capacity == math.inf:
+                return ADMITTED
             in_use, queued, waiting = self.totals()
             mine = self.mine
             if in_use < capacity and waiting <= 0:

@@ -42,7 +42,7 @@ class Workers:
         self.fd = create_file(n)
         self.woken: list[int] = []
         self.admissions: list[Admission] = []
-        self.views = [SharedLimits(self.fd, n, i, self.notify) for i in range(n)]
+        self.views = [SharedLimits(self.fd, n, i, self.notify, loop.time) for i in range(n)]
         self.main = SharedLimits(self.fd, n, -1, self.notify)
         for view in self.views:
             a = Admission("api", limits, replicas=replicas, loop=loop)
