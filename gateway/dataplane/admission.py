@@ -155,6 +155,7 @@ class Admission:
         "queue_timeout_s",
         "queued",
         "rejected",
+        "releasing",
         "replicas",
         "service",
         "shared",
@@ -213,6 +214,8 @@ class Admission:
         slots, the queue bound and the rate limit then hold for all of them together."""
         self.shared_held = 0
         """Slots this worker holds in the shared row."""
+        self.releasing = 0
+        """Slots released this loop round, given back to the shared row at its end."""
         self.gated = False
         """The fast path (:meth:`try_take`) does not apply: a rate limit, or shared slots."""
         self.configure(limits or ServiceLimits())
@@ -517,12 +520,23 @@ class Admission:
         return waiter
 
     def _release_shared(self) -> None:
-        row = self.shared
         self.shared_held -= 1
-        if row is not None:
-            row.release(self.capacity)
+        if self.shared is not None:
+            # Given back once per loop round for every request of the round that ended (one
+            # lock instead of one per request; a slot freed now is only seen taken a little
+            # longer by the others, never over-admitted).
+            self.releasing += 1
+            if self.releasing == 1:
+                self._loop_now().call_soon(self.flush_releases)
         if not self.in_use and not self.queued and self.on_busy_change is not None:
             self.on_busy_change(False)
+
+    def flush_releases(self) -> None:
+        """Give the slots released this loop round back to the shared row."""
+        count, self.releasing = self.releasing, 0
+        row = self.shared
+        if count and row is not None:
+            row.release(self.capacity, count)
 
     def _leave_shared(self) -> None:
         row = self.shared

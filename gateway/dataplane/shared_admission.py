@@ -274,10 +274,10 @@ class SharedRow:
             cells[mine + _QUEUED] += 1
         return QUEUED
 
-    def release(self, capacity: float) -> None:
-        """A slot this worker held is free: grant it on (and wake who gets it)."""
+    def release(self, capacity: float, count: int = 1) -> None:
+        """``count`` slots this worker held are free: grant them on (and wake who gets them)."""
         with self:
-            self.cells[self.mine + _IN_USE] -= 1
+            self.cells[self.mine + _IN_USE] -= count
             woken = self.regrant(capacity)
         for w in woken:
             self.limits.notify(w)

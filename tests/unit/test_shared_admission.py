@@ -84,7 +84,8 @@ def test_slots_are_counted_over_every_worker(loop: SteppedLoop) -> None:
         queued = a1.admit(*rec.callbacks("r3"))  # 2 slots taken, one in each worker
         assert queued is not None
         assert w.row() == [(1, 0, 0), (1, 1, 0)]
-        a0.release()  # worker 0's slot goes to worker 1's queued request
+        a0.release()  # worker 0's slot goes to worker 1's queued request (at its round's end)
+        assert w.row() == [(1, 0, 0), (1, 1, 0)]
         loop.settle()
         assert rec.events == [("admit", "r3")]
         assert w.woken == [1]
@@ -141,7 +142,8 @@ def test_a_request_that_leaves_with_its_grant_frees_the_slot(loop: SteppedLoop) 
         assert left is not None
         loop.advance(0.1)
         assert a0.admit(*rec.callbacks("waits")) is not None
-        a0.release()  # granted to worker 1's request ...
+        a0.release()
+        a0.flush_releases()  # the end of worker 0's loop round: granted to worker 1's request
         a1.abandon(left)  # ... which leaves before worker 1 ran its wake
         loop.settle()
         assert rec.events == [("admit", "waits")]
