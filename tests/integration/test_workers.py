@@ -499,3 +499,34 @@ def test_a_rate_limit_holds_for_the_whole_gateway_not_per_worker(tmp_path: Path)
     assert min(per_worker) > 0, per_worker
     assert statuses[:4] == [200] * 4  # the burst
     assert ok <= 4 + math.floor(elapsed_s * 0.5), (ok, elapsed_s)  # not twice the rate
+
+
+def test_slots_held_by_killed_workers_are_freed(tmp_path: Path) -> None:
+    """1 slot, held by a request to a worker that is then killed (kill -9, both workers: the
+    holder is one of them): the main process frees the dead workers' slots, so the next
+    request is served at once instead of waiting out its queue timeout for a slot nobody will
+    give back."""
+    limits = {"concurrency_per_replica": 1, "queue": {"max": 10, "timeout_s": 5}}
+    with upstreams("lim") as (up,), gateway(limited(up.address, limits), tmp_path / "s.yaml") as g:
+        with ThreadPoolExecutor(1) as pool:
+
+            def hold() -> int | str:
+                try:
+                    return httpx.get(g.url + "/delay?s=30", timeout=60).status_code
+                except httpx.HTTPError as e:
+                    return type(e).__name__
+
+            holder = pool.submit(hold)
+            assert wait_for(lambda: delays_of(up)["active"] == 1)
+            victims = workers_of(g)
+            for w in victims:
+                os.kill(w["pid"], signal.SIGKILL)
+            assert isinstance(holder.result(), str)  # its connection died with its worker
+        assert wait_for(
+            lambda: all(
+                w["ready"] and w["restarts"] == 1 and w["pid"] != v["pid"]
+                for w, v in zip(workers_of(g), victims, strict=True)
+            )
+        )
+        r = httpx.get(g.url + "/echo", timeout=60)
+    assert r.status_code == 200, r.headers.get("sluice-error")
