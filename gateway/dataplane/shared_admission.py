@@ -106,7 +106,14 @@ class SharedLimits:
         # The lock (flock) is taken on this process's own open file description of the file:
         # the description passed down is shared by every process, and flock excludes
         # descriptions, not processes.
-        self.lock_fd = os.open(f"/proc/self/fd/{fd}", os.O_RDWR | os.O_CLOEXEC)
+        # Without /proc (a rare sandbox), POSIX record locks on the shared description do
+        # the same (they belong to the process), at about twice the cost.
+        try:
+            self.lock_fd = os.open(f"/proc/self/fd/{fd}", os.O_RDWR | os.O_CLOEXEC)
+            self.lock: Callable[[int, int], object] = fcntl.flock
+        except OSError:
+            self.lock_fd = os.dup(fd)
+            self.lock = fcntl.lockf
         self.workers = workers
         self.me = me
         self.notify = notify
@@ -126,7 +133,7 @@ class SharedLimits:
             return self._indexes[service]
         entry = b"\x01" + hashlib.sha256(service.encode()).digest()[: _NAME_BYTES - 1]
         found: int | None = None
-        fcntl.flock(self.lock_fd, fcntl.LOCK_EX)
+        self.lock(self.lock_fd, fcntl.LOCK_EX)
         try:
             table = self._map
             at = self._names_at
@@ -141,7 +148,7 @@ class SharedLimits:
                     break
                 at += _NAME_BYTES
         finally:
-            fcntl.flock(self.lock_fd, fcntl.LOCK_UN)
+            self.lock(self.lock_fd, fcntl.LOCK_UN)
         self._indexes[service] = found
         return found
 
@@ -180,11 +187,12 @@ class SharedLimits:
 class SharedRow:
     """One service's row.  Use ``with row:`` around every read-modify-write."""
 
-    __slots__ = ("base", "cells", "fd", "index", "limits", "mine", "workers")
+    __slots__ = ("base", "cells", "fd", "index", "limits", "lock", "mine", "workers")
 
     def __init__(self, limits: SharedLimits, index: int) -> None:
         self.limits = limits
         self.fd = limits.lock_fd
+        self.lock = limits.lock
         self.index = index
         self.cells = limits.cells
         self.workers = limits.workers
@@ -192,11 +200,11 @@ class SharedRow:
         self.mine = self.base + _HEADER + _FIELDS * limits.me
 
     def __enter__(self) -> SharedRow:
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        self.lock(self.fd, fcntl.LOCK_EX)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        self.lock(self.fd, fcntl.LOCK_UN)
 
     # -- under the lock -------------------------------------------------------------------
 

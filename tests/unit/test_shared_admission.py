@@ -3,6 +3,7 @@ shared-memory row (in one process, on a stepped loop clock; a wake is a direct c
 
 from __future__ import annotations
 
+import fcntl
 import os
 from collections.abc import Iterator
 
@@ -237,5 +238,30 @@ def test_queued_requests_leave_the_shared_queue_when_the_limit_goes_away(
         assert w.row() == [(1, 0, 0), (0, 0, 0)]  # worker 1 queues nothing any more
         a1.release()  # its request ran outside the shared slots
         assert w.row() == [(1, 0, 0), (0, 0, 0)]
+    finally:
+        w.close()
+
+
+def test_without_proc_the_table_is_locked_with_record_locks(
+    loop: SteppedLoop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_open = os.open
+
+    def no_proc(path: str, *args: int) -> int:
+        if str(path).startswith("/proc/"):
+            raise FileNotFoundError(path)
+        return real_open(path, *args)
+
+    monkeypatch.setattr(os, "open", no_proc)
+    w = Workers(loop, limits(per=1))
+    a0, a1 = w.admissions
+    rec = Recorder()
+    try:
+        assert w.views[0].lock is fcntl.lockf
+        assert a0.admit(*rec.callbacks("r1")) is None
+        assert a1.admit(*rec.callbacks("q1")) is not None
+        a0.release()
+        loop.settle()
+        assert rec.events == [("admit", "q1")]
     finally:
         w.close()
