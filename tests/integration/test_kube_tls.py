@@ -226,9 +226,15 @@ def test_ingress_secret_is_served_rotated_and_removed(
                 if e["reason"] == "TLSCertificate" and e["involvedObject"]["name"] == "shop"
             )
 
-        assert wait_until(lambda: any("shop/shop-tls not found" in m for m in warnings()))
-        assert any("is of type Opaque" in m for m in warnings())
-        assert any("www.example.test: no spec.tls entry names it" in m for m in warnings())
+        # one Event per problem, created one after another by the leader: wait for all three
+        expected = (
+            "shop/shop-tls not found",
+            "is of type Opaque",
+            "www.example.test: no spec.tls entry names it",
+        )
+        assert wait_until(lambda: all(any(e in m for m in warnings()) for e in expected)), (
+            warnings()
+        )
         assert "ingress shop/shop: host shop.example.test: secret shop/shop-tls not found" in (
             gw.output()
         )
