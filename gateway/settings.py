@@ -17,7 +17,7 @@ import re
 import sys
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
@@ -34,7 +34,13 @@ from pydantic import (
 
 from gateway.cores import usable_cores
 from gateway.platforms.local.config import ReplicasConfig
-from scaler.policy import BudgetConfig, KeyedValueError, ScalingPolicy, check_floors
+from scaler.policy import (
+    BudgetConfig,
+    Enforcement,
+    KeyedValueError,
+    ScalingPolicy,
+    check_floors,
+)
 from scaler.validation import validation_problems
 
 PathType = Literal["Exact", "Prefix", "ImplementationSpecific"]
@@ -1076,9 +1082,33 @@ def resolve_admin_token(
     return settings.model_copy(update={"admin": admin})
 
 
+def resolve_enforcement(
+    settings: Settings, machine_cores: Callable[[], float] | None = None
+) -> Settings:
+    """``budget.enforcement: auto`` decided for this machine: ``share`` on local and static
+    when the budget is every CPU the replicas can use (``machine_cores``, default: this
+    process's cpuset and cgroup quota), else ``limit``; ``limit`` on kubernetes (a pod's QoS
+    class is fixed at its creation).  Settings with an explicit enforcement come back as is."""
+    budget = settings.budget
+    if budget.enforcement != "auto":
+        return settings
+    if settings.platform == "kubernetes":
+        rule: Enforcement = "limit"
+    else:
+        if machine_cores is None:
+            from gateway.platforms.machine import machine_cpu
+
+            cores = machine_cpu().cores
+        else:
+            cores = machine_cores()
+        rule = budget.auto_enforcement(cores)
+    return settings.model_copy(update={"budget": budget.model_copy(update={"enforcement": rule})})
+
+
 def load_runtime_settings(path: str | Path) -> Settings:
-    """:func:`load_settings` plus what only a running gateway resolves (the admin token)."""
-    return resolve_admin_token(load_settings(path), os.environ, str(path))
+    """:func:`load_settings` plus what only a running gateway resolves (the admin token,
+    ``budget.enforcement: auto``)."""
+    return resolve_enforcement(resolve_admin_token(load_settings(path), os.environ, str(path)))
 
 
 def json_schema() -> str:

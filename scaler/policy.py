@@ -490,6 +490,12 @@ class ScalingPolicy(_Model):
         return self.min_replicas * self.cpu.min
 
 
+Enforcement = Literal["limit", "share"]
+"""How a replica's decided CPU is enforced, once ``budget.enforcement: auto`` is resolved."""
+
+_ENFORCEMENT_EPS = 1e-6
+
+
 @dataclass(frozen=True, slots=True)
 class BudgetCpu:
     """The budget in force: how many cores, and where that figure came from."""
@@ -525,17 +531,20 @@ class BudgetConfig(_Model):
             "first come first served on the budget (the one-HPA-per-service baseline)."
         ),
     )
-    enforcement: Literal["limit", "share"] = Field(
-        default="limit",
+    enforcement: Literal["auto", "limit", "share"] = Field(
+        default="auto",
         description=(
-            "How a replica's decided CPU is enforced. limit (default): the decided CPU is a hard "
-            "cap (CFS quota; Kubernetes limits = requests), so a service's guaranteed CPU is "
-            "exact, and idle CPU is lent by the next decision and, with lending, between ticks. share: it is the replica's "
-            "guaranteed share (cgroup cpu.shares/cpu.weight; Kubernetes requests), the replica may "
-            "use idle CPU up to cpu.max and the kernel lends and reclaims it within microseconds; "
-            "the budget caps the total (a parent cgroup quota on the local platform). With a "
-            "budget below the machine's CPUs that quota throttles every replica alike and weakens "
-            "the guarantee; use share when the budget is the whole machine or node."
+            "How a replica's decided CPU is enforced. share: it is the replica's guaranteed "
+            "share (cgroup cpu.weight; Kubernetes requests); a replica may use CPU the others "
+            "leave idle up to cpu.max, and the kernel lends and reclaims it within "
+            "microseconds; the budget caps the total. limit: the decided CPU is a hard cap "
+            "(CFS quota; Kubernetes limits = requests); idle CPU is lent by the next decision "
+            "and, with lending, between ticks. auto (default): share where the kernel keeps "
+            "the guarantee exact -- on local and static when the budget is the whole machine "
+            "(no cap below the CPUs the replicas can run on), and in sluice simulate (the "
+            "node is the budget); limit otherwise (a budget below the machine's CPUs is a "
+            "parent quota that throttles every replica alike) and on kubernetes (a pod's QoS "
+            "class is fixed when it is created)."
         ),
     )
     lending: bool = Field(
@@ -617,6 +626,31 @@ class BudgetConfig(_Model):
         if self.cpu == "auto":
             return None
         return BudgetCpu(self.cpu, "budget.cpu")
+
+    def auto_enforcement(self, machine_cores: float | None) -> Enforcement:
+        """What ``enforcement: auto`` means with ``machine_cores`` CPUs for the replicas
+        (None: the budget is the whole node, as in the simulator): ``share`` when the budget
+        is all of them, else ``limit``.  An explicit ``enforcement`` is returned as is."""
+        if self.enforcement != "auto":
+            return self.enforcement
+        if machine_cores is None:
+            return "share"
+        if self.cpu == "auto":
+            return "share" if self.reserved <= 0 else "limit"
+        return "share" if self.cpu >= machine_cores - _ENFORCEMENT_EPS else "limit"
+
+    def resolved(self, machine_cores: float | None) -> BudgetConfig:
+        """This budget with ``enforcement: auto`` decided (:meth:`auto_enforcement`)."""
+        if self.enforcement != "auto":
+            return self
+        return self.model_copy(update={"enforcement": self.auto_enforcement(machine_cores)})
+
+    @property
+    def rule(self) -> Enforcement:
+        """The enforcement in force; ``ValueError`` while ``auto`` is not resolved."""
+        if self.enforcement == "auto":
+            raise ValueError("budget.enforcement is auto: resolve it first (BudgetConfig.resolved)")
+        return self.enforcement
 
 
 def check_floors(budget: BudgetConfig | BudgetCpu, policies: Mapping[str, ScalingPolicy]) -> None:

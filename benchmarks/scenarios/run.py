@@ -2,18 +2,23 @@
 
     python benchmarks/scenarios/run.py [--jobs N] [--only SUBSTRING ...] [--out FILE]
                                        [--table FILE] [--enforcement limit|share]
+                                       [--baseline-enforcement limit|share]
 
 Each directory here holding ``config.yaml`` (a Sluice config, as a user writes it: KPA/HPA
 defaults, no per-scenario knobs) and ``workload.yaml`` (``sluice simulate``'s format) is a
 scenario.  Each is simulated (the real engine, the queueing model of ``sluice simulate``, the
 very same arrivals for every run) under:
 
-* ``sluice``      -- the config as written (``budget.arbitration: shared``);
-* ``independent`` -- one autoscaler per service, first come first served on the budget;
-* ``static``      -- the budget split equally, fixed;
+* ``sluice``      -- the config as written (``budget.arbitration: shared``; ``enforcement:
+  auto`` is share: the node is the budget);
+* ``independent`` -- one autoscaler per service, first come first served on the budget, on
+  replicas whose CPU limit is their request (``--baseline-enforcement share``: replicas without
+  a CPU limit, using idle CPU by weight);
+* ``static``      -- the budget split equally, fixed (on the baseline's node model);
 * ``best split``  -- a clairvoyant reference: the best of three fixed splits chosen in hindsight
   from the offered load (proportional to each service's mean, mean during contention, and peak
-  offered CPU), the one whose worst service p99 ÷ independent's is lowest;
+  offered CPU), the one whose worst service p99 ÷ independent's is lowest (on Sluice's node
+  model);
 
 and bounds no controller beats on this model: the **p99 floor** per service (the p99 of its
 requests' own service time on a replica at ``cpu.max``: no queueing, no start-up), the
@@ -58,7 +63,12 @@ from gateway.settings import load_settings  # noqa: E402
 from scaler.decision import ServiceState  # noqa: E402
 from scaler.policy import BudgetConfig, ScalingPolicy  # noqa: E402
 from scaler.signals import ServiceSignals  # noqa: E402
-from scaler.simulate.baselines import RunName, StaticController, Target  # noqa: E402
+from scaler.simulate.baselines import (  # noqa: E402
+    BASELINE_ENFORCEMENT,
+    RunName,
+    StaticController,
+    Target,
+)
 from scaler.simulate.report import budget_summary, service_summary  # noqa: E402
 from scaler.simulate.runner import RunResult, Scenario, build_scenario, run  # noqa: E402
 from scaler.simulate.workload import ServiceLoad, load_workload  # noqa: E402
@@ -239,7 +249,9 @@ def summarise(scenario: Scenario, result: RunResult, budget: float) -> dict[str,
     }
 
 
-def run_scenario(directory: str, enforcement: str | None) -> dict[str, Any]:
+def run_scenario(
+    directory: str, enforcement: str | None, baseline_enforcement: str = BASELINE_ENFORCEMENT
+) -> dict[str, Any]:
     """Every run of one scenario, its bounds, and its figures (JSON-ready)."""
     started = time.process_time()
     path = Path(directory)
@@ -248,12 +260,15 @@ def run_scenario(directory: str, enforcement: str | None) -> dict[str, Any]:
     budget: BudgetConfig = settings.budget
     if enforcement is not None:
         budget = budget.model_copy(update={"enforcement": enforcement})
+    budget = budget.resolved(None)
+    baseline = budget.model_copy(update={"enforcement": baseline_enforcement})
     workload = load_workload(path / "workload.yaml")
     scenario = build_scenario(workload, policies)
     cores = budget.cpu
     runs: dict[str, dict[str, Any]] = {}
     for name in ("sluice", "independent", "static"):
-        runs[name] = summarise(scenario, run(scenario, name, policies, budget), cores)
+        own = budget if name == "sluice" else baseline
+        runs[name] = summarise(scenario, run(scenario, name, policies, own), cores)
     reactive = reactive_bound(scenario, policies, budget)
     splits = candidate_splits(scenario, policies, cores)
     best: tuple[float, str, dict[str, Any]] | None = None
@@ -276,6 +291,7 @@ def run_scenario(directory: str, enforcement: str | None) -> dict[str, Any]:
         "name": path.name,
         "budget_cores": cores,
         "enforcement": budget.enforcement,
+        "baseline_enforcement": baseline.enforcement,
         "duration_s": scenario.duration_s,
         "services": {
             s: {
@@ -541,8 +557,11 @@ def print_results(results: list[dict[str, Any]], console: Console) -> None:
 
 def print_verdict(results: list[dict[str, Any]], console: Console) -> None:
     ok = [sc for sc in results if not failed(sc["verdict"])]
+    models = sorted({(sc["enforcement"], sc["baseline_enforcement"]) for sc in results})
+    nodes = ", ".join(f"Sluice on {own}, baselines on {base}" for own, base in models)
     console.print(
-        f"[bold]verdict[/]: {len(ok)} of {len(results)} scenarios meet every goal of issue #14"
+        f"[bold]verdict[/] ({nodes}): {len(ok)} of {len(results)} scenarios meet every goal "
+        "of issue #14"
     )
     counts: dict[str, int] = {}
     impossible = 0
@@ -573,7 +592,14 @@ def main() -> int:
         "--enforcement",
         choices=["limit", "share"],
         default=None,
-        help="node model for every run (default: each config's budget.enforcement)",
+        help="Sluice's node model (default: each config's budget.enforcement; auto is share)",
+    )
+    ap.add_argument(
+        "--baseline-enforcement",
+        choices=["limit", "share"],
+        default=BASELINE_ENFORCEMENT,
+        help="the baselines' node model (default: limit: CPU limit = request, as Kubernetes "
+        "pods of Guaranteed QoS; share: no CPU limit, idle CPU used by weight)",
     )
     args = ap.parse_args()
     dirs = discover(args.only)
@@ -584,7 +610,10 @@ def main() -> int:
     started = time.monotonic()
     results: list[dict[str, Any]] = []
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        futures = {pool.submit(run_scenario, str(d), args.enforcement): d for d in dirs}
+        futures = {
+            pool.submit(run_scenario, str(d), args.enforcement, args.baseline_enforcement): d
+            for d in dirs
+        }
         for fut in as_completed(futures):
             sc = fut.result()
             sc["verdict"] = verdict(sc)

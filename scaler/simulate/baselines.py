@@ -16,10 +16,16 @@ from typing import Literal, Protocol
 
 from scaler.decision import ServiceState
 from scaler.engine import Engine
-from scaler.policy import BudgetConfig, ScalingPolicy
+from scaler.policy import BudgetConfig, Enforcement, ScalingPolicy
 from scaler.signals import ServiceSignals
 
 RunName = Literal["sluice", "independent", "static"]
+
+BASELINE_ENFORCEMENT: Enforcement = "limit"
+"""The baselines' node model unless told otherwise: one autoscaler per service (or a static
+split) on replicas whose CPU limit is their request -- Kubernetes pods of Guaranteed QoS, what
+an HPA's utilisation is measured against.  ``share`` (replicas without a CPU limit, using idle
+CPU by weight) is the other baseline the scenario suite reports."""
 
 
 @dataclass(frozen=True, slots=True)

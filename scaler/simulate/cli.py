@@ -36,15 +36,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--enforcement",
         choices=["share", "limit"],
         default=None,
-        help="node model for every run: share (decided CPU = guaranteed share, idle CPU used up "
-        "to cpu.max) or limit (decided CPU = hard cap) (default: the config's budget.enforcement)",
+        help="node model for Sluice's run: share (decided CPU = guaranteed share, idle CPU used "
+        "up to cpu.max) or limit (decided CPU = hard cap) (default: the config's "
+        "budget.enforcement; auto is share here: the node is the budget)",
     )
     parser.add_argument(
         "--baseline-enforcement",
         choices=["share", "limit"],
         default=None,
-        help="node model for the baseline's run only (default: the same as Sluice's); e.g. "
-        "limit for Kubernetes pods with limits = requests against Sluice under share",
+        help="node model for the baseline's run (default: limit, one autoscaler per service on "
+        "replicas whose CPU limit is their request, as Kubernetes pods of Guaranteed QoS; "
+        "share: replicas without a CPU limit, which use idle CPU by weight)",
     )
     parser.add_argument(
         "--out",
@@ -137,6 +139,7 @@ def run_command(
     """Run ``sluice simulate`` with a loaded config; returns the exit code."""
     from rich.console import Console
 
+    from scaler.simulate.baselines import BASELINE_ENFORCEMENT as baseline_enforcement
     from scaler.simulate.plot import missing, write_plots
     from scaler.simulate.report import build_report, print_tables, write_json
     from scaler.simulate.runner import SimulationError, build_scenario
@@ -163,6 +166,7 @@ def run_command(
         return 2
     if args.enforcement is not None:
         budget = budget.model_copy(update={"enforcement": args.enforcement})
+    budget = budget.resolved(None)
     try:
         workload = load_workload(args.workload)
         scenario = build_scenario(
@@ -176,11 +180,11 @@ def run_command(
         print(f"{args.workload}: {e}", file=sys.stderr)
         return 2
     names: list[RunName] = ["sluice", args.baseline]
-    budgets: dict[str, BudgetConfig] = {}
-    if args.baseline_enforcement is not None:
-        budgets[args.baseline] = budget.model_copy(
-            update={"enforcement": args.baseline_enforcement}
+    budgets: dict[str, BudgetConfig] = {
+        args.baseline: budget.model_copy(
+            update={"enforcement": args.baseline_enforcement or baseline_enforcement}
         )
+    }
     try:
         results = simulate_runs(
             scenario,

@@ -11,14 +11,17 @@ this loop, not a loop of its own:
   replica's quota is its decided CPU plus its service's lent share, up to ``cpu.max``.  An
   arrival for an idle-marked service takes it back before it is dispatched, as the local
   platform does (reclaim modelled as instant: the platform writes a few cgroup files);
-* **share**: the decided CPU is a *guaranteed share* (cgroup ``cpu.weight``; Kubernetes
-  requests), a replica is capped only at its service's ``cpu.max`` and the node
-  (``budget.cpu``) caps the total: a replica holding ``n > 0`` requests can use ``d =
-  min(n * request_cores_max, cpu.max)`` cores, and the node's ``B`` cores go to the busy
-  replicas by the arbiter's weighted max-min water-filling (:func:`scaler.arbiter.water_fill`,
-  weights ``w = cores``): ``x = min(d, lambda * w)`` with ``sum x = min(B, sum d)``.  The
-  scheduled replicas' guaranteed cores fit ``B``, so every busy replica gets at least
-  ``min(d, w)``.
+* **share**: CPU is shared by weight, work-conserving: a replica is capped only at its
+  service's ``cpu.max`` and the node (``budget.cpu``) caps the total; a replica holding ``n >
+  0`` requests can use ``d = min(n * request_cores_max, cpu.max)`` cores, and the node's ``B``
+  cores go to the busy replicas by weighted max-min water-filling
+  (:func:`scaler.arbiter.water_fill`): ``x = min(d, lambda * w)`` with ``sum x = min(B, sum
+  d)``.  The weights are either each replica's decided CPU (``w = cores``: cgroup
+  ``cpu.weight`` per replica, Kubernetes requests -- the baselines), or, with
+  ``entitlements`` (Sluice's local platform), two levels: each service's entitlement (its fair
+  share of the budget) among the services with busy replicas, then its busy replicas equally
+  (a cgroup per service holding its replicas' cgroups).  Either way the weights fit ``B``, so
+  a busy replica (service) gets at least ``min(d, w)``.
 
 Within a replica, processor sharing: each request gets ``x / n``, with virtual-time finish
 tags.  Rates change only at events (an arrival, a completion, a replica becoming ready, a
@@ -88,9 +91,12 @@ class EventLoop:
         *,
         rule: Rule = "limit",
         lending: Lending | None = None,
+        entitlements: Mapping[str, float] | None = None,
     ) -> None:
         if lending is not None and rule != "limit":
             raise ValueError("lending is limit enforcement's option")
+        if entitlements is not None and rule != "share":
+            raise ValueError("entitlements are share enforcement's weights")
         self.rule = rule
         self.capacity_cores = capacity_cores
         self.models = list(models.values())
@@ -114,6 +120,13 @@ class EventLoop:
         self._seq = 0
         self.recomputes = 0
         """How many times the water-filling ran (a cost figure, for profiling)."""
+        self.entitlements: list[float] | None = None
+        """Share: each service's weight (its entitlement, in model order), its replicas equal;
+        None: each replica weighs its decided CPU."""
+        if entitlements is not None:
+            self.entitlements = [float(entitlements[m.name]) for m in self.models]
+            if not all(e > 0.0 for e in self.entitlements):
+                raise ValueError(f"entitlements must be > 0, got {dict(entitlements)!r}")
 
     def __repr__(self) -> str:
         return (
@@ -179,6 +192,30 @@ class EventLoop:
             return
         self._refill(t, r)
 
+    def _fill_by_service(
+        self, items: list[tuple[Replica, int]], demands: list[float], weights: list[float]
+    ) -> list[float]:
+        """Share with entitlements: the node's cores water-filled over the services with busy
+        replicas (weight: the entitlement; demand: their replicas' together), then each
+        service's cores over its busy replicas, equally up to each one's demand."""
+        by_service: dict[int, list[int]] = {}
+        for k, (_, j) in enumerate(items):
+            by_service.setdefault(j, []).append(k)
+        services = list(by_service)
+        totals = [math.fsum(demands[k] for k in by_service[j]) for j in services]
+        cores = water_fill(self.capacity_cores, totals, [weights[j] for j in services])
+        xs = [0.0] * len(items)
+        for j, got, total in zip(services, cores, totals, strict=True):
+            ks = by_service[j]
+            if got >= total - _EPS:
+                for k in ks:
+                    xs[k] = demands[k]
+                continue
+            split = water_fill(got, [demands[k] for k in ks], [1.0] * len(ks))
+            for k, x in zip(ks, split, strict=True):
+                xs[k] = x
+        return xs
+
     def _refill(self, t: float, changed: Replica | None, *, everyone: bool = False) -> None:
         """Water-fill the node over the busy replicas at ``t``; reschedule those whose rate
         moved (and ``changed``, whose requests did), or every one."""
@@ -194,7 +231,10 @@ class EventLoop:
         self.recomputes += 1
         items = list(self._busy.items())
         demands = [r.d for r, _ in items]
-        xs = water_fill(self.capacity_cores, demands, [r.cores for r, _ in items])
+        if self.entitlements is None:
+            xs = water_fill(self.capacity_cores, demands, [r.cores for r, _ in items])
+        else:
+            xs = self._fill_by_service(items, demands, self.entitlements)
         self._sum_d = math.fsum(demands)
         models = self.models
         for (r, j), x in zip(items, xs, strict=True):

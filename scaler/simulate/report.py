@@ -12,13 +12,15 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from scaler.simulate.runner import Enforcement, RunResult, Scenario
+from scaler.policy import Enforcement
+from scaler.simulate.runner import RunResult, Scenario
 
 NODE_MODELS: dict[Enforcement, str] = {
     "share": (
-        "share enforcement: a replica's decided CPU is its guaranteed share (cpu.weight / "
-        "requests); busy replicas share the node's CPU by weight, each up to its cpu.max "
-        "(work-conserving)"
+        "share enforcement: busy replicas share the node's CPU by weight, each up to its "
+        "cpu.max (work-conserving); Sluice weighs each service by its entitlement (its fair "
+        "share of the budget, its replicas equally), a baseline each replica by its decided "
+        "CPU (pods' requests)"
     ),
     "limit": (
         "limit enforcement: a replica's decided CPU is a hard cap (CFS quota / limits); "

@@ -22,20 +22,17 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
 
 import numpy as np
 
-from scaler.policy import BudgetConfig, ScalingPolicy
+from scaler.arbiter import fair_shares
+from scaler.policy import BudgetConfig, Enforcement, ScalingPolicy
 from scaler.simulate.arrivals import Arrivals, FloatArray, draw_arrivals, offered_per_tick
 from scaler.simulate.baselines import Controller, RunName, make_controller
 from scaler.simulate.early import next_early_tick
 from scaler.simulate.loop import EventLoop, Lending
 from scaler.simulate.model import DRAINING, PENDING, READY, Node, ServiceModel
 from scaler.simulate.workload import LoadStep, ServiceLoad, Workload
-
-Enforcement = Literal["share", "limit"]
-"""How a replica's decided CPU is enforced (``budget.enforcement``): the node model."""
 
 SERIES = (
     "arrivals",
@@ -158,7 +155,22 @@ TickHook = Callable[[float, Mapping[str, ServiceModel], Node], None]
 def lends(name: RunName, budget: BudgetConfig) -> bool:
     """Whether a run lends idle quota between ticks: Sluice's own run under limit enforcement
     with ``budget.lending`` (the platform does it; an HPA per service or a static split cannot)."""
-    return name == "sluice" and budget.enforcement == "limit" and budget.lending
+    return name == "sluice" and budget.resolved(None).rule == "limit" and budget.lending
+
+
+def entitlements(
+    name: RunName,
+    services: list[str],
+    policies: Mapping[str, ScalingPolicy],
+    budget: BudgetConfig,
+) -> dict[str, float] | None:
+    """Share enforcement on Sluice's run: each service's weight is its fair share of the
+    budget (:func:`scaler.arbiter.fair_shares`), as the local platform's per-service cgroups
+    weigh them; the baselines' replicas weigh their decided CPU (pods' requests): None."""
+    if name != "sluice" or budget.resolved(None).rule != "share":
+        return None
+    shares = fair_shares(budget.fixed_cores(), [policies[s] for s in services])
+    return {s: float(v) for s, v in zip(services, shares.tolist(), strict=True)}
 
 
 def run(
@@ -176,6 +188,7 @@ def run(
     With ``budget.early_ticks``, a decision's ``wake_concurrency`` triggers early ticks
     between the regular ones (``scaler.simulate.early``).  ``budget.enforcement`` picks the
     node model (module docstring)."""
+    budget = budget.resolved(None)  # enforcement: auto is share here (the node is the budget)
     ctl = controller or make_controller(name, policies, budget)
     tick = scenario.tick_s
     models = {
@@ -202,7 +215,13 @@ def run(
             {s: policies[s].weight for s in scenario.services},
             keep_cores=budget.lend_keep_cores,
         )
-    loop = EventLoop(budget.fixed_cores(), models, rule=budget.enforcement, lending=lending)
+    loop = EventLoop(
+        budget.fixed_cores(),
+        models,
+        rule=budget.rule,
+        lending=lending,
+        entitlements=entitlements(name, scenario.services, policies, budget),
+    )
     claims = node.claims()
     for s, target in ctl.initial().items():
         models[s].set_target(target.replicas, target.cpu_per_replica_cores, claims)
@@ -277,7 +296,7 @@ def run(
         cpu_seconds={s: m.cpu_seconds_total for s, m in models.items()},
         rules={s: dict(c) for s, c in ctl.rules.items()},
         early_ticks_at=early_at,
-        enforcement=budget.enforcement,
+        enforcement=budget.rule,
         lend_after_idle_s=budget.lend_after_idle_s if lends(name, budget) else None,
         removed_while_starting={s: m.removed_while_starting for s, m in models.items()},
         replica_reversals={s: m.replica_reversals for s, m in models.items()},

@@ -159,7 +159,7 @@ def test_reclaim_lowers_the_borrowers_cpu_without_failing_its_in_flight_requests
     marker = uuid.uuid4().hex
     config = {
         "platform": "local",
-        "budget": {"cpu": 2},
+        "budget": {"cpu": 2, "enforcement": "limit"},
         "services": {
             "api": service(
                 "/api",
@@ -190,7 +190,7 @@ def test_reclaim_lowers_the_borrowers_cpu_without_failing_its_in_flight_requests
     parent = layout.cpu_root / parent_name_for(gw.pid)
 
     def api_cores() -> float:
-        """api's decided CPU: its replica's quota (budget.enforcement: limit, the default)."""
+        """api's decided CPU: its replica's quota (budget.enforcement: limit)."""
         try:
             return ReplicaCgroup(layout, parent / "api-0", None).read_limit().cores or 0.0
         except (OSError, ValueError):

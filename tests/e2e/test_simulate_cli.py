@@ -93,7 +93,9 @@ def test_the_whole_seed_scenario_meets_its_goals(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["scenario"]["duration_s"] == 3600
-    assert report["enforcement"] == "limit"  # every run on the same node model
+    # Sluice on its default node model (auto: share, the node is the budget), one HPA per
+    # service on replicas whose CPU limit is their request
+    assert report["node_models"] == {"sluice": "share", "independent": "limit"}
     sluice_run, independent = report["runs"]["sluice"], report["runs"]["independent"]
     p99 = {
         name: run["services"]["reports"]["latency_p99_s"]

@@ -7,6 +7,7 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.platforms.machine import machine_cpu
 from tests.support.processes import gateway, upstreams
 from tests.support.procs import wait_until
 from tests.support.strict_json import ADMIN_JSON_PATHS, strict_json
@@ -45,7 +46,9 @@ def test_static_platform_computes_logs_and_exposes_decisions_without_applying_th
             assert api["replicas"] >= 1 and api["rule"] and api["reasons"]
             assert api["allocated_cores"] == api["replicas"] * api["cpu_per_replica_cores"]
             assert body["budget"]["cpu"] == 2
-            assert body["budget"]["enforcement"] == "limit"  # the default
+            # the default, auto: share when the budget (2) is every CPU this machine gives
+            auto = "share" if machine_cpu().cores <= 2 else "limit"
+            assert body["budget"]["enforcement"] == auto
             assert body["budget"]["lending"] is False  # only the local platform lends
             assert body["recent"], "the first decision of each service is a change"
             # Filter by service; newest first.

@@ -144,10 +144,33 @@ def test_the_local_example_builds_a_platform_at_min_replicas_and_initial_cpu() -
     assert (statuses["reports"].desired, statuses["reports"].cpu_per_replica_cores) == (0, 0.25)
     assert platform.endpoints.pool is platform.pool is platform.actuator.pool
     assert platform.pool.total_cpu_cores == settings.budget.cpu == 2
-    # budget.enforcement defaults to limit: the decided CPU (cpu.request until the first
+    # budget.enforcement defaults to auto: share when the budget (2 cores) is every CPU this
+    # process may use, else limit -- where the decided CPU (cpu.request until the first
     # decision) is each replica's hard cap.
-    assert platform.pool.enforcement == settings.budget.enforcement == "limit"
+    from gateway.platforms.machine import machine_cpu
+
+    rule = "share" if machine_cpu().cores <= 2 else "limit"
+    assert settings.budget.enforcement == "auto"
+    assert platform.pool.enforcement == rule
     for status in statuses.values():
+        assert status.enforcement == rule
+        assert status.cpu_per_replica_cores == 0.25
+        if rule == "limit":
+            assert status.cpu_cap_per_replica_cores == 0.25
+
+
+def test_limit_written_out_makes_the_decided_cpu_a_hard_cap() -> None:
+    from pathlib import Path
+
+    from gateway.platforms.local.discovery import local_parts
+    from gateway.settings import load_settings
+
+    root = Path(__file__).resolve().parents[2]
+    settings = load_settings(root / "config" / "examples" / "local.yaml")
+    budget = settings.budget.model_copy(update={"enforcement": "limit"})
+    platform = local_parts(settings.model_copy(update={"budget": budget}))
+    assert platform.pool.enforcement == "limit"
+    for status in platform.pool.statuses().values():
         assert status.enforcement == "limit"
         assert status.cpu_cap_per_replica_cores == status.cpu_per_replica_cores == 0.25
 

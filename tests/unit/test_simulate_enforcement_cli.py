@@ -26,7 +26,7 @@ def simulate(out: Path, *extra: str) -> dict[str, object]:
 def test_share_from_the_command_line_writes_report_and_png(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    report = simulate(tmp_path, "--enforcement", "share")
+    report = simulate(tmp_path, "--enforcement", "share", "--baseline-enforcement", "share")
     printed = capsys.readouterr().out
     assert report["enforcement"] == "share"
     assert "node model: share enforcement" in printed
@@ -50,8 +50,34 @@ def test_share_from_the_command_line_writes_report_and_png(
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
 
 
-def test_limit_is_the_default(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    report = simulate(tmp_path)  # the config leaves budget.enforcement at its default
+def test_auto_is_share_for_sluice_and_the_baseline_runs_under_limit(tmp_path: Path) -> None:
+    report = simulate(tmp_path)  # the config leaves budget.enforcement at its default (auto)
+    assert report["enforcement"] == "share"  # the simulated node is the budget
+    assert report["node_models"] == {"sluice": "share", "independent": "limit"}
+    assert report["lend_after_idle_s"] == {"sluice": None, "independent": None}
+    series = report["series"]
+    assert isinstance(series, dict)
+    for s in ("api", "reports"):
+        for u, a in zip(
+            series["independent"][s]["used_cores"],
+            series["independent"][s]["allocated_cores"],
+            strict=True,
+        ):
+            assert u <= a + 1e-6  # the baseline's decided CPU is a hard cap
+    # Sluice's replicas use CPU the others leave idle beyond their guaranteed share
+    assert any(
+        u > a + 1e-6
+        for s in ("api", "reports")
+        for u, a in zip(
+            series["sluice"][s]["used_cores"], series["sluice"][s]["allocated_cores"], strict=True
+        )
+    )
+
+
+def test_limit_lends_idle_quota_between_ticks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report = simulate(tmp_path, "--enforcement", "limit")
     assert report["enforcement"] == "limit"
     printed = capsys.readouterr().out
     assert "node model: limit enforcement" in printed
@@ -90,7 +116,9 @@ def test_limit_is_the_default(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 def test_lending_can_be_turned_off(tmp_path: Path) -> None:
     config = tmp_path / "no-lending.yaml"
     config.write_text(
-        CONFIG.read_text().replace("budget: {cpu: 2}", "budget: {cpu: 2, lending: false}")
+        CONFIG.read_text().replace(
+            "budget: {cpu: 2}", "budget: {cpu: 2, enforcement: limit, lending: false}"
+        )
     )
     args = ["simulate", "--config", str(config), "--workload", str(WORKLOAD), "--duration", "100"]
     assert main([*args, "--out", str(tmp_path / "out"), "--no-progress"]) == 0

@@ -141,6 +141,58 @@ def test_a_replica_that_becomes_busy_takes_back_its_guarantee_at_once() -> None:
     assert a.cpu_seconds_total == pytest.approx(1.0 + 0.5 + 3.0)
 
 
+def test_entitlements_weigh_services_not_their_decided_cpu() -> None:
+    # Sluice's share: a service weighs its entitlement, whatever CPU it was last decided;
+    # a (decided 0.9 per replica, 2 busy replicas) and b (decided 0.1, 1 busy replica) on one
+    # core, entitlements 0.25 : 0.75 -> a 0.25 (0.125 per replica), b 0.75
+    a = service("a", requests((0.0, 10.0), (0.0, 10.0)), cores_max=1.0)
+    b = service("b", requests((0.0, 10.0)), cores_max=1.0)
+    node = placed(1.0, {a: (2, 0.45), b: (1, 0.1)})
+    cpu = EventLoop(1.0, node.services, rule="share", entitlements={"a": 0.25, "b": 0.75})
+    cpu.run(1.0)
+    assert cpu.rates() == {
+        "a": [pytest.approx(0.125), pytest.approx(0.125)],
+        "b": [pytest.approx(0.75)],
+    }
+    # without entitlements each replica weighs its decided CPU: 0.45, 0.45 : 0.1
+    a2 = service("a", requests((0.0, 10.0), (0.0, 10.0)), cores_max=1.0)
+    b2 = service("b", requests((0.0, 10.0)), cores_max=1.0)
+    cpu2, _ = on_node(1.0, {a2: (2, 0.45), b2: (1, 0.1)})
+    cpu2.run(1.0)
+    assert cpu2.rates() == {
+        "a": [pytest.approx(0.45), pytest.approx(0.45)],
+        "b": [pytest.approx(0.1)],
+    }
+
+
+def test_entitlements_lend_what_a_service_cannot_use_and_take_it_back_at_once() -> None:
+    # a's one single-threaded request can use 1 core of its 1.5 entitlement: b gets the rest;
+    # b idle: a uses its cpu.max; a service that becomes busy gets its entitlement at once
+    a = service("a", requests((0.0, 10.0)), cores_max=2.0, request_cores_max=1.0)
+    b = service("b", requests((0.0, 10.0), (0.0, 10.0), (0.0, 10.0)), cores_max=1.0)
+    node = placed(2.0, {a: (1, 0.1), b: (3, 0.1)})
+    cpu = EventLoop(2.0, node.services, rule="share", entitlements={"a": 1.5, "b": 0.5})
+    cpu.run(1.0)
+    assert cpu.rates() == {"a": [pytest.approx(1.0)], "b": [pytest.approx(1 / 3)] * 3}
+    c = service("c", requests((1.0, 1.0)), cores_max=2.0, request_cores_max=2.0)
+    d = service("d", requests((0.0, 10.0)), cores_max=2.0, request_cores_max=2.0)
+    node2 = placed(2.0, {c: (1, 0.1), d: (1, 0.1)})
+    cpu2 = EventLoop(2.0, node2.services, rule="share", entitlements={"c": 1.0, "d": 1.0})
+    cpu2.run(1.0)
+    assert cpu2.rates() == {"c": [0.0], "d": [pytest.approx(2.0)]}
+    cpu2.run(1.5)
+    assert cpu2.rates() == {"c": [pytest.approx(1.0)], "d": [pytest.approx(1.0)]}
+
+
+def test_entitlements_only_with_share_and_positive() -> None:
+    a = service("a", requests())
+    node = placed(1.0, {a: (1, 0.5)})
+    with pytest.raises(ValueError, match="share enforcement's weights"):
+        EventLoop(1.0, node.services, rule="limit", entitlements={"a": 1.0})
+    with pytest.raises(ValueError, match="must be > 0"):
+        EventLoop(1.0, node.services, rule="share", entitlements={"a": 0.0})
+
+
 def fluid_reference(
     capacity: float,
     services: list[tuple[Arrivals, float, float, float]],

@@ -28,7 +28,7 @@ from gateway.platforms.kubernetes.leader import LeaderElector
 from gateway.platforms.kubernetes.peers import PeerSignals
 from gateway.platforms.kubernetes.pod_metrics import PodMetricsSource
 from gateway.platforms.kubernetes.policy_status import PolicyStatusWriter
-from gateway.settings import Settings
+from gateway.settings import Settings, resolve_enforcement
 from scaler.loop import ScalerLoop
 from scaler.policy import BudgetCpu, ScalingPolicy
 from scaler.signals import ServiceSignals
@@ -53,6 +53,7 @@ class KubernetesControl:
         clock: Callable[[], float] | None = None,
         own_signals: Callable[[float], dict[str, ServiceSignals]] | None = None,
     ) -> None:
+        settings = resolve_enforcement(settings)
         cfg = settings.kubernetes
         self.api = api or KubeApi.connect(cfg.kubeconfig, max_concurrency=cfg.api_max_concurrency)
         self.discovery = KubernetesDiscovery(self.api, settings)
@@ -72,7 +73,7 @@ class KubernetesControl:
             self.api,
             self.discovery.workloads,
             leader=self.elector,
-            enforcement=settings.budget.enforcement,
+            enforcement=settings.budget.rule,
             cpu_max=self._cpu_max,
             cache=self.cache,
         )
@@ -218,6 +219,7 @@ class KubernetesPlatform:
     name = "kubernetes"
 
     def __init__(self, settings: Settings, gateway: Gateway, *, api: KubeApi | None = None) -> None:
+        settings = resolve_enforcement(settings)
         self.settings = settings
         self._gateway = gateway
         self._api = api

@@ -13,7 +13,7 @@ from gateway.dataplane.updates import EndpointInfo, EndpointUpdate
 from gateway.platforms.local.actuator import LocalActuator
 from gateway.platforms.local.pool import Drain, LocalPool
 from gateway.platforms.machine import budget_cpu
-from gateway.settings import Settings
+from gateway.settings import Settings, resolve_enforcement
 
 
 class LocalEndpointSource:
@@ -54,6 +54,7 @@ def local_parts(
     the parent cgroup capped at the budget (the kernel enforces it even between two decisions);
     ``budget.enforcement`` says whether a replica's CPU is a guaranteed share or a hard limit.
     ``budget_cores``: the budget in force (default: this machine's for ``budget.cpu: auto``)."""
+    settings = resolve_enforcement(settings)
     specs = {}
     for name, service in settings.services.items():
         if service.replicas is None:
@@ -63,7 +64,7 @@ def local_parts(
         specs,
         drain=drain,
         total_cpu_cores=budget_cpu(settings.budget).cores if budget_cores is None else budget_cores,
-        enforcement=settings.budget.enforcement,
+        enforcement=settings.budget.rule,
     )
     actuator = LocalActuator(pool, {n: s.scaling for n, s in settings.services.items()})
     return LocalParts(pool=pool, actuator=actuator, endpoints=LocalEndpointSource(pool))

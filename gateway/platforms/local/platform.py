@@ -33,7 +33,7 @@ from gateway.platforms.local.discovery import LocalParts, local_parts
 from gateway.platforms.local.lender import QuotaLender
 from gateway.platforms.local.pool import LocalPool
 from gateway.platforms.machine import budget_cpu
-from gateway.settings import Settings
+from gateway.settings import Settings, resolve_enforcement
 from scaler.loop import ScalerLoop
 from scaler.policy import BudgetCpu, ScalingPolicy, within_floors
 from scaler.signals import ServiceSignals
@@ -48,6 +48,7 @@ class LocalPlatform:
 
     def __init__(self, settings: Settings, gateway: Gateway) -> None:
         self._gateway = gateway
+        settings = resolve_enforcement(settings)
         self._settings = settings
         self._budget = within_floors(budget_cpu(settings.budget), self.policies())
         """The budget in force: ``budget.cpu``, or this machine's cores for ``auto`` (read once:
