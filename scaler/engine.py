@@ -227,6 +227,9 @@ class Engine:
         self.staleness_s = staleness_s
         self.hysteresis_cores = hysteresis_cores
         self.hysteresis_ratio = hysteresis_ratio
+        self.share = budget.enforcement == "share"
+        """Decided CPU is a weight, not a cap (``budget.enforcement: share``, resolved): a
+        serving replica keeps ``cpu.min`` while another service bursts."""
         self.names = list(self.policies)
         pols = list(self.policies.values())
         self._pols = pols
@@ -428,9 +431,14 @@ class Engine:
             run = np.where(frozen | (recommended == 0), run, held)
         kept = (run > recommended) & (run > self.min_r) & ~frozen
         run_note = np.where(kept, np.where(run > needed, 7, 5), 0)
-        demand, frozen_hold = self._demand(
+        demand, hold = self._demand(
             run, load, (now_load > 0) & (value >= 0), value, (cur_r, cur_cpu, frozen)
         )
+        if self.share:
+            # Under share a replica's decided CPU is a weight: the replicas a service keeps
+            # serving keep cpu.min each (floors permitting) instead of being removed for
+            # another service's burst -- the kernel already gives that burst its entitlement.
+            hold = np.where(frozen, hold, np.minimum(run, cur_r) * self.cpu_min)
         # CPU the replicas could use beyond the load's demand: served from spare CPU only.
         soft = np.where(frozen, demand, np.minimum(run * self.cpu_max, self.cap))
         soft = np.maximum(soft, demand)
@@ -451,7 +459,7 @@ class Engine:
                 weight=self.weight,
                 fair=self.fair,
                 previous=previous,
-                hold=frozen_hold,
+                hold=hold,
                 hysteresis_cores=self.hysteresis_cores,
                 hysteresis_ratio=self.hysteresis_ratio,
                 soft=soft,

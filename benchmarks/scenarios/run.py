@@ -25,7 +25,11 @@ requests' own service time on a replica at ``cpu.max``: no queueing, no start-up
 **reactive bound** per service (its p99 with a node to itself, starting from ``min_replicas``
 at ``cpu.max`` and starting every replica it may have at ``cpu.max`` the moment its first
 request arrives, never scaling down: what no controller that cannot see the future beats,
-start-up included) and the **fluid bound** on CPU used during contention (a work-conserving
+start-up included), the **entitled bound** per service (its p99 when every service runs
+``max_replicas`` from the start, all ready, on Sluice's share node: the CPU shared by
+entitlement, work-conserving -- what no controller that keeps every other service's
+entitlement beats, so a long-lived service that ``independent`` lets take a short one's
+share shows here how much of its p99 the fairness promise costs) and the **fluid bound** on CPU used during contention (a work-conserving
 node serving every backlog at once up to ``max_replicas × cpu.max``, without start-up
 delays).
 
@@ -60,6 +64,7 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from gateway.settings import load_settings  # noqa: E402
+from scaler.arbiter import fair_shares  # noqa: E402
 from scaler.decision import ServiceState  # noqa: E402
 from scaler.policy import BudgetConfig, ScalingPolicy  # noqa: E402
 from scaler.signals import ServiceSignals  # noqa: E402
@@ -196,11 +201,47 @@ def reactive_bound(
     room = sum(capacity(p) for p in policies.values())
     node = budget.model_copy(update={"cpu": room, "early_ticks": True})
     result = run(scenario, "static", policies, node, controller=ReactiveBound(policies))
+    return p99s(result, scenario.services)
+
+
+class EntitledBound(StaticController):
+    """The entitled bound's controller: every service at ``max_replicas`` from the start (all
+    ready, never changed), each replica reserving its share of the service's entitlement, on
+    Sluice's share node: the services' CPU shared by entitlement, work-conserving, each
+    replica up to ``cpu.max``."""
+
+    name: RunName = "sluice"
+
+    def __init__(self, policies: Mapping[str, ScalingPolicy], budget: float) -> None:
+        shares = fair_shares(budget, list(policies.values())).tolist()
+        self.targets = {
+            s: Target(p.max_replicas, e / p.max_replicas)
+            for (s, p), e in zip(policies.items(), shares, strict=True)
+        }
+        self.rules = {s: Counter() for s in policies}
+
+
+def p99s(result: RunResult, services: list[str]) -> dict[str, float | None]:
+    """Each service's p99 latency in ``result`` (None without requests)."""
     out: dict[str, float | None] = {}
-    for s in scenario.services:
+    for s in services:
         lat = result.latencies_s[s]
         out[s] = float(np.quantile(lat, 0.99, method="inverted_cdf")) if lat.size else None
     return out
+
+
+def entitled_bound(
+    scenario: Scenario, policies: Mapping[str, ScalingPolicy], budget: BudgetConfig
+) -> dict[str, float | None]:
+    """Per service, the p99 under :class:`EntitledBound`: no start-up, no decision lag, every
+    other service given its entitlement while it has work.  A controller that keeps the
+    entitlements (the fair shares Sluice promises) does no better for a service that
+    ``independent`` lets take the others' share; ``None`` unless Sluice runs on share."""
+    if budget.resolved(None).rule != "share":
+        return dict.fromkeys(scenario.services)
+    node = budget.model_copy(update={"early_ticks": False})
+    ctl = EntitledBound(policies, budget.fixed_cores())
+    return p99s(run(scenario, "sluice", policies, node, controller=ctl), scenario.services)
 
 
 def fluid_bound(
@@ -270,6 +311,7 @@ def run_scenario(
         own = budget if name == "sluice" else baseline
         runs[name] = summarise(scenario, run(scenario, name, policies, own), cores)
     reactive = reactive_bound(scenario, policies, budget)
+    entitled = entitled_bound(scenario, policies, budget)
     splits = candidate_splits(scenario, policies, cores)
     best: tuple[float, str, dict[str, Any]] | None = None
     indep = runs["independent"]["services"]
@@ -304,6 +346,7 @@ def run_scenario(
                 "offered_cores_max": float(scenario.offered_cores[s].max()),
                 "p99_floor_s": p99_floor(scenario, s, policies[s]),
                 "p99_reactive_bound_s": reactive[s],
+                "p99_entitled_bound_s": entitled[s],
             }
             for s in scenario.services
         },
@@ -351,9 +394,16 @@ def verdict(sc: dict[str, Any]) -> list[dict[str, Any]]:
         if r is not None:
             best = bv[s]["latency_p99_s"]
             bound = sc["services"][s].get("p99_reactive_bound_s")
+            entitled = sc["services"][s].get("p99_entitled_bound_s")
+            limit = P99_SLACK * iv[s]["latency_p99_s"]
             why = None
-            if bound is not None and bound > P99_SLACK * iv[s]["latency_p99_s"]:
+            if bound is not None and bound > limit:
                 why = f"impossible: even the reactive bound is {bound:.3g} s"
+            elif entitled is not None and entitled > limit:
+                why = (
+                    f"conflicts with the others' entitlements: with every replica ready and "
+                    f"the node shared by entitlement it is {entitled:.3g} s"
+                )
             add(
                 "<service>: p99 <= 1.10 x independent",
                 s,
@@ -484,6 +534,7 @@ COLUMNS = [
     ("best split", "right"),
     ("floor", "right"),
     ("reactive", "right"),
+    ("entitled", "right"),
     ("thr S/I", "right"),
     ("CPU in cont. S / I", "right"),
     ("unfin S / I", "right"),
@@ -532,6 +583,7 @@ def print_results(results: list[dict[str, Any]], console: Console) -> None:
                 _f(sv["best_split"]["latency_p99_s"]),
                 _f(meta["p99_floor_s"]),
                 _f(meta.get("p99_reactive_bound_s")),
+                _f(meta.get("p99_entitled_bound_s")),
                 _f(_ratio(sv["sluice"]["completed"], sv["independent"]["completed"]), "{:.3f}"),
                 f"{_f(sv['sluice']['cpu_used_in_contention_cores'], '{:.2f}')} / "
                 f"{_f(sv['independent']['cpu_used_in_contention_cores'], '{:.2f}')}",
@@ -564,16 +616,23 @@ def print_verdict(results: list[dict[str, Any]], console: Console) -> None:
         "of issue #14"
     )
     counts: dict[str, int] = {}
-    impossible = 0
+    impossible = entitled = 0
     for sc in results:
         for g in failed(sc["verdict"]):
             key = g["kind"]
             counts[key] = counts.get(key, 0) + 1
-            impossible += g["why"] is not None
+            why = g["why"] or ""
+            impossible += why.startswith("impossible")
+            entitled += why.startswith("conflicts")
     for goal, n in sorted(counts.items(), key=lambda kv: -kv[1]):
         console.print(f"  missed {n:>3}x  {goal}")
     if impossible:
         console.print(f"  ({impossible} of the misses are shown impossible by a bound)")
+    if entitled:
+        console.print(
+            f"  ({entitled} more conflict with the other services' entitlements: the entitled "
+            "reference misses them too)"
+        )
 
 
 def main() -> int:
@@ -630,7 +689,8 @@ def main() -> int:
     console.print(
         f"{len(results)} scenarios in {wall:.0f} s wall ({args.jobs} processes). Columns: p99 S/I = "
         "Sluice ÷ independent; floor = p99 of a request's own service time at cpu.max; reactive = "
-        "p99 with every replica started at the first request on a node of its own; best split = "
+        "p99 with every replica started at the first request on a node of its own; entitled = p99 "
+        "with every replica ready, the node shared by entitlement; best split = "
         "best fixed split in hindsight; thr = completed requests; CPU in cont. = cores used "
         "during contention; dir/h = replica direction changes "
         "per hour (load = the offered load's own); rm-start = replicas removed while starting"

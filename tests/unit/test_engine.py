@@ -482,3 +482,46 @@ def test_replicas_stay_warm_for_the_scale_down_delay_then_follow_the_recommendat
     # After the delay the recommendation rules.
     d = tick_loop(engine, range(40, 75), {"short": 0, "long": 1000}, states)["short"]
     assert d.replicas < peak
+
+
+def _squeeze(enforcement: str) -> tuple[dict[str, Decision], dict[str, Decision]]:
+    """A steady service at 8 replicas (cpu.min 0.4 each: 3.2 cores, above its 2.5-core fair
+    share), then another one bursts: the decisions before and in the burst."""
+    cpu = {"min": 0.4, "max": 1.0, "request": 0.5}
+    engine = Engine(
+        {
+            "steady": policy(target=1, max_replicas=8, prefer="horizontal", cpu=cpu),
+            "burst": policy(target=1, max_replicas=8, prefer="horizontal", cpu=cpu),
+        },
+        BudgetConfig(cpu=5, enforcement=enforcement),
+    )
+    states: dict[str, ServiceState] = {}
+    before: dict[str, Decision] = {}
+    for t in range(70):
+        signals = {
+            "steady": ServiceSignals("steady", float(t), in_flight=12),
+            "burst": ServiceSignals("burst", float(t), in_flight=0 if t < 65 else 400),
+        }
+        d = engine.tick(float(t), signals, states)
+        states = applied(d)
+        if t == 64:
+            before = d
+    return before, d
+
+
+def test_under_limit_a_burst_takes_the_cpu_that_held_serving_replicas() -> None:
+    before, during = _squeeze("limit")
+    assert before["steady"].replicas == 8
+    # its fair share (2.5 cores) holds 6 replicas at cpu.min: 2 serving replicas go
+    assert during["burst"].allocated_cores == pytest.approx(2.5)
+    assert during["steady"].replicas == 6
+
+
+def test_under_share_serving_replicas_keep_cpu_min_while_another_service_bursts() -> None:
+    # the steady service's 8 replicas keep cpu.min (3.2 cores decided); the burst is decided
+    # the rest, and the kernel gives it its entitlement (2.5 cores) at once in any case
+    before, during = _squeeze("share")
+    assert before["steady"].replicas == 8
+    assert during["steady"].replicas == 8
+    assert during["steady"].cpu_per_replica_cores == pytest.approx(0.4)
+    assert during["burst"].allocated_cores == pytest.approx(1.8)
