@@ -270,6 +270,7 @@ class Engine:
             [i for i, p in enumerate(pols) if p.mode == "kpa"], dtype=np.int64
         )
         self.kpa = KpaBatch([pols[i] for i in self.kpa_index])
+        self._is_kpa: BoolArray = np.array([p.mode == "kpa" for p in pols], dtype=bool)
         self.hpa = {i: _HpaTrack(p) for i, p in enumerate(pols) if p.mode == "hpa"}
         self.hpa_index = np.array(list(self.hpa), dtype=np.int64)
         self.hpa_windows = KpaBatch([pols[i] for i in self.hpa_index])
@@ -419,6 +420,19 @@ class Engine:
         # a replica still starting is never removed (the estimate that asked for it may dip
         # before it serves); a frozen service keeps what it has.
         recommended = self._replicas_for(wanted)
+        # Scale down no further than the measured CPU allows: the replicas kept at full size
+        # must hold the CPU used last tick within the KPA's target utilisation (concurrency
+        # falls when capacity is added; it comes back when capacity is taken away).
+        used = self._cpu_used
+        measured = self._is_kpa & ~np.isnan(used) & (recommended > 0) & (recommended < cur_r)
+        cpu_kept = np.zeros(n, dtype=bool)
+        if measured.any():
+            need = np.ceil(
+                np.where(measured, used, 0.0) / (self.unit * self.target_utilization) - _EPS
+            ).astype(np.int64)
+            floor_r = np.where(measured, np.minimum(need, cur_r), 0)
+            cpu_kept = floor_r > recommended
+            recommended = np.maximum(recommended, floor_r)
         starting = ~frozen & (ready < cur_r)
         needed = np.where(starting, np.maximum(recommended, cur_r), recommended)
         needed = np.where(frozen, cur_r, needed)
@@ -430,7 +444,7 @@ class Engine:
             held = np.minimum(self._peaks.held(now, run), self.max_r)
             run = np.where(frozen | (recommended == 0), run, held)
         kept = (run > recommended) & (run > self.min_r) & ~frozen
-        run_note = np.where(kept, np.where(run > needed, 7, 5), 0)
+        run_note = np.where(kept, np.where(run > needed, 7, 5), np.where(cpu_kept & ~frozen, 8, 0))
         demand, hold = self._demand(
             run, load, (now_load > 0) & (value >= 0), value, (cur_r, cur_cpu, frozen)
         )

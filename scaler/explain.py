@@ -241,6 +241,13 @@ class TickView:
         elif note == 7:
             delay = e._pols[i].scale_down_delay_s
             trace.step("split.delay", replicas=r, delay_s=delay)
+        elif note == 8:
+            trace.step(
+                "split.cpu_floor",
+                replicas=r,
+                used=float(self.used[i]),
+                utilization=float(e.target_utilization[i]),
+            )
         held = float(self.soft[i])
         if held > demand + _MOVE:
             trace.step("soft_hold", held=held, spare=held - demand)

@@ -223,6 +223,10 @@ TEMPLATES: dict[str, str] = {
         "keeps {replicas} replicas, the most it wanted in the last {delay_s:g} s "
         "(scale_down_delay_s): idle, each holds only what it is given, down to cpu.min"
     ),
+    "split.cpu_floor": (
+        "keeps {replicas} replicas: the {used:.2f} cores it used need them at the target "
+        "utilisation ({utilization:g}); fewer would bring the concurrency back"
+    ),
     "split.held_back": (
         "starts only {replicas} of {wanted} replicas: the cores it gets fill no more at full size"
     ),

@@ -525,3 +525,39 @@ def test_under_share_serving_replicas_keep_cpu_min_while_another_service_bursts(
     assert during["steady"].replicas == 8
     assert during["steady"].cpu_per_replica_cores == pytest.approx(0.4)
     assert during["burst"].allocated_cores == pytest.approx(1.8)
+
+
+def _settle(cpu_measured: bool) -> Decision:
+    """6 replicas of 1 core serving 8 in flight, then the load settles at 2.4 cores used with
+    2 in flight (processor sharing: more capacity, less concurrency)."""
+    engine = Engine(
+        {"api": policy(target=2, max_replicas=8, cpu={"min": 0.25, "max": 1.0, "request": 1.0})},
+        BudgetConfig(cpu=8, enforcement="share"),
+    )
+    states: dict[str, ServiceState] = {}
+    used = 0.0
+    d: dict[str, Decision] = {}
+    for t in range(500):
+        used += 4.0 if t < 100 else 2.4
+        sig = ServiceSignals(
+            "api",
+            float(t),
+            in_flight=8 if t < 100 else 2,
+            cpu_seconds_total=used if cpu_measured else None,
+        )
+        d = engine.tick(float(t), {"api": sig}, states)
+        states = applied(d)
+        if t == 99:
+            assert d["api"].replicas == 6
+    return d["api"]
+
+
+def test_scale_down_stops_where_the_measured_cpu_would_pass_the_target_utilisation() -> None:
+    # the windows would go to 2 replicas; the measured CPU keeps ceil(2.4 / (1 × 0.7)) = 4
+    # (concurrency comes back when capacity is taken away)
+    kept = _settle(cpu_measured=True)
+    assert kept.replicas == 4
+    assert any(
+        "the 2.40 cores it used need them at the target utilisation" in r for r in kept.reasons
+    )
+    assert _settle(cpu_measured=False).replicas < 4  # without it the windows alone decide
