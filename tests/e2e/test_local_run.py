@@ -126,6 +126,10 @@ def test_sluice_run_local_starts_scales_and_stops_replicas(
             service = ReplicaCgroup(layout, holder, None).read_limit()
             assert service.weight == weight_for(entitled, layout.version)
             assert service.quota_us is None
+            budget = admin.get("/api/decisions").json()["budget"]
+            assert budget["entitlement_cores"] == {"api": pytest.approx(entitled)}
+        else:
+            assert admin.get("/api/decisions").json()["budget"]["entitlement_cores"] == {}
 
         # Load: more requests in flight than one replica's target -> more replicas and/or CPU.
         failures: list[str] = []
