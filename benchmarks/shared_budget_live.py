@@ -5,8 +5,9 @@ app, real cgroup CPU limits) twice with the same code and the same load, once wi
 ``budget.arbitration: shared`` and once with ``independent`` (one autoscaler per service,
 first come first served on the budget, nothing reclaimed), and prints side by side.
 ``--enforcement share|limit|both`` picks ``budget.enforcement`` (``both``: the pair of runs
-for each, so four runs): ``share`` makes a replica's decided CPU its guaranteed share (cgroup
-weight) under a cap of ``cpu.max``, ``limit`` a hard quota.  Under ``limit`` the shared run
+for each, so four runs): ``share`` weights a cgroup per service by its entitlement (its fair
+share of the budget) over replicas capped at ``cpu.max``, ``limit`` makes a replica's decided
+CPU a hard quota.  Under ``limit`` the shared run
 lends an idle service's quota to the busy one between ticks (``budget.lending``; ``--lending
 off`` to compare); the independent run never does.  The figures:
 
@@ -596,7 +597,7 @@ def main() -> int:
         "--enforcement",
         choices=("share", "limit", "both"),
         default="limit",
-        help="budget.enforcement: decided CPU as a guaranteed share, a hard limit, or both runs",
+        help="budget.enforcement: entitlements as cgroup weights, decided CPU as hard limits, or both",
     )
     p.add_argument(
         "--lending",

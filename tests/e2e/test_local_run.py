@@ -16,8 +16,17 @@ from typing import Any
 import httpx
 import pytest
 
+from gateway.platforms.local.actuator import entitlements
 from gateway.platforms.local.cgroup_parent import parent_name_for, sweep_stale
-from gateway.platforms.local.cgroups import CpuLimit, ReplicaCgroup, cores_for_weight, detect_layout
+from gateway.platforms.local.cgroups import (
+    DEFAULT_WEIGHT_CORES,
+    CpuLimit,
+    ReplicaCgroup,
+    cores_for_weight,
+    detect_layout,
+    weight_for,
+)
+from scaler.policy import ScalingPolicy
 from tests.support.localpool import REPLICA_USER_FIELDS, ROOT, needs_cgroups
 from tests.support.processes import Gateway
 from tests.support.procs import MARKER_VAR, pids_with_marker, wait_until
@@ -68,34 +77,59 @@ def test_sluice_run_local_starts_scales_and_stops_replicas(
 ) -> None:
     marker = uuid.uuid4().hex
     layout = detect_layout(Path("/proc/self/mountinfo").read_text())
+    config = local_config(marker, enforcement)
+    gw = Gateway(config, tmp_path / "local.yaml")
+    admin = httpx.Client(base_url=gw.admin_url, timeout=10)
 
-    def decided(limit: CpuLimit) -> float:
-        """The decided CPU: the quota under limit, the weight under share."""
+    def decided(name: str, limit: CpuLimit) -> float:
+        """The decided CPU: the quota under limit; under share no cgroup file holds it, the
+        scaler's last decision (``/api/decisions``) does."""
         if enforcement == "limit":
             return limit.cores or 0.0
-        return cores_for_weight(limit.weight, layout.version)
+        latest = admin.get("/api/decisions").json()["latest"]
+        return float(latest["api"]["cpu_per_replica_cores"]) if "api" in latest else 0.25
 
-    def capped(limit: CpuLimit) -> bool:
-        """limit: the quota is the decided CPU; share: it is cpu.max (0.6)."""
-        return limit.cores == pytest.approx(0.6 if enforcement == "share" else decided(limit))
+    def capped(name: str, limit: CpuLimit) -> bool:
+        """limit: quota and weight are the decided CPU; share: the quota is cpu.max (0.6) and
+        the weight the default (the service's cgroup has the entitlement)."""
+        if enforcement == "limit":
+            return cores_for_weight(limit.weight, layout.version) == pytest.approx(
+                limit.cores or 0.0, abs=tol
+            )
+        default = weight_for(DEFAULT_WEIGHT_CORES, layout.version)
+        return limit.cores == pytest.approx(0.6) and limit.weight == default
 
     # The weight is rounded to whole shares (v1: 1/1024 core; v2: 1/100 core).
     tol = 0.006
-    gw = Gateway(local_config(marker, enforcement), tmp_path / "local.yaml")
     try:
         parent = layout.cpu_root / parent_name_for(gw.pid)
+        # limit: replicas right below the parent; share: in the service's cgroup.
+        holder = parent if enforcement == "limit" else parent / "api"
         # The first replica becomes an endpoint: requests through the proxy reach it.
         with httpx.Client(base_url=gw.url, timeout=30) as client:
             assert wait_until(lambda: client.get("/healthz").status_code == 200, timeout_s=30)
             body = client.get("/work?cpu_ms=5").json()
         assert body["cpu_ms"] == 5
         assert body["pid"] in pids_with_marker(marker)
-        first = limits(parent)
+        first = limits(holder)
         assert list(first) == ["api-0"]
         # Started at cpu.request (0.25); the scaler may already have moved it within its bounds.
-        assert 0.2 - tol <= decided(first["api-0"]) <= 0.6 + tol
-        assert capped(first["api-0"])
+        assert 0.2 - tol <= decided("api-0", first["api-0"]) <= 0.6 + tol
+        assert capped("api-0", first["api-0"])
         assert ReplicaCgroup(layout, parent, None).read_limit().cores == pytest.approx(2.0)
+        if enforcement == "share":
+            # The service's cgroup: its entitlement (alone: all it can use, 3 x 0.6) as
+            # weight, no quota of its own.
+            policy = ScalingPolicy.model_validate(config["services"]["api"]["scaling"])
+            entitled = entitlements(2.0, {"api": policy})["api"]
+            assert entitled == pytest.approx(1.8)
+            service = ReplicaCgroup(layout, holder, None).read_limit()
+            assert service.weight == weight_for(entitled, layout.version)
+            assert service.quota_us is None
+            budget = admin.get("/api/decisions").json()["budget"]
+            assert budget["entitlement_cores"] == {"api": pytest.approx(entitled)}
+        else:
+            assert admin.get("/api/decisions").json()["budget"]["entitlement_cores"] == {}
 
         # Load: more requests in flight than one replica's target -> more replicas and/or CPU.
         failures: list[str] = []
@@ -114,23 +148,24 @@ def test_sluice_run_local_starts_scales_and_stops_replicas(
         try:
             grew = wait_until(
                 lambda: (
-                    len(limits(parent)) > 1
-                    or any(decided(v) > 0.25 + tol for v in limits(parent).values())
+                    len(limits(holder)) > 1
+                    or any(decided(k, v) > 0.25 + tol for k, v in limits(holder).items())
                 ),
                 timeout_s=40,
             )
-            seen = limits(parent)
+            seen = limits(holder)
         finally:
             stop.set()
             for t in threads:
                 t.join(60)
         assert grew, f"neither replicas nor CPU grew under load: {seen}\n{gw.output()[-3000:]}"
         assert failures == []
-        assert sum(decided(v) for v in seen.values()) <= 2.0 + tol * len(seen)
-        assert all(0.2 - tol <= decided(v) <= 0.6 + tol for v in seen.values())
-        assert all(capped(v) for v in seen.values())
+        assert sum(decided(k, v) for k, v in seen.items()) <= 2.0 + tol * len(seen)
+        assert all(0.2 - tol <= decided(k, v) <= 0.6 + tol for k, v in seen.items())
+        assert all(capped(k, v) for k, v in seen.items())
         assert len(pids_with_marker(marker)) >= 1
     finally:
+        admin.close()
         gw.signal(signal.SIGTERM)
         code = gw.wait(30)
     assert code == 0, gw.output()[-3000:]

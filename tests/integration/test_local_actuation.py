@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from gateway.platforms.local.actuator import LocalActuator
-from gateway.platforms.local.cgroups import weight_for
+from gateway.platforms.local.cgroups import DEFAULT_WEIGHT_CORES, weight_for
 from gateway.platforms.local.pool import Enforcement, LocalPool
 from scaler.decision import Decision, ServiceState
 from scaler.engine import Engine
@@ -43,21 +43,31 @@ async def settle(pool: LocalPool) -> None:
     )
 
 
-def quotas_match(pool: LocalPool, decisions: dict[str, Decision]) -> None:
-    """limit: every replica's quota is its decided CPU (together within the budget); share:
-    every replica's weight is its decided CPU and its quota is its service's cpu.max (1.0)."""
+def quotas_match(pool: LocalPool, decisions: dict[str, Decision], engine: Engine) -> None:
+    """limit: every replica's quota and weight are its decided CPU (the quotas together within
+    the budget); share: every replica has the default weight and its service's cpu.max (1.0)
+    as quota, and the service's cgroup has the service's fair share as weight."""
     total = 0.0
     for name, d in decisions.items():
         for cg in pool.replica_cgroups(name):
             limit = cg.read_limit()
             version = cg.layout.version
-            assert limit.weight == weight_for(d.cpu_per_replica_cores, version), name
             if pool.enforcement == "share":
+                assert limit.weight == weight_for(DEFAULT_WEIGHT_CORES, version), name
                 assert limit.cores == 1.0, (name, d.summary())
                 continue
+            assert limit.weight == weight_for(d.cpu_per_replica_cores, version), name
             cores = limit.cores
             assert cores == pytest.approx(d.cpu_per_replica_cores, abs=1e-5), (name, d.summary())
             total += cores or 0.0
+        group = pool.service_cgroup(name)
+        if pool.enforcement == "share":
+            assert group is not None
+            entitled = group.read_limit()
+            assert entitled.weight == weight_for(engine.fair_share(name), group.layout.version)
+            assert entitled.quota_us is None, name  # only its replicas' cpu.max and the budget
+        else:
+            assert group is None
     assert total <= 2.0 + 1e-6, "the cgroup quotas in force exceed the 2-CPU budget"
 
 
@@ -92,7 +102,7 @@ async def test_lend_then_reclaim_in_place_on_real_replicas(
         )  # the kernel caps them all at the budget
         assert decisions["long"].allocated_cores == pytest.approx(2.0)
         assert states["short"].replicas == 0
-        quotas_match(pool, decisions)
+        quotas_match(pool, decisions, engine)
         long_pids = sorted(r.pid for r in pool.status("long").replicas if r.pid)
         assert len(long_pids) == decisions["long"].replicas
 
@@ -111,7 +121,7 @@ async def test_lend_then_reclaim_in_place_on_real_replicas(
         assert decisions["short"].allocated_cores == pytest.approx(engine.fair_share("short"))
         await actuator.apply(decisions)
         await settle(pool)
-        quotas_match(pool, decisions)
+        quotas_match(pool, decisions, engine)
         assert decisions["long"].cpu_per_replica_cores < 1.0
         # Reclaimed in place: the same long-lived processes, nothing restarted.
         assert sorted(r.pid for r in pool.status("long").replicas if r.pid) == long_pids

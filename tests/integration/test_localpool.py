@@ -25,7 +25,7 @@ import pytest
 from gateway.dataplane.updates import EndpointUpdate
 from gateway.platforms.local.actuator import LocalActuator
 from gateway.platforms.local.cgroup_parent import sweep_stale
-from gateway.platforms.local.cgroups import detect_layout, weight_for
+from gateway.platforms.local.cgroups import DEFAULT_WEIGHT_CORES, detect_layout, weight_for
 from gateway.platforms.local.discovery import LocalEndpointSource
 from gateway.platforms.local.pool import Enforcement, LocalPool, PoolUpdate, ReplicaPhase
 from scaler.decision import Decision
@@ -53,15 +53,21 @@ async def test_replicas_become_ready_in_their_own_cgroups(
         status = pool.status("api")
         assert status.cpu_applied and status.cpu_per_replica_cores == 0.5
         assert status.enforcement == enforcement
-        # limit: 0.5 is the quota; share: 0.5 is the weight, and no cap (no cpu.max, no budget).
+        # limit: 0.5 is the quota and the weight, replicas right below the parent;
+        # share: no cap (no cpu.max, no budget) and the default weight, replicas in a cgroup
+        # of the service's (default weight too: no entitlement set).
         cap = 0.5 if enforcement == "limit" else None
+        weight_cores = 0.5 if enforcement == "limit" else DEFAULT_WEIGHT_CORES
         assert status.cpu_cap_per_replica_cores == cap
         cgroups = pool.replica_cgroups("api")
         assert len(cgroups) == 2
+        assert pool.cgroups is not None
+        holder = pool.cgroups.cpu_dir if enforcement == "limit" else pool.cgroups.cpu_dir / "api"
         for replica, cg in zip(status.replicas, cgroups, strict=True):
+            assert cg.cpu_dir.parent == holder
             assert replica.pid in cg.pids()
             assert cg.read_limit().cores == cap
-            assert cg.read_limit().weight == weight_for(0.5, cg.layout.version)
+            assert cg.read_limit().weight == weight_for(weight_cores, cg.layout.version)
             assert replica.address is not None
             body = (await get(replica.address, "/work?cpu_ms=5")).json()
             assert body["pid"] == replica.pid
@@ -219,8 +225,14 @@ async def test_stop_leaves_no_process_and_no_cgroup_even_with_grandchildren(
 
 
 @needs_cgroups
-@pytest.mark.parametrize("grandchild", [False, True], ids=["replicas", "grandchildren"])
-def test_replicas_die_with_a_killed_sluice(harness: Harness, grandchild: bool) -> None:
+@pytest.mark.parametrize(
+    ("grandchild", "enforcement"),
+    [(False, "limit"), (True, "limit"), (True, "share")],
+    ids=["replicas", "grandchildren", "grandchildren-in-a-service-cgroup"],
+)
+def test_replicas_die_with_a_killed_sluice(
+    harness: Harness, grandchild: bool, enforcement: Enforcement
+) -> None:
     start = random.randrange(20000, 60000, 100)
     runner = subprocess.Popen(
         [
@@ -230,6 +242,7 @@ def test_replicas_die_with_a_killed_sluice(harness: Harness, grandchild: bool) -
             str(start + 20),
             harness.marker,
             "2",
+            enforcement,
             *(["grandchild"] if grandchild else []),
         ],
         stdout=subprocess.PIPE,
@@ -251,6 +264,8 @@ def test_replicas_die_with_a_killed_sluice(harness: Harness, grandchild: bool) -
     assert wait_until(lambda: not any(pid_alive(p) for p in pids))
     layout = detect_layout(Path("/proc/self/mountinfo").read_text())
     assert (layout.cpu_root / parent).is_dir()  # what a killed Sluice leaves: the cgroup
+    if enforcement == "share":  # with the service's cgroup between it and the replicas'
+        assert (layout.cpu_root / parent / "api" / "api-0").is_dir()
     # The next Sluice start sweeps it, killing whatever still ran inside (the grandchildren).
     assert parent in sweep_stale(layout)
     assert not (layout.cpu_root / parent).exists()
@@ -270,11 +285,15 @@ async def test_actuator_applies_decisions_and_reports_state_and_cpu(
         """limit: the decided CPU is the quota; share: cpu.max is."""
         return decided if enforcement == "limit" else 1.0
 
+    def weight(decided: float) -> float:
+        """limit: the decided CPU is the weight; share: the default (inside the service's)."""
+        return decided if enforcement == "limit" else DEFAULT_WEIGHT_CORES
+
     async with pool:
         assert await until(lambda: pool.status("api").ready == 1)
         (first,) = pool.replica_cgroups("api")
         assert first.read_limit().cores == cap(0.25)
-        assert first.read_limit().weight == weight_for(0.25, first.layout.version)
+        assert first.read_limit().weight == weight_for(weight(0.25), first.layout.version)
         decision = Decision(
             service="api",
             at=1.0,
@@ -291,7 +310,7 @@ async def test_actuator_applies_decisions_and_reports_state_and_cpu(
         assert state.cpu_limits_applied
         limits = [cg.read_limit() for cg in pool.replica_cgroups("api")]
         assert [lim.cores for lim in limits] == [cap(0.5), cap(0.5)]
-        assert [lim.weight for lim in limits] == [weight_for(0.5, first.layout.version)] * 2
+        assert [lim.weight for lim in limits] == [weight_for(weight(0.5), first.layout.version)] * 2
 
         frozen = Decision(
             service="api",

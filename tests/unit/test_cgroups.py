@@ -15,6 +15,7 @@ from gateway.platforms.local.cgroup_parent import (
     sweep_stale,
 )
 from gateway.platforms.local.cgroups import (
+    DEFAULT_WEIGHT_CORES,
     CgroupLayout,
     CgroupUnavailable,
     ReplicaCgroup,
@@ -133,7 +134,7 @@ def test_v2_parent_enables_cpu_and_child_limits_are_written_in_place(v2: CgroupL
     assert cg.read_limit().cores is None
 
 
-def test_v2_share_writes_the_decided_cpu_as_weight_and_the_cap_as_quota(v2: CgroupLayout) -> None:
+def test_v2_share_writes_a_weight_and_the_cap_as_quota(v2: CgroupLayout) -> None:
     parent = CgroupParent(v2, "sluice-test", rmdir=shutil.rmtree)
     parent.create()
     cg = parent.child("api-0")
@@ -151,11 +152,11 @@ def test_v2_share_writes_the_decided_cpu_as_weight_and_the_cap_as_quota(v2: Cgro
     cg.set_cpu(0.5)
     assert (cg.cpu_dir / "cpu.weight").read_text() == "50"
     assert (cg.cpu_dir / "cpu.max").read_text() == "50000 100000"
-    with pytest.raises(ValueError, match="guaranteed cores must be > 0"):
+    with pytest.raises(ValueError, match="weight cores must be > 0"):
         cg.set_share(0.0, 1.0)
 
 
-def test_v1_share_writes_the_decided_cpu_as_shares_and_the_cap_as_quota(v1: CgroupLayout) -> None:
+def test_v1_share_writes_shares_and_the_cap_as_quota(v1: CgroupLayout) -> None:
     parent = CgroupParent(v1, "sluice-test", rmdir=shutil.rmtree)
     parent.create()
     cg = parent.child("api-0")
@@ -311,3 +312,94 @@ def test_open_parent_creates_the_parent(
         parent = open_parent("sluice-test", mountinfo_path=info)
     assert parent.cpu_dir == v2.cpu_root / "sluice-test"
     assert parent.cpu_dir.is_dir()
+
+
+def test_v2_service_cgroups_hold_their_replicas_with_the_controllers_enabled(
+    v2: CgroupLayout,
+) -> None:
+    (v2.cpu_root / "cgroup.controllers").write_text("cpu memory\n")
+    parent = CgroupParent(v2, "sluice-test", rmdir=shutil.rmtree)
+    parent.create()
+    (parent.cpu_dir / "cgroup.controllers").write_text("cpu memory\n")
+    api = parent.service("api")
+    assert api.cpu_dir == parent.cpu_dir / "api"
+    # v2: the service's cgroup enables cpu (and memory) for its replicas, holds no process.
+    assert (api.cpu_dir / "cgroup.subtree_control").read_text() == "+cpu"
+    api.set_share(0.75, None)  # its entitlement as weight, no quota of its own
+    assert (api.cpu_dir / "cpu.weight").read_text() == "75"
+    assert (api.cpu_dir / "cpu.max").read_text() == "max 100000"
+    cg = parent.child("api-0", "api")
+    assert cg.cpu_dir == parent.cpu_dir / "api" / "api-0"
+    assert cg.mem_dir == cg.cpu_dir
+    assert cg.procs_files == (parent.cpu_dir / "api" / "api-0" / "cgroup.procs",)
+    cg.set_share(DEFAULT_WEIGHT_CORES, 1.0)
+    assert (cg.cpu_dir / "cpu.weight").read_text() == "100"  # the kernel's default
+    assert (cg.cpu_dir / "cpu.max").read_text() == "100000 100000"
+    assert parent.service("api") is api  # made once
+    assert parent.child("api-0", "api") is cg
+    assert parent.children() == [cg]  # replicas only
+    assert parent.destroy()
+    assert not parent.cpu_dir.exists()
+
+
+def test_v1_service_cgroups_exist_in_every_hierarchy_and_usage_is_read_from_cpuacct(
+    v1: CgroupLayout,
+) -> None:
+    assert v1.cpuacct_root is not None and v1.memory_root is not None
+    v1.memory_root.mkdir()
+    parent = CgroupParent(v1, "sluice-test", rmdir=shutil.rmtree)
+    parent.create()
+    api = parent.service("api")
+    cg = parent.child("api-0", "api")
+    flat = parent.child("web-0")  # limit enforcement's layout, beside it
+    for root in (v1.cpu_root, v1.cpuacct_root, v1.memory_root):
+        assert (root / "sluice-test" / "api" / "api-0").is_dir()
+        assert (root / "sluice-test" / "web-0").is_dir()
+    assert cg.procs_files == tuple(
+        root / "sluice-test" / "api" / "api-0" / "cgroup.procs"
+        for root in (v1.cpu_root, v1.cpuacct_root, v1.memory_root)
+    )
+    assert (api.acct_dir, api.mem_dir) == (
+        v1.cpuacct_root / "sluice-test" / "api",
+        v1.memory_root / "sluice-test" / "api",
+    )
+    api.set_share(0.25, None)
+    assert (api.cpu_dir / "cpu.shares").read_text() == "256"
+    assert (api.cpu_dir / "cpu.cfs_quota_us").read_text() == "-1"
+    assert api.acct_dir is not None
+    (api.acct_dir / "cpuacct.usage").write_text("3000000000\n")
+    assert api.read_usage().usage_s == 3.0  # every replica's, past and present
+    # A replica leaves: its directories go, the service's stay.
+    assert parent.discard(cg)
+    assert parent.children() == [flat]
+    assert not (v1.cpuacct_root / "sluice-test" / "api" / "api-0").exists()
+    assert (v1.cpuacct_root / "sluice-test" / "api").is_dir()
+    assert parent.destroy()
+    for root in (v1.cpu_root, v1.cpuacct_root, v1.memory_root):
+        assert not (root / "sluice-test").exists()
+
+
+def test_a_service_named_like_a_control_file_gets_its_own_directory(v1: CgroupLayout) -> None:
+    parent = CgroupParent(v1, "sluice-test", rmdir=shutil.rmtree)
+    parent.create()
+    (parent.cpu_dir / "tasks").write_text("")  # as the kernel has it in every v1 cgroup
+    tasks = parent.service("tasks")
+    assert tasks.cpu_dir == parent.cpu_dir / "tasks.service"
+    assert tasks.acct_dir is not None and tasks.acct_dir.name == "tasks.service"
+    assert parent.child("tasks-0", "tasks").cpu_dir == tasks.cpu_dir / "tasks-0"
+
+
+def test_sweep_removes_a_dead_parent_with_service_cgroups_in_every_hierarchy(
+    v1: CgroupLayout,
+) -> None:
+    assert v1.cpuacct_root is not None and v1.memory_root is not None
+    v1.memory_root.mkdir()
+    dead = CgroupParent(v1, "sluice-7-111")
+    dead.create()
+    dead.child("api-0", "api")
+    dead.child("api-1", "api")
+    dead.child("web-0")
+    swept = sweep_stale(v1, pid_alive=lambda pid: False, rmdir=shutil.rmtree, pid_namespace=7)
+    assert swept == ["sluice-7-111"]
+    for root in (v1.cpu_root, v1.cpuacct_root, v1.memory_root):
+        assert not (root / "sluice-7-111").exists()

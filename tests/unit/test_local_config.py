@@ -188,11 +188,14 @@ def test_share_enforcement_reaches_the_pool() -> None:
     settings = parse_settings(data)
     platform = local_parts(settings)
     assert platform.pool.enforcement == "share"
-    # Each replica is capped at its service's cpu.max; the decided CPU is its share.
+    # Each replica is capped at its service's cpu.max; each service is entitled to its fair
+    # share of the budget (its cgroup's weight): reports has weight 2.
+    entitled = {"api": 2 / 3, "reports": 4 / 3}
     for name, status in platform.pool.statuses().items():
         assert status.enforcement == "share"
         assert status.cpu_per_replica_cores == 0.25
         assert status.cpu_cap_per_replica_cores == settings.services[name].scaling.cpu.max
+        assert status.entitlement_cores == pytest.approx(entitled[name])
 
 
 def test_local_platform_refuses_a_service_without_replicas() -> None:

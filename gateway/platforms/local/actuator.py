@@ -1,8 +1,9 @@
 """The local platform's actuator: decisions -> the process pool (replicas, cgroup CPU per replica).
 
-The decided CPU per replica is the replica's guaranteed share (cgroup weight, capped at the
-service's ``cpu.max``) or its hard limit, as the pool's ``enforcement`` says
-(``budget.enforcement``); :meth:`LocalActuator.current` reports the decided CPU and the cap.
+With ``budget.enforcement: limit`` the decided CPU per replica is the replica's hard limit;
+with ``share`` the replicas are capped at the service's ``cpu.max`` and the service's cgroup
+is weighted by its entitlement (:func:`entitlements`), and the decided CPU sets only replica
+counts.  :meth:`LocalActuator.current` reports the decided CPU and the cap.
 
 It also reports what the pool measures so the gateway can put it into the scaler's
 signals: :meth:`LocalActuator.add_cpu_signals` fills ``ServiceSignals.cpu_seconds_total``
@@ -16,6 +17,7 @@ import logging
 from collections.abc import Mapping
 
 from gateway.platforms.local.pool import CpuTotals, LocalPool
+from scaler.arbiter import fair_shares
 from scaler.decision import Decision, ServiceState
 from scaler.policy import ScalingPolicy
 from scaler.signals import ServiceSignals
@@ -23,19 +25,38 @@ from scaler.signals import ServiceSignals
 log = logging.getLogger(__name__)
 
 
+def entitlements(budget_cores: float, policies: Mapping[str, ScalingPolicy]) -> dict[str, float]:
+    """Each service's entitlement: its share of ``budget_cores`` when every service wants all
+    it can use (floors and ``scaling.weight`` included; the engine's ``fair_share``)."""
+    if not policies:
+        return {}
+    shares = fair_shares(budget_cores, list(policies.values()))
+    return {name: float(cores) for name, cores in zip(policies, shares, strict=True)}
+
+
 class LocalActuator:
     """Applies decisions to a :class:`LocalPool`.
 
     With ``policies``, every service starts at its ``min_replicas`` with ``cpu.request``
-    (or ``cpu.min``) cores per replica until the first decision arrives, and each replica is
-    capped at its service's ``cpu.max`` when the pool enforces CPU as a share (``share``
-    enforcement: the decided CPU is then the replica's guaranteed share, not its cap).
+    (or ``cpu.min``) cores per replica until the first decision arrives, each replica is
+    capped at its service's ``cpu.max`` when the pool enforces CPU as a share, and each
+    service is entitled to its fair share of the pool's budget (:func:`entitlements`) until
+    the pool is told otherwise (:meth:`LocalPool.set_entitlements`).
     """
 
     def __init__(self, pool: LocalPool, policies: Mapping[str, ScalingPolicy] | None = None):
         self.pool = pool
         self._unknown_logged: set[str] = set()
-        for name, policy in (policies or {}).items():
+        policies = policies or {}
+        if pool.total_cpu_cores is not None:
+            pool.set_entitlements(
+                {
+                    name: cores
+                    for name, cores in entitlements(pool.total_cpu_cores, policies).items()
+                    if name in pool.services
+                }
+            )
+        for name, policy in policies.items():
             if name in pool.services:
                 pool.set_cpu_cap(name, policy.cpu.max)
                 pool.scale(name, policy.min_replicas, policy.cpu.initial_cores)
@@ -44,7 +65,8 @@ class LocalActuator:
         return f"LocalActuator({self.pool!r})"
 
     async def apply(self, decisions: Mapping[str, Decision]) -> None:
-        """Shrinking CPU first, then growing it: reclaimed CPU is freed before it is lent."""
+        """Shrinking CPU first, then growing it: reclaimed CPU is freed before it is lent
+        (limit enforcement; with share only the replica counts change cgroups)."""
         todo: list[tuple[str, Decision]] = []
         for name, decision in decisions.items():
             if name not in self.pool.services:

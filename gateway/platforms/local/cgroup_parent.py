@@ -1,7 +1,8 @@
 """The Sluice-owned parent cgroup of one gateway process, and the sweep of dead ones' parents.
 
-Layout: ``<hierarchy root>/sluice-<pid namespace>-<pid>/<replica>``.  The parent is removed
-when Sluice stops.  A parent whose process is gone (Sluice was killed) is swept at the next
+Layout: ``<hierarchy root>/sluice-<pid namespace>-<pid>/<replica>`` (limit enforcement), or
+``.../sluice-<pid namespace>-<pid>/<service>/<replica>`` (share enforcement: a cgroup per
+service holds its replicas).  The parent is removed, whole, when Sluice stops.  A parent whose process is gone (Sluice was killed) is swept at the next
 start: its processes are killed and its directories removed, so nothing started by a dead
 Sluice survives it for long.  Parents of another pid namespace are never touched (their
 pids cannot be checked from here).
@@ -37,20 +38,22 @@ _EMPTY_WAIT_S = 3.0
 
 
 class CgroupParent:
-    """The Sluice-owned parent cgroup that holds every replica cgroup of one gateway process."""
+    """The Sluice-owned parent cgroup that holds every replica cgroup of one gateway process,
+    directly or in a cgroup per service."""
 
     def __init__(
         self, layout: CgroupLayout, name: str, rmdir: Callable[[Path], None] = os.rmdir
     ) -> None:
-        if not name or "/" in name or name in {".", ".."}:
-            raise ValueError(f"a cgroup name must be one path element, got {name!r}")
+        _check_name(name)
         self.layout = layout
         self.name = name
         self.cpu_dir = layout.cpu_root / name
         self.acct_dir = layout.cpuacct_root / name if layout.cpuacct_root is not None else None
         self.mem_dir = _mem_dir(layout, self.cpu_dir, name)
         self._rmdir = rmdir
-        self._children: dict[str, ReplicaCgroup] = {}
+        self._children: dict[tuple[str | None, str], ReplicaCgroup] = {}
+        """Replica cgroups by (service cgroup or None, name)."""
+        self._services: dict[str, ReplicaCgroup] = {}
 
     def __repr__(self) -> str:
         return (
@@ -83,21 +86,44 @@ class CgroupParent:
                 log.warning("no memory limits: cannot create cgroup %s: %s", self.mem_dir, e)
                 self.mem_dir = None
 
-    def child(self, name: str) -> ReplicaCgroup:
-        """Create (or reuse) the replica cgroup ``name`` below this parent."""
-        if not name or "/" in name or name in {".", ".."}:
-            raise ValueError(f"a cgroup name must be one path element, got {name!r}")
-        cg = self._children.get(name)
+    def service(self, name: str) -> ReplicaCgroup:
+        """Create (or reuse) the cgroup that holds the replicas of the service ``name`` (share
+        enforcement), in every hierarchy the parent lives in; on v2 with the controllers
+        enabled for its children.  Its directory is ``name``, or ``<name>.service`` where a
+        control file already has that name (a service named ``tasks``, say)."""
+        _check_name(name)
+        cg = self._services.get(name)
         if cg is None:
-            cpu_dir = self.cpu_dir / name
-            acct_dir = self.acct_dir / name if self.acct_dir is not None else None
-            mem_dir = self.mem_dir / name if self.mem_dir is not None else None
-            for d in (cpu_dir, acct_dir, mem_dir):
-                if d is not None:
-                    d.mkdir(exist_ok=True)
-            cg = ReplicaCgroup(self.layout, cpu_dir, acct_dir, mem_dir)
-            self._children[name] = cg
+            holders = [d for d in (self.cpu_dir, self.acct_dir, self.mem_dir) if d is not None]
+            taken = any((d / name).exists() and not (d / name).is_dir() for d in holders)
+            cg = self._make(self.group, f"{name}.service" if taken else name)
+            if self.layout.version == 2:
+                _enable_cpu(cg.cpu_dir)
+            self._services[name] = cg
         return cg
+
+    def child(self, name: str, service: str | None = None) -> ReplicaCgroup:
+        """Create (or reuse) the replica cgroup ``name`` below this parent, or below the
+        cgroup of the service ``service`` (see :meth:`service`, which creates it if needed)."""
+        _check_name(name)
+        key = (service, name)
+        cg = self._children.get(key)
+        if cg is None:
+            cg = self._make(self.group if service is None else self.service(service), name)
+            self._children[key] = cg
+        return cg
+
+    def _make(self, holder: ReplicaCgroup, name: str) -> ReplicaCgroup:
+        """The directories of the cgroup ``name`` below ``holder``, in each of its hierarchies."""
+        cpu_dir = holder.cpu_dir / name
+        acct_dir = holder.acct_dir / name if holder.acct_dir is not None else None
+        mem_dir = None
+        if holder.mem_dir is not None:  # v2: the memory controller's files are beside cpu's
+            mem_dir = cpu_dir if self.layout.version == 2 else holder.mem_dir / name
+        for d in (cpu_dir, acct_dir, mem_dir):
+            if d is not None:
+                d.mkdir(exist_ok=True)
+        return ReplicaCgroup(self.layout, cpu_dir, acct_dir, mem_dir)
 
     def discard(self, cg: ReplicaCgroup) -> bool:
         """Remove one (empty) replica cgroup."""
@@ -107,11 +133,17 @@ class CgroupParent:
         return cg.remove(self._rmdir)
 
     def children(self) -> list[ReplicaCgroup]:
+        """Every replica cgroup (not the services' cgroups)."""
         return list(self._children.values())
 
     def destroy(self) -> bool:
         """Kill whatever still runs below the parent, then remove every directory."""
         return _destroy_tree(self.layout, self.cpu_dir, self.acct_dir, self._rmdir, self.mem_dir)
+
+
+def _check_name(name: str) -> None:
+    if not name or "/" in name or name in {".", ".."}:
+        raise ValueError(f"a cgroup name must be one path element, got {name!r}")
 
 
 def _mem_dir(layout: CgroupLayout, cpu_dir: Path, name: str) -> Path | None:
@@ -173,29 +205,24 @@ def _destroy_tree(
     rmdir: Callable[[Path], None],
     mem_dir: Path | None = None,
 ) -> bool:
+    """Kill and remove ``cpu_dir`` and the same tree in the other hierarchies, deepest first."""
     separate_mem = mem_dir if mem_dir is not None and mem_dir != cpu_dir else None
-    acct_children = {p.name: p for p in _subdirs(acct_dir)}
-    mem_children = {p.name: p for p in _subdirs(separate_mem)}
     ok = True
-    for child in _subdirs(cpu_dir):
-        cg = ReplicaCgroup(
-            layout,
-            child,
-            acct_children.pop(child.name, None),
-            mem_children.pop(child.name, None),
-        )
-        kill_and_wait(cg)
-        ok = cg.remove(rmdir) and ok
-    for orphan in [*acct_children.values(), *mem_children.values()]:
-        kill_and_wait(ReplicaCgroup(layout, orphan, None))
-        ok = ReplicaCgroup(layout, orphan, None).remove(rmdir) and ok
-    for d in (cpu_dir, acct_dir, separate_mem):
-        if d is None:
-            continue
-        with contextlib.suppress(FileNotFoundError):
-            kill_and_wait(ReplicaCgroup(layout, d, None))
-        ok = remove_dirs([d], rmdir) and ok
+    for root in (cpu_dir, acct_dir, separate_mem):
+        if root is not None:
+            ok = _destroy_dir(layout, root, rmdir) and ok
     return ok
+
+
+def _destroy_dir(layout: CgroupLayout, directory: Path, rmdir: Callable[[Path], None]) -> bool:
+    """Empty and remove one cgroup directory of one hierarchy, its descendants first (any
+    depth: replicas below the parent, or below a service's cgroup)."""
+    ok = True
+    for child in _subdirs(directory):
+        ok = _destroy_dir(layout, child, rmdir) and ok
+    with contextlib.suppress(FileNotFoundError):
+        kill_and_wait(ReplicaCgroup(layout, directory, None))
+    return remove_dirs([directory], rmdir) and ok
 
 
 def _pid_alive(pid: int) -> bool:

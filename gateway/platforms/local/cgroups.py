@@ -1,24 +1,24 @@
 """CPU cgroups for local replicas: detection (v2 or v1), one cgroup per replica, limits, usage.
 
-One cgroup per replica (:class:`ReplicaCgroup`); the Sluice-owned parent that holds them,
-and the sweep of parents left by a dead Sluice, are in :mod:`gateway.platforms.local.cgroup_parent`.
+One cgroup per replica (:class:`ReplicaCgroup`; the same class handles a service's cgroup
+and the parent); the Sluice-owned parent that holds them, and the sweep of parents left by
+a dead Sluice, are in :mod:`gateway.platforms.local.cgroup_parent`.
 
 * cgroup v2: ``cpu.max`` ("<quota_us> <period_us>" or "max <period_us>"), ``cpu.weight``
   (1..10000, default 100), ``cpu.stat`` (``usage_usec``, ``throttled_usec``); the ``cpu``
-  controller is enabled with ``+cpu`` in ``cgroup.subtree_control`` of the root and parent.
+  controller is enabled with ``+cpu`` in ``cgroup.subtree_control`` of every ancestor.
 * cgroup v1: ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` (-1 = unlimited), ``cpu.shares``
   (2..262144, default 1024), ``cpu.stat`` ``throttled_time`` (ns) and ``cpuacct.usage`` (ns)
   from the ``cpuacct`` hierarchy (the same directory when both are mounted together).
 
-Two ways to enforce a replica's decided CPU (``budget.enforcement``):
+Two ways to enforce CPU (``budget.enforcement``):
 
 * limit (:meth:`ReplicaCgroup.set_cpu`): ``c`` cores is a quota of ``c × period`` per period
   (period 100 ms) and a weight proportional to ``c``: a hard cap, idle CPU stays idle;
-* share (:meth:`ReplicaCgroup.set_share`): ``c`` cores is only the weight (the replica's
-  guaranteed share of contended CPU), the quota is the service's ``cpu.max``: a replica uses
-  idle CPU up to that cap, and the kernel takes it back as soon as others want their share.
+* share (:meth:`ReplicaCgroup.set_share`): a weight proportional to ``c`` cores (a service's
+  entitlement on its own cgroup, the default weight on each of its replicas) under a quota
+  (the service's ``cpu.max`` on each replica, none on the service's cgroup).
 
-Either way replicas share contended CPU in the ratio of their allocations.
 All file access is synchronous and tiny (cgroupfs is in memory).
 """
 
@@ -38,6 +38,9 @@ PERIOD_US = 100_000
 """CFS period used for every replica (the kernel default)."""
 MIN_QUOTA_US = 1_000
 """The kernel rejects quotas below 1 ms."""
+DEFAULT_WEIGHT_CORES = 1.0
+"""The weight a new cgroup gets from the kernel (v1 ``cpu.shares`` 1024, v2 ``cpu.weight``
+100), in the cores :func:`weight_for` converts."""
 
 
 class CgroupUnavailable(Exception):
@@ -290,14 +293,15 @@ class ReplicaCgroup:
         ``budget.enforcement: limit``: the quota and the weight both follow ``cores``."""
         self._write(cores, weight_for(cores if cores is not None else 1.0, self.layout.version))
 
-    def set_share(self, guaranteed_cores: float, cap_cores: float | None) -> None:
-        """Guarantee ``guaranteed_cores`` of contended CPU (the weight) and cap the replica at
-        ``cap_cores`` (the quota; None = only the parent's cap), in place.
+    def set_share(self, weight_cores: float, cap_cores: float | None) -> None:
+        """A weight proportional to ``weight_cores`` (:func:`weight_for`) under a quota of
+        ``cap_cores`` (None = no quota of its own, only its ancestors'), in place.
 
-        ``budget.enforcement: share``: CPU the others leave idle is used up to the cap."""
-        if guaranteed_cores <= 0:
-            raise ValueError(f"guaranteed cores must be > 0, got {guaranteed_cores!r}")
-        self._write(cap_cores, weight_for(guaranteed_cores, self.layout.version))
+        ``budget.enforcement: share``: a service's cgroup gets its entitlement as weight and
+        no quota; each of its replicas the default weight and the service's ``cpu.max``."""
+        if weight_cores <= 0:
+            raise ValueError(f"weight cores must be > 0, got {weight_cores!r}")
+        self._write(cap_cores, weight_for(weight_cores, self.layout.version))
 
     def _write(self, quota_cores: float | None, weight: int) -> None:
         if self.layout.version == 2:
@@ -376,6 +380,7 @@ class ReplicaCgroup:
 
 
 __all__ = [
+    "DEFAULT_WEIGHT_CORES",
     "MIN_QUOTA_US",
     "PERIOD_US",
     "CgroupLayout",

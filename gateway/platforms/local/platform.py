@@ -1,10 +1,11 @@
 """``platform: local``: replicas as local processes in cgroups, under one CPU budget.
 
 * the :class:`~gateway.platforms.local.pool.LocalPool` starts every service's replicas (each in
-  its own CPU cgroup; the parent cgroup capped at ``budget.cpu``; a replica's decided CPU is
-  its cgroup weight under a quota of ``cpu.max`` with ``budget.enforcement: share``, its
-  quota with ``limit``); ready replicas are the services' endpoints, and a replica being
-  retired is drained (``Gateway.wait_drained``) before its SIGTERM;
+  its own CPU cgroup; the parent cgroup capped at ``budget.cpu``; with ``budget.enforcement:
+  limit`` a replica's decided CPU is its quota, with ``share`` a cgroup per service weighted
+  by its entitlement, kept in step with the budget in force, holds replicas capped at
+  ``cpu.max``); ready replicas are the services' endpoints, and a replica being retired is
+  drained (``Gateway.wait_drained``) before its SIGTERM;
 * a service with no ready replica holds its requests in its admission queue and wakes the
   scaler at once; the first ready replica gets them;
 * the scaler sees the gateway's signals plus the replicas' measured cgroup CPU;
@@ -29,6 +30,7 @@ from gateway.dataplane.updates import (
     routes_from_settings,
 )
 from gateway.platforms import Gateway
+from gateway.platforms.local.actuator import entitlements
 from gateway.platforms.local.discovery import LocalParts, local_parts
 from gateway.platforms.local.lender import QuotaLender
 from gateway.platforms.local.pool import LocalPool
@@ -60,6 +62,11 @@ class LocalPlatform:
         self.lender: QuotaLender | None = None
         """Lends idle services' quotas between ticks (limit enforcement with lending)."""
         self._scaler: ScalerLoop | None = None
+        self._handed: tuple[float, dict[str, ScalingPolicy]] = (
+            self._budget.cores,
+            dict(self.policies()),
+        )
+        """The budget and policies the pool's cap and entitlements were computed from."""
 
     def __repr__(self) -> str:
         return f"LocalPlatform({self.parts.pool!r})"
@@ -76,7 +83,23 @@ class LocalPlatform:
 
     def signals(self) -> dict[str, ServiceSignals]:
         """The gateway's live signals plus the replicas' measured CPU (cgroup counters)."""
+        self.hand_budget()
         return self.parts.actuator.add_cpu_signals(self._gateway.signals())
+
+    def hand_budget(self) -> None:
+        """Keep the pool on the budget in force and the policies the engine decides with
+        (called before every tick; a tuple compare unless one changed): the parent's cap
+        (:meth:`LocalPool.set_total_cpu`) and every service's entitlement, the engine's fair
+        share (:meth:`LocalPool.set_entitlements`, the service cgroups' weights with share)."""
+        cores, policies = self.budget_cpu().cores, self.policies()
+        if (cores, policies) == self._handed:
+            return
+        self._handed = (cores, dict(policies))
+        pool = self.parts.pool
+        pool.set_total_cpu(cores)
+        pool.set_entitlements(
+            {n: c for n, c in entitlements(cores, policies).items() if n in pool.services}
+        )
 
     async def routes(self) -> AsyncIterator[RoutesUpdate]:
         yield routes_from_settings(self._settings)
@@ -96,9 +119,11 @@ class LocalPlatform:
 
     def report(self) -> Mapping[str, Any]:
         """Whether CPU is lent between ticks, who is idle, what is lent, the quota in force;
-        and per service how its replicas run (``replicas``: user, memory limit, OOM kills)."""
+        with share enforcement each service's entitlement (its cgroup's weight, cores); and
+        per service how its replicas run (``replicas``: user, memory limit, OOM kills)."""
         return {
             **lending_report(self.parts.pool, self.lender, self._settings),
+            "entitlement_cores": entitlements_in_force(self.parts.pool),
             "replicas": replicas_report(self.parts.pool),
         }
 
@@ -191,6 +216,17 @@ def replicas_report(pool: LocalPool) -> dict[str, dict[str, Any]]:
                 for r in status.replicas
             ],
         }
+    return out
+
+
+def entitlements_in_force(pool: LocalPool) -> dict[str, float]:
+    """Share enforcement: per service whose cgroup has it as weight, its entitlement (cores);
+    empty with limit enforcement (nothing enforces an entitlement there)."""
+    out = {}
+    for name, status in pool.statuses().items():
+        cores = status.entitlement_cores
+        if status.enforcement == "share" and status.cpu_applied and cores is not None:
+            out[name] = cores
     return out
 
 

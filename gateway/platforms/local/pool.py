@@ -8,20 +8,22 @@ the endpoint is withdrawn first, ``drain(service, address)`` is awaited (the gat
 "its in-flight requests are done"), then SIGTERM, then SIGKILL after ``grace_s``.
 ``close()`` (or leaving ``async with``) stops every replica and removes every cgroup.
 
-CPU changes are written to the running replicas' cgroups in place.  The parent cgroup is
-capped at the budget (``total_cpu_cores``).  ``enforcement`` says what a replica's CPU is:
+CPU changes are written to the running cgroups in place.  The parent cgroup is capped at
+the budget (``total_cpu_cores``).  ``enforcement`` says what enforces a service's CPU:
 
-* ``"limit"`` (the default, ``budget.enforcement: limit``): a hard cap (quota = weight =
-  the decided CPU), idle CPU stays idle until the next decision lends it, or until a
-  lender (:class:`~gateway.platforms.local.lender.QuotaLender`, ``budget.lending``) lends it between
+* ``"limit"`` (the default, ``budget.enforcement: limit``): each replica's decided CPU is a
+  hard cap (quota = weight = the decided CPU; replicas flat under the parent), idle CPU stays
+  idle until the next decision lends it, or until a lender
+  (:class:`~gateway.platforms.local.lender.QuotaLender`, ``budget.lending``) lends it between
   ticks through :meth:`LocalPool.set_quota_overlays`: the quota in force is then the overlay
   (re-computed by ``on_holdings_change`` whenever the decided CPU or the replicas change),
   the decided CPU is still what the pool reports as decided;
-* ``"share"``: its guaranteed share of contended
-  CPU (cgroup weight); its quota is the service's cap (``set_cpu_cap``: ``scaling.cpu.max``,
-  at most the budget), so it uses CPU the others leave idle, and gives it back at once.
-  The parent's quota throttles every replica alike, so with a budget below the machine's
-  CPUs the share is not guaranteed (docs/local.md).
+* ``"share"``: a cgroup per service below the parent, weighted by the service's entitlement
+  (:meth:`LocalPool.set_entitlements`: its fair share of the budget), holds its replicas at
+  equal weights, each capped at the service's ``cpu.max`` (:meth:`LocalPool.set_cpu_cap`, at
+  most the budget).  Under contention the kernel gives a busy service at least the smaller of
+  what it can use and its entitlement, and lends what others leave idle; the decided CPU
+  per replica sets no weight (it is reported, and the replica counts follow decisions).
 
 Where cgroups are not usable a warning is logged once, replicas still scale, and
 :class:`ServiceStatus` says ``cpu_applied=False``.
@@ -40,7 +42,7 @@ from pathlib import Path
 from typing import Literal, TypeAlias
 
 from gateway.platforms.local.cgroup_parent import CgroupParent, open_parent
-from gateway.platforms.local.cgroups import CgroupUnavailable, ReplicaCgroup
+from gateway.platforms.local.cgroups import DEFAULT_WEIGHT_CORES, CgroupUnavailable, ReplicaCgroup
 from gateway.platforms.local.config import ReplicasConfig
 from gateway.platforms.local.identity import (
     Identity,
@@ -81,6 +83,11 @@ _RMDIR_PAUSE_S = 0.02
 
 async def _no_drain(service: str, address: str) -> None:
     return None
+
+
+def group_name(service: str) -> str:
+    """The cgroup name of a service (a replica's is ``<group_name>-<n>``): one path element."""
+    return service.replace("/", "_")
 
 
 def min_cap(a: float | None, b: float | None) -> float | None:
@@ -173,6 +180,7 @@ class LocalPool:
             self.cgroups_unavailable_reason = "cgroups disabled"
         self._apply_total()
         for svc in self._services.values():
+            self._open_group(svc)
             self._launch[svc.name] = self._launch_context(svc)
         for svc in self._services.values():
             self._reconcile(svc)
@@ -296,7 +304,9 @@ class LocalPool:
             return
         log.info("%s: cpu per replica %s -> %s cores", service, svc.cpu_cores, cores)
         svc.cpu_cores = cores
-        if self.enforcement == "limit" and self.on_holdings_change is not None:
+        if self.enforcement == "share":
+            return  # reported only: the service's entitlement and cpu.max are what is written
+        if self.on_holdings_change is not None:
             self._holdings_changed()
         else:
             self._apply_service(svc)
@@ -330,8 +340,28 @@ class LocalPool:
         if self.enforcement == "share":
             self._apply_service(svc)
 
+    def set_entitlements(self, entitlements: Mapping[str, float]) -> None:
+        """Share enforcement: each named service's entitlement, in cores (its fair share of the
+        budget: ``scaler.arbiter.fair_shares``), written at once as its cgroup's weight.  Call
+        it again whenever the budget or the policies change.  A service never given one has
+        the kernel's default weight (1 core).  In limit enforcement it is only recorded."""
+        for name, cores in entitlements.items():
+            self._service(name)
+            if not cores >= 0:  # also refuses NaN
+                raise ValueError(f"{name}: entitlement must be >= 0 cores, got {cores!r}")
+        for name, cores in entitlements.items():
+            svc = self._services[name]
+            if svc.entitlement_cores == cores:
+                continue
+            if svc.entitlement_cores is not None or self._started:
+                log.info("%s: entitlement %s -> %g cores", name, svc.entitlement_cores, cores)
+            svc.entitlement_cores = cores
+            if self.enforcement == "share":
+                self._write_group(svc)
+
     def set_total_cpu(self, cores: float | None) -> None:
-        """Change the budget: the parent cgroup's cap (and the replicas' caps bounded by it)."""
+        """Change the budget: the parent cgroup's cap (and the replicas' caps bounded by it).
+        Share enforcement: the entitlements follow only through :meth:`set_entitlements`."""
         if cores is not None and cores <= 0:
             raise ValueError(f"total_cpu_cores must be > 0, got {cores!r}")
         if cores == self.total_cpu_cores:
@@ -356,6 +386,32 @@ class LocalPool:
             self.cgroups.group.set_cpu(self.total_cpu_cores)
         except OSError as e:
             log.warning("cannot cap %r at %s cores: %s", self.cgroups, self.total_cpu_cores, e)
+
+    def _open_group(self, svc: ServiceEntry) -> None:
+        """Share enforcement: the service's own cgroup (once), weighted by its entitlement."""
+        if self.enforcement != "share" or self.cgroups is None or svc.group is not None:
+            return
+        try:
+            svc.group = self.cgroups.service(group_name(svc.name))
+        except OSError as e:
+            log.warning("%s: cannot create the service's cgroup: %s", svc.name, e)
+            return
+        self._write_group(svc)
+
+    def _write_group(self, svc: ServiceEntry) -> None:
+        if svc.group is None:
+            return
+        cores = svc.entitlement_cores
+        try:
+            # No quota of its own: its replicas' (cpu.max) and the parent's (the budget) bind.
+            svc.group.set_share(DEFAULT_WEIGHT_CORES if cores is None else max(cores, 1e-6), None)
+        except OSError as e:
+            log.warning(
+                "cannot set the weight of %r to an entitlement of %s cores: %s", svc.group, cores, e
+            )
+            svc.group_ok = False
+            return
+        svc.group_ok = True
 
     def _apply_service(self, svc: ServiceEntry) -> None:
         quota = self.quota_cores(svc)
@@ -467,8 +523,8 @@ class LocalPool:
             if self.enforcement == "limit":
                 cgroup.set_cpu(cap)
             else:
-                # No decided CPU yet: the kernel's default weight (1 core).
-                cgroup.set_share(svc.cpu_cores or 1.0, cap)
+                # Equal weights inside the service: its cgroup's weight is its entitlement.
+                cgroup.set_share(DEFAULT_WEIGHT_CORES, cap)
         except OSError as e:
             log.warning(
                 "cannot set CPU of %r to %s cores (cap %s, %s): %s",
@@ -506,10 +562,13 @@ class LocalPool:
             cpu_per_replica_cores=svc.cpu_cores,
             cpu_cap_per_replica_cores=self.cap_cores(svc),
             enforcement=self.enforcement,
-            cpu_applied=self.cgroups is not None and all(s.cpu_ok for s in svc.slots),
+            cpu_applied=self.cgroups is not None
+            and all(s.cpu_ok for s in svc.slots)
+            and (self.enforcement == "limit" or svc.group_ok),
             restarts_total=svc.restarts_total,
             replicas=replicas,
             quota_in_force_cores=self.quota_cores(svc),
+            entitlement_cores=svc.entitlement_cores,
             oom_kills_total=svc.oom_kills_total,
             memory_max_bytes=svc.spec.memory_max_bytes,
             memory_applied=self.cgroups is not None and all(s.memory_ok for s in svc.slots),
@@ -523,6 +582,11 @@ class LocalPool:
 
     def replica_cgroups(self, service: str) -> list[ReplicaCgroup]:
         return [s.cgroup for s in self._service(service).slots if s.cgroup is not None]
+
+    def service_cgroup(self, service: str) -> ReplicaCgroup | None:
+        """Share enforcement: the cgroup that holds the service's replicas, weighted by its
+        entitlement (None with limit enforcement, where replicas sit in the parent)."""
+        return self._service(service).group
 
     def cpu_totals(self, service: str) -> CpuTotals:
         """CPU used and time throttled by the service's replicas (cgroup counters, monotonic)."""
@@ -600,12 +664,16 @@ class LocalPool:
                 slot.retire.set()
 
     def _add_slot(self, svc: ServiceEntry) -> None:
-        name = f"{svc.name.replace('/', '_')}-{svc.next_index}"
+        name = f"{group_name(svc.name)}-{svc.next_index}"
         svc.next_index += 1
         cgroup = None
         if self.cgroups is not None:
             try:
-                cgroup = self.cgroups.child(name)
+                if self.enforcement == "share":
+                    self._open_group(svc)  # (again, if it failed before)
+                    cgroup = self.cgroups.child(name, group_name(svc.name))
+                else:
+                    cgroup = self.cgroups.child(name)
             except OSError as e:
                 log.warning("%s: cannot create cgroup for %s: %s", svc.name, name, e)
         slot = Slot(svc.name, name, cgroup, cpu_ok=cgroup is not None)

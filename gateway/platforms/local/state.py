@@ -63,7 +63,8 @@ class ServiceStatus:
     ready: int
     cpu_per_replica_cores: float | None
     """The decided CPU per replica (None = none decided): a hard limit in ``limit``
-    enforcement, the replica's guaranteed share (cgroup weight) in ``share`` enforcement."""
+    enforcement; in ``share`` enforcement reported only (the weight is the service's
+    entitlement, ``entitlement_cores``)."""
     cpu_cap_per_replica_cores: float | None
     """The hard cap per replica in force (cgroup quota): the decided CPU in ``limit``
     enforcement, the service's ``cpu.max`` in ``share`` enforcement; never above the budget;
@@ -78,6 +79,9 @@ class ServiceStatus:
     """The quota per replica written to the cgroups now: ``cpu_cap_per_replica_cores``, or
     while CPU is lent between ticks (``limit`` enforcement, ``budget.lending``) the lender's
     overlay: ``cpu.min`` for an idle service, more than decided for a borrower."""
+    entitlement_cores: float | None = None
+    """The service's entitlement (its fair share of the budget): in ``share`` enforcement
+    the weight of the cgroup that holds its replicas; None = never set (default weight)."""
     oom_kills_total: int = 0
     """OOM kills of this service's replicas since Sluice started."""
     memory_max_bytes: int | None = None
@@ -141,6 +145,13 @@ class ServiceEntry:
         self.cpu_cores = cpu_cores
         self.cpu_cap_cores: float | None = None
         """Share enforcement: the hard cap per replica (``scaling.cpu.max``); None = budget."""
+        self.entitlement_cores: float | None = None
+        """Share enforcement: the service's fair share of the budget, its cgroup's weight
+        (None = never set: the kernel's default weight)."""
+        self.group: ReplicaCgroup | None = None
+        """Share enforcement: the service's cgroup, which holds its replicas' cgroups."""
+        self.group_ok = False
+        """The entitlement was written to ``group``."""
         self.quota_overlay: float | None = None
         """Limit enforcement with lending: the quota per replica in force instead of
         ``cpu_cores`` (None = the decided CPU)."""
