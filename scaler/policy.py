@@ -534,10 +534,11 @@ class BudgetConfig(_Model):
     enforcement: Literal["auto", "limit", "share"] = Field(
         default="auto",
         description=(
-            "How a replica's decided CPU is enforced. share: it is the replica's guaranteed "
-            "share (cgroup cpu.weight; Kubernetes requests); a replica may use CPU the others "
-            "leave idle up to cpu.max, and the kernel lends and reclaims it within "
-            "microseconds; the budget caps the total. limit: the decided CPU is a hard cap "
+            "How the budget is enforced. share: CPU is shared by weight, work-conserving: on "
+            "local each service's cgroup is weighted by its entitlement (its fair share of the "
+            "budget), its replicas equal inside it, each capped at cpu.max; on kubernetes a "
+            "pod's request is its decided CPU and its limit cpu.max; the kernel lends idle CPU "
+            "and gives it back within microseconds; the budget caps the total. limit: the decided CPU is a hard cap "
             "(CFS quota; Kubernetes limits = requests); idle CPU is lent by the next decision "
             "and, with lending, between ticks. auto (default): share where the kernel keeps "
             "the guarantee exact -- on local and static when the budget is the whole machine "
