@@ -146,8 +146,9 @@ def _wait_port(proc: Process, port: int) -> None:
 
 
 def start_sluice(
-    workdir: Path, name: str, upstream_port: int, protocol: str
+    workdir: Path, name: str, upstream_port: int, protocol: str, cwd: Path = ROOT
 ) -> tuple[Process, int]:
+    """A gateway (``cwd``'s tree) serving h2c in front of the upstream: (process, port)."""
     port, admin = free_port(), free_port()
     config = workdir / f"{name}.yaml"
     config.write_text(
@@ -156,7 +157,7 @@ def start_sluice(
         )
     )
     argv = [sys.executable, "-m", "gateway", "run", "--config", str(config)]
-    proc = start(name, argv, PROXY_CORE, workdir)
+    proc = start(name, argv, PROXY_CORE, workdir, cwd=cwd)
     _wait_port(proc, port)
     return proc, port
 

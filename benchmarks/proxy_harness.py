@@ -6,6 +6,7 @@
     python benchmarks/proxy_harness.py --callgrind         # user-space instructions/request
     python benchmarks/proxy_harness.py --side-by-side ../main   # this tree vs another, at once
     python benchmarks/proxy_harness.py --side-by-side ../main --tls   # the same over TLS
+    python benchmarks/proxy_harness.py --side-by-side ../main --h2 grpc   # unary gRPC (h2load)
 
 ``benchmarks/proxy.py`` is the end-to-end comparison (req/s, latency, nginx in the same
 run), but on a shared 2-core machine its req/s swing with whatever else runs.  This
@@ -238,6 +239,8 @@ def side_by_side(args: argparse.Namespace) -> int:
     the same time: whatever else runs on the machine disturbs both alike, so the CPU per
     request of the two is comparable even when neither figure is steady on its own."""
     bench.ensure_tools()
+    if args.h2 is not None:
+        return side_by_side_h2(args)
     trees = {"this": ROOT, "other": args.side_by_side.resolve()}
     processes: list[Any] = []
     with tempfile.TemporaryDirectory(prefix="sluice-sbs-") as tmp, bench.stopping(processes):
@@ -285,6 +288,79 @@ def side_by_side(args: argparse.Namespace) -> int:
             )
     print(f"\nCPU per request, this tree / {trees['other']}: {statistics.median(ratios):.3f}")
     return 0
+
+
+def side_by_side_h2(args: argparse.Namespace) -> int:
+    """``--side-by-side TREE --h2 h2|grpc``: the same over HTTP/2 (``benchmarks/proxy_h2.py``'s
+    load: h2load, 8 connections x 10 streams): ``h2``: GET through ``listen.h2c`` to the
+    HTTP/1.1 nginx upstream; ``grpc``: unary gRPC calls to a grpcio server (``protocol: h2c``)."""
+    from benchmarks import proxy_h2
+
+    trees = {"this": ROOT, "other": args.side_by_side.resolve()}
+    grpc = args.h2 == "grpc"
+    path = "/test.Echo/Unary" if grpc else "/"
+    processes: list[Any] = []
+    with tempfile.TemporaryDirectory(prefix="sluice-sbs-h2-") as tmp, bench.stopping(processes):
+        workdir = Path(tmp)
+        if grpc:
+            upstream, upstream_port = proxy_h2.start_grpc_upstream(workdir)
+        else:
+            upstream, upstream_port = bench.start_upstream(workdir)
+        processes.append(upstream)
+        gateways = {}
+        for name, tree in trees.items():
+            proc, port = proxy_h2.start_sluice(
+                workdir, name, upstream_port, "h2c" if grpc else "http1", cwd=tree
+            )
+            processes.append(proc)
+            (workdir / name).mkdir()
+            proxy_h2.h2load(port, path, 1, workdir / name, grpc)  # warm-up
+            gateways[name] = (port, proc)
+        ratios = []
+        for n in range(1, args.runs + 1):
+            done: dict[str, tuple[float, float]] = {}
+            threads = [
+                threading.Thread(
+                    target=_load_h2,
+                    args=(proc, port, path, args.duration_s, workdir / name, grpc, done, name),
+                )
+                for name, (port, proc) in gateways.items()
+            ]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            ratios.append(done["this"][0] / done["other"][0])
+            print(
+                f"run {n}: this {done['this'][0]:.1f} us/req ({done['this'][1]:,.0f} req/s), "
+                f"other {done['other'][0]:.1f} us/req ({done['other'][1]:,.0f} req/s), "
+                f"this/other {ratios[-1]:.3f}, load {os.getloadavg()[0]:.2f}",
+                flush=True,
+            )
+    print(
+        f"\n{args.h2} CPU per request, this tree / {trees['other']}: "
+        f"{statistics.median(ratios):.3f}"
+    )
+    return 0
+
+
+def _load_h2(
+    proc: Any,
+    port: int,
+    path: str,
+    duration_s: float,
+    workdir: Path,
+    grpc: bool,
+    done: dict[str, tuple[float, float]],
+    name: str,
+) -> None:
+    """h2load against one gateway: ``done[name]`` = (CPU us per request, req/s)."""
+    from benchmarks import proxy_h2
+
+    cpu0, t0 = proc.group_cpu_s(), time.monotonic()
+    rps = proxy_h2.h2load(port, path, duration_s, workdir, grpc)[0]
+    requests = rps * (time.monotonic() - t0)
+    done[name] = ((proc.group_cpu_s() - cpu0) / requests * 1e6, rps)
 
 
 def _scheme(args: argparse.Namespace) -> str:
@@ -503,6 +579,12 @@ def main(argv: list[str] | None = None) -> int:
         "--tls",
         action="store_true",
         help="with --side-by-side: both gateways terminate TLS (wrk over https, keep-alive)",
+    )
+    parser.add_argument(
+        "--h2",
+        choices=("h2", "grpc"),
+        default=None,
+        help="with --side-by-side: HTTP/2 load by h2load instead (h2c GET, or unary gRPC)",
     )
     parser.add_argument("--json", type=Path, default=None, help="write the summary as JSON")
     args = parser.parse_args(argv)

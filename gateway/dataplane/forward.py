@@ -826,8 +826,10 @@ class Exchange:
             self.connect_task = None
             task.cancel()
         now = dp.loop.time()
-        if self.h2up is not None:
-            self.h2up.release()
+        h2up = self.h2up
+        if h2up is not None:
+            self.h2up = None  # (h2up.ex is this exchange: no cycle left for the GC to find)
+            h2up.release()
         up = self.upstream
         if up is not None:
             self.upstream = None

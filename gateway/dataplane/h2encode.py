@@ -1,5 +1,4 @@
-"""HPACK shortcuts for the ``h2`` connections: a memoised encoder and decoder (:func:`install`),
-and :class:`QuietConnection` (``h2``'s connection without per-frame trace formatting).
+"""HPACK shortcuts for the ``h2`` connections: a memoised encoder and decoder (:func:`install`).
 
 **Encoding** (header blocks we send): no dynamic table, memoised per field.
 
@@ -28,17 +27,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-import h2.config
 import h2.connection
-import h2.errors
-import h2.events
-import h2.exceptions
 from hpack import Decoder, HeaderTuple
 from hpack.hpack import encode_integer
 from hpack.huffman import HuffmanEncoder
 from hpack.huffman_constants import REQUEST_CODES, REQUEST_CODES_LENGTH
 from hpack.table import HeaderTable
-from hyperframe.frame import Frame, GoAwayFrame, RstStreamFrame
 
 CACHE_MAX = 4096
 """Distinct fields kept encoded (cleared whole when full)."""
@@ -164,57 +158,3 @@ def install(conn: h2.connection.H2Connection) -> None:
     """Put the memoised encoder and decoder on a new ``h2`` connection."""
     conn.encoder = FieldCacheEncoder()  # type: ignore[assignment]  # (duck-typed as h2 uses it)
     conn.decoder = BlockCacheDecoder(conn.decoder.max_header_list_size)
-
-
-class QuietConnection(h2.connection.H2Connection):
-    """``h2``'s connection, receiving frames without formatting each one for a trace log
-    (``H2Connection._receive_frame`` computes ``repr(frame)`` for every frame received, for
-    a logger that then discards it: about a twentieth of a proxied gRPC call; the rest of
-    the method is ``h2``'s own, 4.x), and staying open after a GOAWAY it receives: ``h2``
-    would close its state machine (and drop what it had to send), so the streams the peer
-    still answers or expects answers on (RFC 9113 §6.8) would end in a protocol error.  A
-    GOAWAY is only reported (``ConnectionTerminated``); the owner decides what follows."""
-
-    def __init__(self, config: h2.config.H2Configuration) -> None:
-        super().__init__(config)
-        self._frame_dispatch_table[GoAwayFrame] = _goaway_event
-
-    def _receive_frame(self, frame: Frame) -> list[h2.events.Event]:
-        events: list[h2.events.Event]
-        try:
-            frames, events = self._frame_dispatch_table[frame.__class__](frame)
-        except h2.exceptions.StreamClosedError as e:
-            # Closed by RST_STREAM: a stream error (RST_STREAM back); else a connection error.
-            if self._stream_is_closed_by_reset(e.stream_id):
-                f = RstStreamFrame(e.stream_id)
-                f.error_code = e.error_code
-                self._prepare_for_sending([f])
-                events = e._events
-            else:
-                raise
-        except h2.exceptions.StreamIDTooLowError as e:
-            if self._stream_is_closed_by_reset(e.stream_id):
-                f = RstStreamFrame(e.stream_id)
-                f.error_code = h2.errors.ErrorCodes.STREAM_CLOSED
-                self._prepare_for_sending([f])
-                events = []
-            elif self._stream_is_closed_by_end(e.stream_id):
-                raise h2.exceptions.StreamClosedError(e.stream_id) from e
-            else:
-                raise
-        else:
-            self._prepare_for_sending(frames)
-        return events
-
-
-def _goaway_event(frame: Frame) -> tuple[list[Frame], list[h2.events.Event]]:
-    """A received GOAWAY as a ``ConnectionTerminated`` event, the connection left open."""
-    assert isinstance(frame, GoAwayFrame)
-    event = h2.events.ConnectionTerminated()
-    try:
-        event.error_code = h2.errors.ErrorCodes(frame.error_code)
-    except ValueError:
-        event.error_code = frame.error_code
-    event.last_stream_id = frame.last_stream_id
-    event.additional_data = frame.additional_data or None
-    return [], [event]

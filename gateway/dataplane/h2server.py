@@ -27,8 +27,7 @@ from hyperframe.frame import GoAwayFrame
 
 from gateway.dataplane.errors import Cause
 from gateway.dataplane.forward import Exchange
-from gateway.dataplane.h2encode import QuietConnection
-from gateway.dataplane.h2encode import install as install_hpack
+from gateway.dataplane.h2lean import LeanConnection
 from gateway.dataplane.headers import (
     H2_BAD_VALUE,
     H2_CONNECTION_SPECIFIC,
@@ -511,8 +510,7 @@ class H2Connection(asyncio.Protocol):
         """Came through the TLS listener (``h2`` by ALPN): ``X-Forwarded-Proto: https``."""
         self.send_queued = False
         """``_send`` waits for the end of the loop round (``_send_soon``)."""
-        self.h2 = QuietConnection(_CONFIG)
-        install_hpack(self.h2)
+        self.h2 = LeanConnection(_CONFIG)
         self.transport: asyncio.Transport = None  # type: ignore[assignment]  # connection_made
         self.peer_ip = b""
         self.trusted = False

@@ -28,8 +28,7 @@ import h2.exceptions
 import h2.settings
 
 from gateway.dataplane.errors import Cause
-from gateway.dataplane.h2encode import QuietConnection
-from gateway.dataplane.h2encode import install as install_hpack
+from gateway.dataplane.h2lean import LeanConnection
 from gateway.dataplane.headers import (
     H2_BAD_VALUE,
     H2_CONNECTION_SPECIFIC,
@@ -274,8 +273,7 @@ class H2UpstreamConnection(asyncio.Protocol):
     def __init__(self, pool: H2EndpointConnections) -> None:
         self.pool = pool
         self.dp = pool.dp
-        self.h2 = QuietConnection(_CONFIG)
-        install_hpack(self.h2)  # (a received GOAWAY leaves it open: QuietConnection)
+        self.h2 = LeanConnection(_CONFIG)  # (a received GOAWAY leaves it open)
         self.transport: asyncio.Transport | None = None
         self.streams: dict[int, H2Upstream] = {}
         self.blocked: set[H2Upstream] = set()
