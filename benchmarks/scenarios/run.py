@@ -232,16 +232,16 @@ def p99s(result: RunResult, services: list[str]) -> dict[str, float | None]:
 
 def entitled_bound(
     scenario: Scenario, policies: Mapping[str, ScalingPolicy], budget: BudgetConfig
-) -> dict[str, float | None]:
-    """Per service, the p99 under :class:`EntitledBound`: no start-up, no decision lag, every
-    other service given its entitlement while it has work.  A controller that keeps the
-    entitlements (the fair shares Sluice promises) does no better for a service that
-    ``independent`` lets take the others' share; ``None`` unless Sluice runs on share."""
+) -> RunResult | None:
+    """The run under :class:`EntitledBound`: no start-up, no decision lag, every service given
+    its entitlement while it has work.  A controller that keeps the entitlements (the fair
+    shares Sluice promises) does no better for a service that ``independent`` lets take the
+    others' share; ``None`` unless Sluice runs on share."""
     if budget.resolved(None).rule != "share":
-        return dict.fromkeys(scenario.services)
+        return None
     node = budget.model_copy(update={"early_ticks": False})
     ctl = EntitledBound(policies, budget.fixed_cores())
-    return p99s(run(scenario, "sluice", policies, node, controller=ctl), scenario.services)
+    return run(scenario, "sluice", policies, node, controller=ctl)
 
 
 def fluid_bound(
@@ -311,7 +311,11 @@ def run_scenario(
         own = budget if name == "sluice" else baseline
         runs[name] = summarise(scenario, run(scenario, name, policies, own), cores)
     reactive = reactive_bound(scenario, policies, budget)
-    entitled = entitled_bound(scenario, policies, budget)
+    entitled_run = entitled_bound(scenario, policies, budget)
+    entitled: dict[str, float | None] = dict.fromkeys(scenario.services)
+    if entitled_run is not None:
+        entitled = p99s(entitled_run, scenario.services)
+        runs["entitled"] = summarise(scenario, entitled_run, cores)
     splits = candidate_splits(scenario, policies, cores)
     best: tuple[float, str, dict[str, Any]] | None = None
     indep = runs["independent"]["services"]
@@ -412,12 +416,21 @@ def verdict(sc: dict[str, Any]) -> list[dict[str, Any]]:
                 f"best fixed split {_f(best)} s",
                 why,
             )
+    ev = sc["runs"].get("entitled", {}).get("services")
     done_s = sum(v["completed"] for v in sv.values())
     done_i = sum(v["completed"] for v in iv.values())
-    add("completed >= independent", None, done_s >= done_i, f"{done_s} vs {done_i}")
+    done_e = sum(v["completed"] for v in ev.values()) if ev else None
+    why = None
+    if done_e is not None and done_e < done_i:
+        why = f"conflicts with the others' entitlements: the entitled reference completes {done_e}"
+    add("completed >= independent", None, done_s >= done_i, f"{done_s} vs {done_i}", why)
     left_s = sum(v["unfinished"] for v in sv.values())
     left_i = sum(v["unfinished"] for v in iv.values())
-    add("unfinished at end <= independent", None, left_s <= left_i, f"{left_s} vs {left_i}")
+    left_e = sum(v["unfinished"] for v in ev.values()) if ev else None
+    why = None
+    if left_e is not None and left_e > left_i:
+        why = f"conflicts with the others' entitlements: the entitled reference leaves {left_e}"
+    add("unfinished at end <= independent", None, left_s <= left_i, f"{left_s} vs {left_i}", why)
     us = s_runs["budget"]["utilisation_during_contention"]
     ui = i_runs["budget"]["utilisation_during_contention"]
     if us is not None and ui is not None:

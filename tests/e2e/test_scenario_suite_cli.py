@@ -29,7 +29,7 @@ def test_one_command_prints_the_table_and_the_verdict_and_writes_json(tmp_path: 
         assert text in done.stdout
     doc = json.loads(out.read_text())
     (sc,) = doc["scenarios"]
-    assert set(sc["runs"]) == {"sluice", "independent", "static", "best_split"}
+    assert set(sc["runs"]) == {"sluice", "independent", "static", "best_split", "entitled"}
     assert {g["goal"] for g in sc["verdict"]} >= {
         "completed >= independent",
         "seed: CPU in contention >= 90 %",
