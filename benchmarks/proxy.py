@@ -697,7 +697,9 @@ def print_table(table: dict[str, dict[str, float | None]], rat: dict[str, float 
     busy = [
         f"{target} {row['core_utilisation']:.0%}"
         for target, row in table.items()
-        if row["core_utilisation"] is not None and row["core_utilisation"] < SATURATED
+        if row["core_utilisation"] is not None
+        and row["core_utilisation"] < SATURATED
+        and load_core(target) == LOAD_CORE  # one-core rows (-wN rows share every core)
     ]
     if busy:
         print(
