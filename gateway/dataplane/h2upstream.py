@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
 import ssl
 from collections import deque
 from typing import TYPE_CHECKING, cast
@@ -292,10 +291,7 @@ class H2UpstreamConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         transport = cast(asyncio.Transport, transport)
         self.transport = transport
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # TCP_NODELAY: uvloop and asyncio set it on every TCP transport they make
         transport.set_write_buffer_limits(WRITE_BUFFER_HIGH, WRITE_BUFFER_LOW)
         conn = self.h2
         conn.local_settings = h2.settings.Settings(

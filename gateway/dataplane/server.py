@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
-import socket
 from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, NoReturn, Protocol, cast
@@ -169,10 +168,7 @@ class ClientConnection(asyncio.Protocol):
         ip = peer[0] if isinstance(peer, tuple) else ""
         self.peer_ip = ip.encode()
         self.trusted = self.dp.is_trusted(ip)
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # TCP_NODELAY: uvloop and asyncio set it on every TCP transport they make
         transport.set_write_buffer_limits(WRITE_BUFFER_HIGH, WRITE_BUFFER_LOW)
         self.dp.connections.add(self)
         self.last_active = self.dp.loop.time()

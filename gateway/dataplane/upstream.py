@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 from typing import TYPE_CHECKING, cast
 
 import httptools
@@ -80,10 +79,7 @@ class UpstreamConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         transport = cast(asyncio.Transport, transport)  # uvloop's transports are not subclasses
         self.transport = transport
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            with contextlib.suppress(OSError):  # not TCP: nothing to tune
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # TCP_NODELAY: uvloop and asyncio set it on every TCP transport they make
         transport.set_write_buffer_limits(WRITE_BUFFER_HIGH, WRITE_BUFFER_LOW)
 
     def data_received(self, data: bytes) -> None:
