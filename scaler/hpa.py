@@ -202,6 +202,65 @@ def _ceil(values: FloatArray) -> IntArray:
     return np.ceil(np.clip(values - _EPS, -_BIG, _BIG)).astype(np.int64)
 
 
+@dataclass(frozen=True, slots=True)
+class _Tally:
+    """Per workload: its pods counted, and (CPU path) their millicores summed."""
+
+    ready: IntArray
+    """Ready pods with a value."""
+    missing: IntArray
+    """Ready pods without one."""
+    unready: IntArray
+    total: FloatArray
+    """The ready pods' values (plain path)."""
+    zero_total: FloatArray
+    """Every pod's value (plain path, from zero)."""
+    used_m: FloatArray
+    requested_m: FloatArray
+    missing_used_m: FloatArray
+    """What the missing pods count as on a scale-down: max(100 %, target) of their request."""
+    missing_req_m: FloatArray
+    unready_req_m: FloatArray
+
+    @classmethod
+    def of(cls, pods: PodGroups, m: int, target: FloatArray, cpu: bool) -> _Tally:
+        w = pods.workload
+        count = pods.count
+        lacking = np.isnan(pods.total)
+        has = ~lacking & (count > 0)
+        value = np.where(has, pods.total, 0.0)
+        ready = pods.ready
+        measured = ready & has
+        lacking &= ready
+
+        def per_workload(weights: FloatArray | IntArray) -> FloatArray:
+            return cast(FloatArray, np.bincount(w, weights=weights, minlength=m))
+
+        zeros = np.zeros(m)
+        cpu_sums = [zeros] * 5
+        if cpu:
+            # Whole millicores per pod, as Kubernetes counts them (integers held in floats:
+            # exact below 2**53, and no overflow above).
+            request_m = np.rint(pods.request_cores * 1000)
+            used_m = np.rint(value / np.maximum(count, 1) * 1000)
+            fallback = np.floor(np.maximum(100.0, target))[w]
+            cpu_sums = [
+                per_workload(count * np.where(measured, used_m, 0.0)),
+                per_workload(count * np.where(measured, request_m, 0.0)),
+                per_workload(count * np.where(lacking, request_m * fallback // 100, 0.0)),
+                per_workload(count * np.where(lacking, request_m, 0.0)),
+                per_workload(count * np.where(ready, 0.0, request_m)),
+            ]
+        return cls(
+            per_workload(count * measured).astype(np.int64),
+            per_workload(count * lacking).astype(np.int64),
+            per_workload(count * ~ready).astype(np.int64),
+            per_workload(np.where(measured, value, 0.0)),
+            per_workload(value),
+            *cpu_sums,
+        )
+
+
 def calculate(
     pods: PodGroups,
     *,
@@ -221,93 +280,61 @@ def calculate(
     from the total of every pod's value (one aggregate pod, say): ``ceil(total / target)``
     without tolerance, as the HPA's object-metric path does.
     """
-    m = len(current)
-    w = pods.workload
-    count = pods.count
-    has = ~np.isnan(pods.total) & (count > 0)
-    value = np.where(has, pods.total, 0.0)
-    per_pod = value / np.maximum(count, 1)
-    ready = pods.ready
-    measured = ready & has
-
-    def per_workload(weights: FloatArray | IntArray) -> FloatArray:
-        return cast(FloatArray, np.bincount(w, weights=weights, minlength=m))
-
-    ready_n = per_workload(count * measured).astype(np.int64)
-    missing_n = per_workload(count * (ready & np.isnan(pods.total))).astype(np.int64)
-    unready_n = per_workload(count * ~ready).astype(np.int64)
-    total = per_workload(np.where(measured, value, 0.0))
-    zero_total = per_workload(value)
-    # CPU path: whole millicores per pod, as Kubernetes counts them (integers held in floats:
-    # exact below 2**53, and no overflow above).
-    request_m = np.rint(pods.request_cores * 1000)
-    used_m = per_workload(count * np.where(measured, np.rint(per_pod * 1000), 0.0))
-    requested_m = per_workload(count * np.where(measured, request_m, 0.0))
-    fallback = np.floor(np.maximum(100.0, target))[w]  # missing pods on a scale-down
-    lacking = ready & np.isnan(pods.total)
-    missing_used_m = per_workload(count * np.where(lacking, request_m * fallback // 100, 0.0))
-    missing_req_m = per_workload(count * np.where(lacking, request_m, 0.0))
-    unready_req_m = per_workload(count * np.where(ready, 0.0, request_m))
-
-    util = used_m * 100 // np.maximum(requested_m, 1)
-    mean = total / np.maximum(ready_n, 1)
+    t = _Tally.of(pods, len(current), target, bool(utilization.any()))
+    util = t.used_m * 100 // np.maximum(t.requested_m, 1)
+    mean = t.total / np.maximum(t.ready, 1)
     ratio = np.where(utilization, util / target, mean / target)
 
     def within(r: FloatArray) -> BoolArray:
         return (1.0 - tolerance_down <= r) & (r <= 1.0 + tolerance_up)
 
-    rebalance = (unready_n > 0) & (ratio > 1.0)
-    simple = ~rebalance & (missing_n == 0)
+    rebalance = (t.unready > 0) & (ratio > 1.0)
+    simple = ~rebalance & (t.missing == 0)
     in_band = within(ratio)
-    replicas = np.where(in_band, current, _ceil(ratio * ready_n))
+    replicas = np.where(in_band, current, _ceil(ratio * t.ready))
     outcome = np.where(in_band, TOLERANCE, np.where(utilization, UTILIZATION, RATIO))
-    pods_n = ready_n
+    pods_n = t.ready
+    new_ratio = ratio
+    if not simple.all():
+        # Missing and unready pods filled in, the ratio computed again.
+        fill_down = (t.missing > 0) & (ratio < 1.0)
+        fill_missing = fill_down | ((t.missing > 0) & (ratio > 1.0))
+        filled_n = t.ready + np.where(fill_missing, t.missing, 0)
+        filled_n += np.where(rebalance, t.unready, 0)
+        filled_used = t.used_m + np.where(fill_down, t.missing_used_m, 0.0)
+        filled_req = t.requested_m + np.where(fill_missing, t.missing_req_m, 0.0)
+        filled_req += np.where(rebalance, t.unready_req_m, 0.0)
+        new_util = filled_used * 100 // np.maximum(filled_req, 1)
+        filled_total = t.total + np.where(fill_down, target * t.missing, 0.0)
+        new_ratio = np.where(
+            utilization, new_util / target, filled_total / np.maximum(filled_n, 1) / target
+        )
+        keep = within(new_ratio) | ((ratio < 1.0) & (new_ratio > 1.0))
+        keep |= (ratio > 1.0) & (new_ratio < 1.0)
+        filled = _ceil(new_ratio * filled_n)
+        flip = ((new_ratio < 1.0) & (filled > current)) | ((new_ratio > 1.0) & (filled < current))
+        replicas = np.where(simple, replicas, np.where(keep | flip, current, filled))
+        outcome = np.where(
+            simple, outcome, np.where(keep, FILLED_KEEP, np.where(flip, FLIP_KEEP, FILLED))
+        )
+        pods_n = np.where(simple, pods_n, filled_n)
 
-    # Missing and unready pods filled in, the ratio computed again.
-    fill_down = (missing_n > 0) & (ratio < 1.0)
-    fill_missing = fill_down | ((missing_n > 0) & (ratio > 1.0))
-    filled_n = ready_n + np.where(fill_missing, missing_n, 0) + np.where(rebalance, unready_n, 0)
-    filled_used = used_m + np.where(fill_down, missing_used_m, 0)
-    filled_req = (
-        requested_m
-        + np.where(fill_missing, missing_req_m, 0)
-        + np.where(rebalance, unready_req_m, 0)
-    )
-    new_util = filled_used * 100 // np.maximum(filled_req, 1)
-    filled_total = total + np.where(fill_down, target * missing_n, 0.0)
-    new_ratio = np.where(
-        utilization, new_util / target, filled_total / np.maximum(filled_n, 1) / target
-    )
-    keep = (
-        within(new_ratio)
-        | ((ratio < 1.0) & (new_ratio > 1.0))
-        | ((ratio > 1.0) & (new_ratio < 1.0))
-    )
-    filled = _ceil(new_ratio * filled_n)
-    flip = ((new_ratio < 1.0) & (filled > current)) | ((new_ratio > 1.0) & (filled < current))
-    replicas = np.where(simple, replicas, np.where(keep | flip, current, filled))
-    outcome = np.where(
-        simple, outcome, np.where(keep, FILLED_KEEP, np.where(flip, FLIP_KEEP, FILLED))
-    )
-    pods_n = np.where(simple, pods_n, filled_n)
-
-    no_request = utilization & (requested_m <= 0)
-    outcome = np.where(no_request, NO_REQUEST, outcome)
-    outcome = np.where(ready_n == 0, NO_METRICS, outcome)
+    outcome = np.where(utilization & (t.requested_m <= 0), NO_REQUEST, outcome)
+    outcome = np.where(t.ready == 0, NO_METRICS, outcome)
+    replicas = np.where(outcome <= NO_REQUEST, current, replicas)
     from_zero = ~utilization & (current == 0)
     outcome = np.where(from_zero, FROM_ZERO, outcome)
-    replicas = np.where(from_zero, _ceil(zero_total / target), replicas)
-    replicas = np.where((outcome == NO_METRICS) | (outcome == NO_REQUEST), current, replicas)
+    replicas = np.where(from_zero, _ceil(t.zero_total / target), replicas)
     return Calculation(
         replicas=replicas,
         outcome=outcome,
-        usage_ratio=np.where(from_zero, zero_total / target, ratio),
+        usage_ratio=np.where(from_zero, t.zero_total / target, ratio),
         new_ratio=new_ratio,
         utilization=util,
         pods=pods_n,
-        missing=missing_n,
-        unready=unready_n,
-        total=zero_total,
+        missing=t.missing,
+        unready=t.unready,
+        total=t.zero_total,
         target=target,
         tolerance_down=tolerance_down,
         tolerance_up=tolerance_up,
