@@ -1,23 +1,8 @@
-"""The Kubernetes HPA's replica calculator, for ``mode: hpa`` (pure).
+"""The Kubernetes HPA's replica calculator (``replica_calculator.go``), for ``mode: hpa`` (pure).
 
-One form, on arrays: :func:`calculate` answers for many workloads at once from their pods
-(:class:`PodGroups`, groups of identical pods); :func:`calculate_replicas` and
-:func:`calculate_utilization_replicas` are that calculation for one workload's list of pods.
-The rules are ``replica_calculator.go``'s; ``behavior`` is :mod:`scaler.hpa_behavior`
-(:class:`HpaBehaviorState`, re-exported here).
-
-* Plain per-pod metric (``calculate_replicas``): ``ratio = mean(ready pods' values) / target``.
-* CPU utilisation (``calculate_utilization_replicas``): utilisation is the ready pods' total
-  use over their total request in *whole* percent (truncated, on millicores, as Kubernetes
-  computes it); ``ratio = utilisation / target``.
-* Within ``[1 - scale_down, 1 + scale_up]`` (:class:`Tolerances`) nothing changes.  Pods
-  *not ready* are left out, and on a scale-up counted as 0 (for per-pod custom metrics the
-  HPA calls a pod unready only while it is Pending; for CPU also during its initialisation
-  period -- the caller decides, through ``ready``).  Ready pods *missing* a value count on
-  a scale-down as ``target`` (plain path) or ``max(100 %, target)`` of their request (CPU
-  path), and 0 on a scale-up (at exactly 1.0 they are left out); if filling them in flips
-  the direction or lands within the tolerances, the current count is kept; else the result
-  is ``ceil(new_ratio × pods counted)``.
+One form, on arrays: :func:`calculate` answers for many workloads at once from their pods;
+:func:`calculate_replicas` / :func:`calculate_utilization_replicas` are it for one pod list.
+``behavior`` is :mod:`scaler.hpa_behavior` (:class:`HpaBehaviorState` re-exported here).
 """
 
 from __future__ import annotations
@@ -274,11 +259,24 @@ def calculate(
 
     ``current``: each workload's replicas; ``target``: the per-pod target value
     (``averageValue``) or, where ``utilization`` is set, the target CPU utilisation in percent
-    (``averageUtilization``).  A workload with no ready pod reporting a value has no answer
-    (``NO_METRICS``: the HPA does not scale it), nor one on the CPU path whose measured pods
-    request no CPU (``NO_REQUEST``).  On the plain path a workload at zero replicas scales
-    from the total of every pod's value (one aggregate pod, say): ``ceil(total / target)``
-    without tolerance, as the HPA's object-metric path does.
+    (``averageUtilization``).
+
+    * Plain per-pod metric: ``ratio = mean(ready pods' values) / target``.  CPU utilisation:
+      the ready pods' total use over their total request in *whole* percent (truncated, on
+      millicores, as Kubernetes computes it), ``ratio = utilisation / target``.
+    * Within ``[1 - tolerance_down, 1 + tolerance_up]`` nothing changes; else
+      ``ceil(ratio × ready pods)``.
+    * Pods *not ready* are left out, and on a scale-up counted as 0 (for per-pod custom
+      metrics the HPA calls a pod unready only while it is Pending; for CPU also during its
+      initialisation period -- the caller decides, through ``ready``).  Ready pods *missing*
+      a value count on a scale-down as ``target`` (plain path) or ``max(100 %, target)`` of
+      their request (CPU path), and 0 on a scale-up (at exactly 1.0 they are left out).  If
+      filling them in flips the direction or lands within the tolerances, the current count
+      is kept; else ``ceil(new_ratio × pods counted)``.
+    * No ready pod reporting a value: no answer (``NO_METRICS``: the HPA does not scale);
+      nor on the CPU path when the measured pods request no CPU (``NO_REQUEST``).
+    * Plain path at zero replicas: ``ceil(total / target)`` of every pod's value (one
+      aggregate pod, say), without tolerance, as the HPA's object-metric path does.
     """
     t = _Tally.of(pods, len(current), target, bool(utilization.any()))
     util = t.used_m * 100 // np.maximum(t.requested_m, 1)

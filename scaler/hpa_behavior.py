@@ -1,18 +1,6 @@
-"""The HPA's ``behavior`` for many workloads at once, on arrays (pure).
+"""The HPA's ``behavior`` (``horizontal.go``) for many workloads at once, on arrays (pure).
 
-As the HPA controller (``horizontal.go``): a recommendation is stabilised (scale-up uses the
-*lowest* recommendation of the last ``scale_up.stabilization_window_s`` seconds, scale-down
-the *highest* of the last ``scale_down.stabilization_window_s``), then limited by the rate
-policies -- each ``Pods``/``Percent`` policy allows a change relative to the replica count
-at the start of its ``period_s`` (replicas added or removed within the period are taken
-into account); ``select_policy: Max`` picks the policy allowing the biggest change, ``Min``
-the smallest, ``Disabled`` forbids the direction -- and finally clamped to
-``[min_replicas, max_replicas]``.  The default scale-up (100 % or 4 pods per 15 s, Max) is
-the HPA's ``max(2×, +4)``; the default scale-down stabilises over 300 s.
-
-Memory: one column per distinct time (shared by all workloads; time never goes back),
-holding each workload's lowest and highest recommendation and the replicas it added and
-removed then; columns older than every window and period are reused.
+:class:`HpaBehaviorBatch` stabilises, rate-limits and clamps the calculator's answers;
 :class:`HpaBehaviorState` is a batch of one.
 """
 
@@ -119,7 +107,23 @@ def _groups(values: FloatArray) -> list[tuple[float, IntArray | slice]]:
 
 
 class HpaBehaviorBatch:
-    """Stabilisation windows and rate policies for ``len(behaviors)`` workloads."""
+    """Stabilisation windows and rate policies for ``len(behaviors)`` workloads.
+
+    As the HPA controller: a recommendation is stabilised (scale-up uses the *lowest*
+    recommendation of the last ``scale_up.stabilization_window_s`` seconds, scale-down the
+    *highest* of the last ``scale_down.stabilization_window_s``), then limited by the rate
+    policies -- each ``Pods``/``Percent`` policy allows a change relative to the replica
+    count at the start of its ``period_s`` (replicas added or removed within the period are
+    taken into account); ``select_policy: Max`` picks the policy allowing the biggest change,
+    ``Min`` the smallest, ``Disabled`` forbids the direction -- and finally clamped to
+    ``[min_replicas, max_replicas]``.  The default scale-up (100 % or 4 pods per 15 s, Max)
+    is the HPA's ``max(2×, +4)``; the default scale-down stabilises over 300 s.
+
+    Memory: one column per distinct time, shared by all workloads (time never goes back: a
+    call at an earlier time counts at the latest), holding each workload's lowest and highest
+    recommendation and the replicas it added and removed then; a column older than every
+    window and period is reused, and the columns grow when ticks come faster.
+    """
 
     def __init__(self, behaviors: Sequence[HpaBehavior]) -> None:
         m = len(behaviors)
