@@ -276,3 +276,48 @@ def test_behavior_keeps_every_tick_of_its_windows_when_ticks_come_fast() -> None
     wave = [[(t // 7) % 25, 40 - (t // 3) % 30] for t in range(400)]
     batch = _drive(behaviors, [(0.1, w, [True, True]) for w in wave])
     assert repr(batch) == "HpaBehaviorBatch(workloads=2, columns=400/604)"
+
+
+def test_the_engine_explains_each_hpa_service_from_the_ticks_arrays() -> None:
+    """KPA and HPA services side by side: each HPA decision's rule, inputs, steps and clamps
+    are its own, whether it had data, had none (CPU utilisation, CPU not measured), or was
+    frozen."""
+    from scaler.decision import ServiceState
+    from scaler.engine import Engine
+    from scaler.policy import BudgetConfig, ScalingPolicy
+    from scaler.signals import ServiceSignals
+
+    hpa = {"mode": "hpa", "target": 10, "max_replicas": 8, "cpu": {"min": 0.1, "max": 0.1}}
+    engine = Engine(
+        {
+            "kpa": ScalingPolicy(target=10, cpu={"min": 0.1, "max": 0.1}),
+            "busy": ScalingPolicy.model_validate(hpa),
+            "unmeasured": ScalingPolicy.model_validate({**hpa, "metric": "cpu", "target": 50}),
+            "gone": ScalingPolicy.model_validate(hpa),
+        },
+        BudgetConfig(cpu=4),
+    )
+    states = {n: ServiceState(n, 2, 2, 0.1) for n in ("kpa", "busy", "unmeasured", "gone")}
+    for t in range(3):
+        now = float(t)
+        signals = {n: ServiceSignals(n, now, in_flight=5) for n in ("kpa", "unmeasured", "gone")}
+        signals["busy"] = ServiceSignals("busy", now, in_flight=60)
+        if t == 2:
+            del signals["gone"]
+        decisions = engine.tick(now, signals, states)
+    busy = decisions["busy"]
+    assert busy.rule == "hpa"
+    # 60 over 2 ready replicas against 10 each: ceil(3.0 × 2) = 6, within the default
+    # scale-up policies (max(2×, +4) per 15 s).
+    assert busy.replicas == 6
+    assert [s.kind for s in busy.explanation.steps][:2] == ["hpa.inputs", "hpa.ratio"]
+    assert busy.explanation.steps[1].values == {"ratio": 3.0, "pods": 2}
+    assert busy.inputs["average"] == 60.0 and busy.inputs["capacity_replicas"] == 2.0
+    unmeasured = decisions["unmeasured"]
+    assert unmeasured.rule == "frozen: no data" and unmeasured.replicas == 2
+    assert unmeasured.explanation.steps[0].kind == "hpa.no_metric"
+    assert "average" not in unmeasured.inputs
+    gone = decisions["gone"]
+    assert gone.rule == "frozen: missing signals" and gone.replicas == 2
+    assert not any(s.kind.startswith("hpa.") for s in gone.explanation.steps)
+    assert decisions["kpa"].explanation.steps[0].kind == "kpa.windows"
