@@ -16,9 +16,9 @@ from scaler.explanation import Trace
 from scaler.kpa_batch import BoolArray, FloatArray, IntArray
 from scaler.policy import HpaBehavior, HpaScalingRules
 
-_NONE_LOW = 2**62
-"""'No recommendation' in the lowest-recommendation table."""
-_NONE_HIGH = -(2**62)
+_NONE_LOW = 2**31 - 1
+"""'No recommendation' in the lowest-recommendation table (the tables hold ``int32``)."""
+_NONE_HIGH = -(2**31 - 1)
 _MAX, _MIN, _DISABLED = 0, 1, 2
 _SELECT = {"Max": _MAX, "Min": _MIN, "Disabled": _DISABLED}
 
@@ -106,6 +106,57 @@ def _groups(values: FloatArray) -> list[tuple[float, IntArray | slice]]:
     return [(v, np.flatnonzero(values == v)) for v in distinct if v > 0]
 
 
+class _Ring:
+    """Tables of ``int32`` columns, one column per distinct time, in time order around a
+    ring: a column older than ``horizon`` seconds is reused; when ticks come faster than one
+    a second the ring grows."""
+
+    def __init__(self, m: int, horizon: float, fills: dict[str, int]) -> None:
+        slots = max(2, math.ceil(horizon) + 2)
+        self.m = m
+        self.horizon = horizon
+        self.fills = fills
+        self.times = np.full(slots, -math.inf)
+        self.tables = {k: np.full((m, slots), v, dtype=np.int32) for k, v in fills.items()}
+        self.col = slots - 1
+
+    def __repr__(self) -> str:
+        live = int((self.times > self.times[self.col] - self.horizon).sum())
+        return f"{live}/{len(self.times)} columns"
+
+    def column(self, now: float) -> int:
+        """The column of ``now`` (a new one unless ``now`` is the latest time)."""
+        col = self.col
+        if now <= self.times[col]:
+            return col
+        slots = len(self.times)
+        nxt = (col + 1) % slots
+        if self.times[nxt] > now - self.horizon:  # still within the horizon: grow
+            order = np.r_[nxt:slots, 0:nxt]
+            self.times = np.concatenate([self.times[order], np.full(slots, -math.inf)])
+            for name, fill in self.fills.items():
+                extra = np.full((self.m, slots), fill, dtype=np.int32)
+                self.tables[name] = np.concatenate([self.tables[name][:, order], extra], axis=1)
+            nxt = slots
+        self.times[nxt] = now
+        for name, fill in self.fills.items():
+            self.tables[name][:, nxt] = fill
+        self.col = nxt
+        return nxt
+
+    def recent(self, now: float, span: float) -> list[slice]:
+        """The columns of the last ``span`` seconds (time > now - span), as at most two
+        slices."""
+        k = int(np.count_nonzero(self.times > now - span))
+        if not k:
+            return []
+        end = self.col + 1
+        start = end - k
+        if start >= 0:
+            return [slice(start, end)]
+        return [slice(start + len(self.times), None), slice(0, end)]
+
+
 class HpaBehaviorBatch:
     """Stabilisation windows and rate policies for ``len(behaviors)`` workloads.
 
@@ -119,10 +170,11 @@ class HpaBehaviorBatch:
     ``[min_replicas, max_replicas]``.  The default scale-up (100 % or 4 pods per 15 s, Max)
     is the HPA's ``max(2×, +4)``; the default scale-down stabilises over 300 s.
 
-    Memory: one column per distinct time, shared by all workloads (time never goes back: a
-    call at an earlier time counts at the latest), holding each workload's lowest and highest
-    recommendation and the replicas it added and removed then; a column older than every
-    window and period is reused, and the columns grow when ticks come faster.
+    Memory: two rings of columns (:class:`_Ring`), one column per distinct time shared by
+    all workloads: each workload's lowest and highest recommendation then (kept for the
+    longest stabilisation window), and the replicas it added and removed then (kept for the
+    longest policy period).  Time never goes back: a call at an earlier time counts at the
+    latest.
     """
 
     def __init__(self, behaviors: Sequence[HpaBehavior]) -> None:
@@ -136,73 +188,32 @@ class HpaBehaviorBatch:
         last = max(len(self._periods) - 1, 0)  # (padding slots: any period, never read)
         self._up_period = np.minimum(np.searchsorted(self._periods, self.up.period), last)
         self._down_period = np.minimum(np.searchsorted(self._periods, self.down.period), last)
-        horizon: float = max(
-            [0.0, *self.up.window.tolist(), *self.down.window.tolist(), *periods.tolist()]
-        )
-        self._horizon = horizon
-        slots = max(2, math.ceil(horizon) + 2)
-        self._times = np.full(slots, -math.inf)
-        self._low = np.full((m, slots), _NONE_LOW, dtype=np.int64)
-        self._high = np.full((m, slots), _NONE_HIGH, dtype=np.int64)
-        self._added = np.zeros((m, slots), dtype=np.int64)
-        self._removed = np.zeros((m, slots), dtype=np.int64)
-        self._col: int = slots - 1
+        tables = {}
+        if self.up.windows:
+            tables["low"] = _NONE_LOW
+        if self.down.windows:
+            tables["high"] = _NONE_HIGH
+        windows = [0.0, *self.up.window.tolist(), *self.down.window.tolist()]
+        self._recommendations = _Ring(m, max(windows), tables)
+        self._events = _Ring(m, max([0.0, *periods.tolist()]), {"added": 0, "removed": 0})
         self._rows = np.arange(m)
 
     def __repr__(self) -> str:
-        live = int((self._times > self._times[self._col] - self._horizon).sum())
-        return f"HpaBehaviorBatch(workloads={self.m}, columns={live}/{len(self._times)})"
-
-    def _column(self, now: float) -> int:
-        """The column of ``now`` (a new one unless ``now`` is the latest time)."""
-        col = self._col
-        if now <= self._times[col]:
-            return col
-        slots = len(self._times)
-        nxt = (col + 1) % slots
-        if self._times[nxt] > now - self._horizon:  # still in some window: grow
-            order = np.r_[nxt:slots, 0:nxt]
-            grow = slots
-            self._times = np.concatenate([self._times[order], np.full(grow, -math.inf)])
-            for name, fill in (
-                ("_low", _NONE_LOW),
-                ("_high", _NONE_HIGH),
-                ("_added", 0),
-                ("_removed", 0),
-            ):
-                table = getattr(self, name)[:, order]
-                extra = np.full((self.m, grow), fill, dtype=np.int64)
-                setattr(self, name, np.concatenate([table, extra], axis=1))
-            nxt = slots
-        self._times[nxt] = now
-        self._low[:, nxt] = _NONE_LOW
-        self._high[:, nxt] = _NONE_HIGH
-        self._added[:, nxt] = 0
-        self._removed[:, nxt] = 0
-        self._col = nxt
-        return nxt
-
-    def _recent(self, now: float, span: float) -> list[slice]:
-        """The columns of the last ``span`` seconds (time > now - span), as at most two
-        slices (the ring keeps the columns in time order from ``_col + 1`` to ``_col``)."""
-        k = int(np.count_nonzero(self._times > now - span))
-        if not k:
-            return []
-        end = self._col + 1
-        start = end - k
-        if start >= 0:
-            return [slice(start, end)]
-        return [slice(start + len(self._times), None), slice(0, end)]
+        return (
+            f"HpaBehaviorBatch(workloads={self.m}, recommendations={self._recommendations!r}, "
+            f"events={self._events!r})"
+        )
 
     def _reduce(
-        self, table: IntArray, now: float, groups: list[tuple[float, IntArray | slice]], low: bool
+        self, now: float, groups: list[tuple[float, IntArray | slice]], low: bool
     ) -> IntArray:
-        """Per workload, the lowest (``low``) or highest entry of ``table`` within its window
+        """Per workload, its lowest (``low``) or highest recommendation within its window
         (``groups``: workloads by window); none: the 'no recommendation' value."""
+        ring = self._recommendations
         out = np.full(self.m, _NONE_LOW if low else _NONE_HIGH, dtype=np.int64)
         for window, rows in groups:
-            for cols in self._recent(now, window):
-                part = table[rows, cols]
+            for cols in ring.recent(now, window):
+                part = ring.tables["low" if low else "high"][rows, cols]
                 seen = part.min(axis=1) if low else part.max(axis=1)
                 out[rows] = np.minimum(out[rows], seen) if low else np.maximum(out[rows], seen)
         return out
@@ -210,10 +221,12 @@ class HpaBehaviorBatch:
     def _starts(self, now: float, current: IntArray) -> tuple[IntArray, IntArray]:
         """Replicas at the start of each policy's period (policies × workloads), per direction:
         ``current`` less those added, plus those removed, within the period."""
+        ring = self._events
+        added, removed = ring.tables["added"], ring.tables["removed"]
         change = np.zeros((max(len(self._periods), 1), self.m), dtype=np.int64)
         for k, period in enumerate(self._periods.tolist()):
-            for cols in self._recent(now, period):
-                change[k] += self._added[:, cols].sum(axis=1) - self._removed[:, cols].sum(axis=1)
+            for cols in ring.recent(now, period):
+                change[k] += added[:, cols].sum(axis=1) - removed[:, cols].sum(axis=1)
         rows = self._rows
         return current - change[self._up_period, rows], current - change[self._down_period, rows]
 
@@ -231,13 +244,15 @@ class HpaBehaviorBatch:
         is set, and remember them; elsewhere the answer is ``current``, nothing remembered."""
         # The lowest recommendation of each scale-up window, the highest of each scale-down
         # window (this one included).
-        up_rec = np.minimum(desired, self._reduce(self._low, now, self.up.windows, low=True))
-        down_rec = np.maximum(desired, self._reduce(self._high, now, self.down.windows, low=False))
-        col = self._column(now)
-        self._low[:, col] = np.where(on, np.minimum(self._low[:, col], desired), self._low[:, col])
-        self._high[:, col] = np.where(
-            on, np.maximum(self._high[:, col], desired), self._high[:, col]
-        )
+        up_rec = np.minimum(desired, self._reduce(now, self.up.windows, low=True))
+        down_rec = np.maximum(desired, self._reduce(now, self.down.windows, low=False))
+        ring = self._recommendations
+        col = ring.column(now)
+        kept = np.clip(desired, _NONE_HIGH + 1, _NONE_LOW - 1)
+        for name, pick in (("low", np.minimum), ("high", np.maximum)):
+            table = ring.tables.get(name)
+            if table is not None:
+                table[:, col] = np.where(on, pick(table[:, col], kept), table[:, col])
         stabilized = np.minimum(np.maximum(current, up_rec), down_rec)
         limited = stabilized
         going_up = on & (stabilized > current)
@@ -274,9 +289,11 @@ class HpaBehaviorBatch:
         moved = on & (new != old)
         if not moved.any():
             return
-        col = self._column(now)
-        self._added[:, col] += np.where(moved & (new > old), new - old, 0)
-        self._removed[:, col] += np.where(moved & (new < old), old - new, 0)
+        ring = self._events
+        col = ring.column(now)
+        step = np.clip(np.abs(new - old), 0, _NONE_LOW)
+        ring.tables["added"][:, col] += np.where(moved & (new > old), step, 0).astype(np.int32)
+        ring.tables["removed"][:, col] += np.where(moved & (new < old), step, 0).astype(np.int32)
 
 
 _ON = np.ones(1, dtype=bool)

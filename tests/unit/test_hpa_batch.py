@@ -264,18 +264,29 @@ def test_behavior_batch_equals_the_hpa_loop_for_each_workload(
 
 
 def test_behavior_keeps_every_tick_of_its_windows_when_ticks_come_fast() -> None:
-    # 10 ticks a second for 40 s against windows of 5 s and 300 s: 400 columns in use, more
-    # than the 302 it starts with.
+    # 10 ticks a second for 40 s against windows of 5 s and 300 s and periods of 5 s and 15 s
+    # (the third workload moves every tick): more columns in use than either ring starts with.
     rules = HpaScalingRules.model_validate(
         {
             "stabilization_window_s": 5,
             "policies": [{"type": "Pods", "value": 3, "period_s": 5}],
         }
     )
-    behaviors = [HpaBehavior(scale_up=rules, scale_down=rules), HpaBehavior()]
-    wave = [[(t // 7) % 25, 40 - (t // 3) % 30] for t in range(400)]
-    batch = _drive(behaviors, [(0.1, w, [True, True]) for w in wave])
-    assert repr(batch) == "HpaBehaviorBatch(workloads=2, columns=400/604)"
+    free = HpaScalingRules.model_validate(
+        {
+            "stabilization_window_s": 0,
+            "policies": [{"type": "Pods", "value": 100, "period_s": 15}],
+        }
+    )
+    behaviors = [
+        HpaBehavior(scale_up=rules, scale_down=rules),
+        HpaBehavior(),
+        HpaBehavior(scale_up=free, scale_down=free),
+    ]
+    wave = [[(t // 7) % 25, 40 - (t // 3) % 30, 5 + 10 * (t % 2)] for t in range(400)]
+    batch = _drive(behaviors, [(0.1, w, [True, True, True]) for w in wave])
+    assert "recommendations=400/604 columns" in repr(batch)
+    assert "events=150/272 columns" in repr(batch)
 
 
 def test_the_engine_explains_each_hpa_service_from_the_ticks_arrays() -> None:
