@@ -47,16 +47,8 @@ from scaler.arbiter import (
 from scaler.decision import Decision, ServiceState
 from scaler.explain import FROZEN_REASONS, TickView, rule_names
 from scaler.explanation import Trace
-from scaler.hpa import (
-    CpuSample,
-    HpaBehaviorState,
-    NoMetricsError,
-    PodSample,
-    Tolerances,
-    calculate_replicas,
-    calculate_utilization_replicas,
-)
-from scaler.kpa_batch import RULES, Bools, Floats, Ints, KpaBatch, reference_max
+from scaler.hpa_batch import HpaBatch, HpaTick
+from scaler.kpa_batch import RULES, KpaBatch, reference_max
 from scaler.metrics import MetricInputs, MetricsVerdict, ServiceMetrics
 from scaler.policy import BudgetConfig, BudgetCpu, ScalingPolicy, check_floors
 from scaler.signals import ServiceSignals
@@ -147,20 +139,6 @@ def invalid_fields(signals: ServiceSignals) -> list[str]:
         if not math.isfinite(value) or (name != "at" and value < 0):
             out.append(f"{name}={value!r}")
     return out
-
-
-class _HpaTrack:
-    """One HPA-mode service's memory (the HPA calculation is per service, not batched)."""
-
-    __slots__ = ("behavior", "max_replicas", "tolerances")
-
-    def __init__(self, policy: ScalingPolicy) -> None:
-        self.max_replicas = reference_max(policy)
-        self.behavior = HpaBehaviorState(policy.behavior)
-        down, up = policy.behavior.scale_down.tolerance, policy.behavior.scale_up.tolerance
-        self.tolerances = Tolerances(
-            policy.tolerance if down is None else down, policy.tolerance if up is None else up
-        )
 
 
 class _Peaks:
@@ -271,10 +249,10 @@ class Engine:
         )
         self.kpa = KpaBatch([pols[i] for i in self.kpa_index])
         self._is_kpa: BoolArray = np.array([p.mode == "kpa" for p in pols], dtype=bool)
-        self.hpa = {i: _HpaTrack(p) for i, p in enumerate(pols) if p.mode == "hpa"}
-        self.hpa_index = np.array(list(self.hpa), dtype=np.int64)
-        self.hpa_windows = KpaBatch([pols[i] for i in self.hpa_index])
-        """HPA-mode services' metric windows (the panic window's average is the HPA's)."""
+        self.hpa_index = np.array(
+            [i for i, p in enumerate(pols) if p.mode == "hpa"], dtype=np.int64
+        )
+        self.hpa = HpaBatch([pols[i] for i in self.hpa_index])
         self.metrics = {
             i: ServiceMetrics(p, reference_max(p)) for i, p in enumerate(pols) if p.metrics
         }
@@ -367,34 +345,15 @@ class Engine:
             load[ki] = kpa_tick.load
             now_load[ki] = np.where(kpa_tick.active, 1, 0)
             valid[ki] = kpa_tick.active
-        hpa_notes: dict[int, tuple[str, Trace, dict[str, float]]] = {}
+        hpa_tick: HpaTick | None = None
         hi = self.hpa_index
         if len(hi):
             observed_value = value[hi]
             recorded = fresh[hi] & np.isfinite(observed_value)
-            self.hpa_windows.observe(now, np.where(recorded, observed_value, 0.0), recorded)
-            _, averages = self.hpa_windows.averages(now)
-            columns = zip(
-                hi.tolist(),
-                active[hi].tolist(),
-                averages.tolist(),
-                cur_r[hi].tolist(),
-                ready[hi].tolist(),
-                cur_cpu[hi].tolist(),
-                strict=True,
-            )
-            for i, on, average, replicas_now, ready_now, cpu_now in columns:
-                if on:
-                    r, rule, notes, inputs = self._recommend_hpa(
-                        i,
-                        self.hpa[i],
-                        now,
-                        None if math.isnan(average) else average,
-                        (replicas_now, ready_now, cpu_now),
-                    )
-                    wanted[i] = load[i] = now_load[i] = r
-                    valid[i] = rule != "no-data"
-                    hpa_notes[i] = (rule, notes, inputs)
+            self.hpa.observe(now, np.where(recorded, observed_value, 0.0), recorded)
+            hpa_tick = self.hpa.recommend(now, active[hi], cur_r[hi], ready[hi], cur_cpu[hi])
+            wanted[hi] = load[hi] = now_load[hi] = hpa_tick.replicas
+            valid[hi] = hpa_tick.valid
         verdicts: dict[int, MetricsVerdict] = {}
         if self.metrics:
             verdicts = self._apply_metrics(
@@ -517,7 +476,7 @@ class Engine:
             rejected=rejected,
             now=now,
             kpa=kpa_tick,
-            hpa=hpa_notes,
+            hpa=hpa_tick,
             value=value,
             frozen_code=frozen_code,
             current=cur_r,
@@ -539,7 +498,9 @@ class Engine:
             wake=wake,
             metrics=verdicts,
         )
-        rules = rule_names(kpa_tick, self.kpa_index, hpa_notes, frozen_code, n)
+        rules = rule_names(
+            kpa_tick, self.kpa_index, frozen_code, n, hpa=hpa_tick, hpa_index=self.hpa_index
+        )
         view.rules = rules
         return self.decisions(
             now,
@@ -596,21 +557,22 @@ class Engine:
     def _record_hpa_scales(
         self,
         now: float,
-        cur_r: Ints,
-        cur_cpu: Floats,
-        allocated: Floats,
-        frozen: Bools,
+        cur_r: IntArray,
+        cur_cpu: FloatArray,
+        allocated: FloatArray,
+        frozen: BoolArray,
     ) -> None:
-        """Tell each HPA-mode service's behavior state what it had and what it now gets, in
-        reference replicas (both engine forms call this with their arrays or lists)."""
-        for i, track in self.hpa.items():
-            if not frozen[i]:
-                ref = float(self.cpu_ref[i])
-                track.behavior.record_scale(
-                    now,
-                    math.ceil(cur_r[i] * cur_cpu[i] / ref - 1e-6),
-                    math.ceil(allocated[i] / ref - 1e-6),
-                )
+        """Tell the HPA-mode services' behavior what each had and now gets, in reference
+        replicas."""
+        hi = self.hpa_index
+        if len(hi):
+            ref = self.cpu_ref[hi]
+            self.hpa.record_scales(
+                now,
+                ~frozen[hi],
+                np.ceil(cur_r[hi] * cur_cpu[hi] / ref - 1e-6).astype(np.int64),
+                np.ceil(allocated[hi] / ref - 1e-6).astype(np.int64),
+            )
 
     def _wake_levels(
         self, allocated: FloatArray, concurrency: FloatArray, frozen: BoolArray
@@ -665,72 +627,6 @@ class Engine:
             setattr(self, rate_attr, np.where(has, per_s, getattr(self, rate_attr)))
             setattr(self, prefix + "_total", np.where(has, total, prev_total))
             setattr(self, prefix + "_at", np.where(has, at, prev_at))
-
-    def _recommend_hpa(
-        self,
-        i: int,
-        track: _HpaTrack,
-        now: float,
-        average: float | None,
-        current_state: tuple[int, float, float],
-    ) -> tuple[int, str, Trace, dict[str, float]]:
-        """One HPA-mode service's recommendation from its metric's panic-window ``average``
-        (None: no data in the window)."""
-        policy = self._pols[i]
-        replicas, ready, cpu = current_state
-        notes = Trace()
-        if average is None:
-            notes.step("hpa.no_metric")
-            return int(replicas), "no-data", notes, {}
-        ref = float(self.cpu_ref[i])
-        scale = cpu / ref
-        current = math.ceil(replicas * scale - 1e-6)
-        ready_ref = min(current, round(ready * scale))
-        notes.step(
-            "hpa.inputs",
-            metric=policy.metric,
-            average=average,
-            window_s=policy.panic_window_s,
-            target=policy.target,
-            replicas=current,
-            ready=ready_ref,
-        )
-        rule = "hpa"
-        try:
-            if policy.metric == "cpu":
-                # Reference pods of cpu.request cores: the ready ones share the measured use.
-                per_pod = average / ready_ref if ready_ref else 0.0
-                result = calculate_utilization_replicas(
-                    [CpuSample(True, per_pod, ref)] * ready_ref
-                    + [CpuSample(False, None, ref)] * (current - ready_ref),
-                    current,
-                    policy.target,
-                    track.tolerances,
-                )
-            else:
-                if current == 0:
-                    samples = [PodSample(True, average)]
-                else:
-                    per_pod = average / ready_ref if ready_ref else 0.0
-                    samples = [PodSample(True, per_pod)] * ready_ref + [PodSample(False, None)] * (
-                        current - ready_ref
-                    )
-                result = calculate_replicas(samples, current, policy.target, track.tolerances)
-            desired = result.replicas
-            notes.parts.append(result.step)
-        except NoMetricsError:
-            desired = current
-            rule = "hpa-no-ready-pods"
-            notes.step("hpa.no_ready_pods")
-        desired = track.behavior.normalize(
-            now,
-            current=current,
-            desired=desired,
-            min_replicas=policy.min_replicas,
-            max_replicas=track.max_replicas,
-            reasons=notes,
-        )
-        return desired, rule, notes, {"average": average, "capacity_replicas": float(current)}
 
     def _apply_metrics(
         self,

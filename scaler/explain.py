@@ -23,6 +23,7 @@ import numpy as np
 
 from scaler.arbiter import IntArray
 from scaler.explanation import Explanation, Trace
+from scaler.hpa_batch import HPA_RULES, HpaTick
 from scaler.kpa_batch import RULES, Floats, Ints, KpaTick
 from scaler.metrics import MetricsVerdict
 
@@ -42,9 +43,11 @@ _MOVE = 0.005  # cores: smaller differences are not worth a sentence
 def rule_names(
     kpa: KpaTick | None,
     kpa_index: IntArray,
-    hpa: dict[int, tuple[str, Trace, dict[str, float]]],
     frozen_code: IntArray,
     n: int,
+    *,
+    hpa: HpaTick | None,
+    hpa_index: IntArray,
 ) -> list[str]:
     """The rule that fired, per service."""
     rules = [""] * n
@@ -55,8 +58,10 @@ def rule_names(
         else:
             for j, i in enumerate(kpa_index.tolist()):
                 rules[i] = RULES[codes[j]]
-    for i, (rule, _, _) in hpa.items():
-        rules[i] = rule
+    if hpa is not None:
+        active = np.flatnonzero(hpa.active)
+        for i, code in zip(hpa_index[active].tolist(), hpa.rule[active].tolist(), strict=True):
+            rules[i] = HPA_RULES[code]
     for i in np.nonzero(frozen_code)[0].tolist():
         rules[i] = FROZEN_REASONS[int(frozen_code[i])]
     return rules
@@ -99,7 +104,7 @@ class TickView:
     """Per service with invalid signals, the figures refused (``name=value``)."""
     now: float
     kpa: KpaTick | None
-    hpa: dict[int, tuple[str, Trace, dict[str, float]]]
+    hpa: HpaTick | None
     value: Floats
     frozen_code: Ints
     current: Ints
@@ -127,6 +132,7 @@ class TickView:
     """The rule that fired, per service (the decisions' ``rule``)."""
     _flows: dict[str, tuple[str, ...]] | None = None
     _kpa_pos: dict[int, int] | None = None
+    _hpa_pos: dict[int, int] | None = None
 
     def flows(self) -> dict[str, tuple[str, ...]]:
         """Who lends / borrows / gives back / gains this tick (computed once per tick)."""
@@ -163,6 +169,15 @@ class TickView:
             self._kpa_pos = {int(s): j for j, s in enumerate(self.engine.kpa_index.tolist())}
         return self._kpa_pos.get(i)
 
+    def hpa_position(self, i: int) -> int | None:
+        """Service ``i``'s row in the HPA batch, when it is HPA-mode and was evaluated."""
+        if self.hpa is None:
+            return None
+        if self._hpa_pos is None:
+            self._hpa_pos = {int(s): j for j, s in enumerate(self.engine.hpa_index.tolist())}
+        j = self._hpa_pos.get(i)
+        return j if j is not None and self.hpa.active[j] else None
+
     def explanation(self, i: int) -> Explanation:
         """Service ``i``'s explanation for this tick."""
         e = self.engine
@@ -173,8 +188,8 @@ class TickView:
             j = self.kpa_position(i)
             if j is not None and self.kpa is not None:
                 e.kpa.explain(self.kpa, j, trace)
-            elif i in self.hpa:
-                trace.parts.extend(self.hpa[i][1].parts)
+            elif self.hpa is not None and (h := self.hpa_position(i)) is not None:
+                e.hpa.explain(self.hpa, h, trace)
         verdict = self.metrics.get(i)
         if verdict is not None:
             metric_parts(verdict, trace)
@@ -274,8 +289,8 @@ class TickView:
             out["panic"] = float(k.panic[j])
             out["target_value"] = float(e.kpa.target_value[j])
             out["capacity_replicas"] = float(k.ready[j])
-        elif i in self.hpa:
-            out.update(self.hpa[i][2])
+        elif self.hpa is not None and (h := self.hpa_position(i)) is not None:
+            out.update(e.hpa.inputs(self.hpa, h))
         verdict = self.metrics.get(i)
         if verdict is not None:
             for a in verdict.answers:

@@ -1,37 +1,39 @@
-"""The Kubernetes HPA's replica calculation and ``behavior``, for ``mode: hpa`` (pure).
+"""The Kubernetes HPA's replica calculator (``replica_calculator.go``), for ``mode: hpa`` (pure).
 
-Two parts, mirroring the HPA controller:
-
-* :func:`calculate_replicas` — the replica calculator for a per-pod metric
-  (``replica_calculator.go``, plain metric path): ``ratio = average / target``
-  over ready pods that reported a value; within ``1 ± tolerance`` nothing changes;
-  pods that are *not ready* are left out, and on a scale-up counted as 0 (for per-pod
-  custom metrics the HPA calls a pod unready only while it is Pending; for CPU also during
-  its initialisation period — the caller decides, through ``PodSample.ready``);
-  ready pods *missing* a value count as ``target`` (100 %) on a scale-down and 0 on a
-  scale-up (at exactly 1.0 they are left out); if filling them in flips the direction or lands inside the tolerance, the
-  current count is kept; the result is ``ceil(new_ratio × pods counted)``.
-* :class:`HpaBehaviorState` — ``behavior`` (``horizontal.go``): the recommendation is
-  stabilised (scale-up uses the *lowest* recommendation of the last
-  ``scale_up.stabilization_window_s`` seconds, scale-down the *highest* of the last
-  ``scale_down.stabilization_window_s``), then limited by the rate policies — each
-  ``Pods``/``Percent`` policy allows a change relative to the replica count at the start
-  of its ``period_s`` (replicas added or removed within the period are taken into
-  account); ``select_policy: Max`` picks the policy allowing the biggest change, ``Min``
-  the smallest, ``Disabled`` forbids the direction — and finally clamped to
-  ``[min_replicas, max_replicas]``.  The default scale-up (100 % or 4 pods per 15 s, Max)
-  is the HPA's ``max(2×, +4)``; the default scale-down stabilises over 300 s.
+One form, on arrays: :func:`calculate` answers for many workloads at once from their pods;
+:func:`calculate_replicas` / :func:`calculate_utilization_replicas` are it for one pod list.
+``behavior`` is :mod:`scaler.hpa_behavior` (:class:`HpaBehaviorState` re-exported here).
 """
 
 from __future__ import annotations
 
-import math
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
-from scaler.explanation import Step, Trace
-from scaler.policy import HpaBehavior, HpaScalingRules
+import numpy as np
+
+from scaler.explanation import Step
+from scaler.hpa_behavior import HpaBehaviorState
+from scaler.kpa_batch import BoolArray, FloatArray, IntArray
+
+NO_METRICS, NO_REQUEST, FROM_ZERO, TOLERANCE, RATIO, UTILIZATION, FILLED_KEEP, FLIP_KEEP, FILLED = (
+    range(9)
+)
+"""What the calculator did, per workload (``Calculation.outcome``)."""
+_STEP_KINDS = (
+    "hpa.no_ready_pods",
+    "hpa.no_ready_pods",
+    "hpa.from_zero",
+    "hpa.tolerance",
+    "hpa.ratio",
+    "hpa.utilization",
+    "hpa.filled_keep",
+    "hpa.flip_keep",
+    "hpa.filled",
+)
+_EPS = 1e-9
+_BIG = float(2**62)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +42,16 @@ class PodSample:
 
     ready: bool
     value: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class CpuSample:
+    """One pod for the CPU-utilisation path: ready or not, its use (cores; ``None`` =
+    missing) and its CPU request (cores)."""
+
+    ready: bool
+    used_cores: float | None
+    request_cores: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,18 +67,8 @@ class Tolerances:
 
 
 @dataclass(frozen=True, slots=True)
-class CpuSample:
-    """One pod for the CPU-utilisation path: ready or not, its use (cores; ``None`` =
-    missing) and its CPU request (cores)."""
-
-    ready: bool
-    used_cores: float | None
-    request_cores: float
-
-
-@dataclass(frozen=True, slots=True)
 class HpaResult:
-    """The replica calculator's answer."""
+    """The replica calculator's answer for one workload."""
 
     replicas: int
     usage_ratio: float
@@ -79,72 +81,301 @@ class NoMetricsError(ValueError):
     """No ready pod reported the metric (the HPA's 'did not receive metrics for any ready pods')."""
 
 
+@dataclass(frozen=True, slots=True)
+class PodGroups:
+    """The pods of many workloads, in groups of identical pods (one entry per group).
+
+    ``total`` is the group's metric (CPU path: cores used), each of its ``count`` pods
+    reporting ``total / count``; NaN: the pods report nothing.  ``request_cores`` is each
+    pod's CPU request (CPU path only)."""
+
+    workload: IntArray
+    count: IntArray
+    ready: BoolArray
+    total: FloatArray
+    request_cores: FloatArray
+
+    @classmethod
+    def of(cls, pods: Sequence[tuple[bool, float | None, float]]) -> PodGroups:
+        """One workload's pods, each ``(ready, value or None, request_cores)``."""
+        n = len(pods)
+        return cls(
+            workload=np.zeros(n, dtype=np.int64),
+            count=np.ones(n, dtype=np.int64),
+            ready=np.array([p[0] for p in pods], dtype=bool).reshape(n),
+            total=np.array(
+                [np.nan if p[1] is None else p[1] for p in pods], dtype=np.float64
+            ).reshape(n),
+            request_cores=np.array([p[2] for p in pods], dtype=np.float64).reshape(n),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Calculation:
+    """The calculator's answers for many workloads (arrays indexed like them); read-only."""
+
+    replicas: IntArray
+    """The desired replicas (the current count when there is no answer: ``outcome`` <= NO_REQUEST)."""
+    outcome: IntArray
+    usage_ratio: FloatArray
+    """The ratio before missing / unready pods were filled in."""
+    new_ratio: FloatArray
+    utilization: FloatArray
+    """CPU path: whole percent."""
+    pods: IntArray
+    """Pods the ratio that decided was applied to."""
+    missing: IntArray
+    unready: IntArray
+    total: FloatArray
+    target: FloatArray
+    tolerance_down: FloatArray
+    tolerance_up: FloatArray
+
+    def step(self, j: int) -> Step:
+        """Workload ``j``'s step of the explanation."""
+        outcome = int(self.outcome[j])
+        kind = _STEP_KINDS[outcome]
+        ratio = float(self.usage_ratio[j])
+        values: dict[str, float | int]
+        if outcome == FROM_ZERO:
+            values = {"total": float(self.total[j]), "target": float(self.target[j])}
+        elif outcome == TOLERANCE:
+            values = {
+                "ratio": ratio,
+                "tolerance_down": float(self.tolerance_down[j]),
+                "tolerance_up": float(self.tolerance_up[j]),
+            }
+        elif outcome == RATIO:
+            values = {"ratio": ratio, "pods": int(self.pods[j])}
+        elif outcome == UTILIZATION:
+            values = {
+                "utilization": int(self.utilization[j]),
+                "target": float(self.target[j]),
+                "ratio": ratio,
+                "pods": int(self.pods[j]),
+            }
+        elif outcome == FILLED_KEEP:
+            values = {
+                "ratio": ratio,
+                "new_ratio": float(self.new_ratio[j]),
+                "missing": int(self.missing[j]),
+                "unready": int(self.unready[j]),
+            }
+        elif outcome == FILLED:
+            values = {
+                "new_ratio": float(self.new_ratio[j]),
+                "pods": int(self.pods[j]),
+                "missing": int(self.missing[j]),
+                "unready": int(self.unready[j]),
+            }
+        else:  # no answer, or the direction would flip
+            values = {}
+        return Step(kind, values)
+
+    def result(self, j: int) -> HpaResult:
+        """Workload ``j``'s answer; :class:`NoMetricsError` when it has none."""
+        outcome = int(self.outcome[j])
+        if outcome == NO_METRICS:
+            raise NoMetricsError("did not receive metrics for any ready pods")
+        if outcome == NO_REQUEST:
+            raise NoMetricsError("the pods request no CPU")
+        return HpaResult(int(self.replicas[j]), float(self.usage_ratio[j]), self.step(j))
+
+
+def _ceil(values: FloatArray) -> IntArray:
+    """``ceil(values - 1e-9)`` as integers (absurdly large values held at 2**62)."""
+    return np.ceil(np.clip(values - _EPS, -_BIG, _BIG)).astype(np.int64)
+
+
+@dataclass(frozen=True, slots=True)
+class _Tally:
+    """Per workload: its pods counted, and (CPU path) their millicores summed."""
+
+    ready: IntArray
+    """Ready pods with a value."""
+    missing: IntArray
+    """Ready pods without one."""
+    unready: IntArray
+    total: FloatArray
+    """The ready pods' values (plain path)."""
+    zero_total: FloatArray
+    """Every pod's value (plain path, from zero)."""
+    used_m: FloatArray
+    requested_m: FloatArray
+    missing_used_m: FloatArray
+    """What the missing pods count as on a scale-down: max(100 %, target) of their request."""
+    missing_req_m: FloatArray
+    unready_req_m: FloatArray
+
+    @classmethod
+    def of(cls, pods: PodGroups, m: int, target: FloatArray, cpu: bool) -> _Tally:
+        w = pods.workload
+        count = pods.count
+        lacking = np.isnan(pods.total)
+        has = ~lacking & (count > 0)
+        value = np.where(has, pods.total, 0.0)
+        ready = pods.ready
+        measured = ready & has
+        lacking &= ready
+
+        def per_workload(weights: FloatArray | IntArray) -> FloatArray:
+            return cast(FloatArray, np.bincount(w, weights=weights, minlength=m))
+
+        zeros = np.zeros(m)
+        cpu_sums = [zeros] * 5
+        if cpu:
+            # Whole millicores per pod, as Kubernetes counts them (integers held in floats:
+            # exact below 2**53, and no overflow above).
+            request_m = np.rint(pods.request_cores * 1000)
+            used_m = np.rint(value / np.maximum(count, 1) * 1000)
+            fallback = np.floor(np.maximum(100.0, target))[w]
+            cpu_sums = [
+                per_workload(count * np.where(measured, used_m, 0.0)),
+                per_workload(count * np.where(measured, request_m, 0.0)),
+                per_workload(count * np.where(lacking, request_m * fallback // 100, 0.0)),
+                per_workload(count * np.where(lacking, request_m, 0.0)),
+                per_workload(count * np.where(ready, 0.0, request_m)),
+            ]
+        return cls(
+            per_workload(count * measured).astype(np.int64),
+            per_workload(count * lacking).astype(np.int64),
+            per_workload(count * ~ready).astype(np.int64),
+            per_workload(np.where(measured, value, 0.0)),
+            per_workload(value),
+            *cpu_sums,
+        )
+
+
+def calculate(
+    pods: PodGroups,
+    *,
+    current: IntArray,
+    target: FloatArray,
+    tolerance_down: FloatArray,
+    tolerance_up: FloatArray,
+    utilization: BoolArray,
+) -> Calculation:
+    """Desired replicas for each workload, as the HPA's replica calculator.
+
+    ``current``: each workload's replicas; ``target``: the per-pod target value
+    (``averageValue``) or, where ``utilization`` is set, the target CPU utilisation in percent
+    (``averageUtilization``).
+
+    * Plain per-pod metric: ``ratio = mean(ready pods' values) / target``.  CPU utilisation:
+      the ready pods' total use over their total request in *whole* percent (truncated, on
+      millicores, as Kubernetes computes it), ``ratio = utilisation / target``.
+    * Within ``[1 - tolerance_down, 1 + tolerance_up]`` nothing changes; else
+      ``ceil(ratio × ready pods)``.
+    * Pods *not ready* are left out, and on a scale-up counted as 0 (for per-pod custom
+      metrics the HPA calls a pod unready only while it is Pending; for CPU also during its
+      initialisation period -- the caller decides, through ``ready``).  Ready pods *missing*
+      a value count on a scale-down as ``target`` (plain path) or ``max(100 %, target)`` of
+      their request (CPU path), and 0 on a scale-up (at exactly 1.0 they are left out).  If
+      filling them in flips the direction or lands within the tolerances, the current count
+      is kept; else ``ceil(new_ratio × pods counted)``.
+    * No ready pod reporting a value: no answer (``NO_METRICS``: the HPA does not scale);
+      nor on the CPU path when the measured pods request no CPU (``NO_REQUEST``).
+    * Plain path at zero replicas: ``ceil(total / target)`` of every pod's value (one
+      aggregate pod, say), without tolerance, as the HPA's object-metric path does.
+    """
+    t = _Tally.of(pods, len(current), target, bool(utilization.any()))
+    util = t.used_m * 100 // np.maximum(t.requested_m, 1)
+    mean = t.total / np.maximum(t.ready, 1)
+    ratio = np.where(utilization, util / target, mean / target)
+
+    def within(r: FloatArray) -> BoolArray:
+        return (1.0 - tolerance_down <= r) & (r <= 1.0 + tolerance_up)
+
+    rebalance = (t.unready > 0) & (ratio > 1.0)
+    simple = ~rebalance & (t.missing == 0)
+    in_band = within(ratio)
+    replicas = np.where(in_band, current, _ceil(ratio * t.ready))
+    outcome = np.where(in_band, TOLERANCE, np.where(utilization, UTILIZATION, RATIO))
+    pods_n = t.ready
+    new_ratio = ratio
+    if not simple.all():
+        # Missing and unready pods filled in, the ratio computed again.
+        fill_down = (t.missing > 0) & (ratio < 1.0)
+        fill_missing = fill_down | ((t.missing > 0) & (ratio > 1.0))
+        filled_n = t.ready + np.where(fill_missing, t.missing, 0)
+        filled_n += np.where(rebalance, t.unready, 0)
+        filled_used = t.used_m + np.where(fill_down, t.missing_used_m, 0.0)
+        filled_req = t.requested_m + np.where(fill_missing, t.missing_req_m, 0.0)
+        filled_req += np.where(rebalance, t.unready_req_m, 0.0)
+        new_util = filled_used * 100 // np.maximum(filled_req, 1)
+        filled_total = t.total + np.where(fill_down, target * t.missing, 0.0)
+        new_ratio = np.where(
+            utilization, new_util / target, filled_total / np.maximum(filled_n, 1) / target
+        )
+        keep = within(new_ratio) | ((ratio < 1.0) & (new_ratio > 1.0))
+        keep |= (ratio > 1.0) & (new_ratio < 1.0)
+        filled = _ceil(new_ratio * filled_n)
+        flip = ((new_ratio < 1.0) & (filled > current)) | ((new_ratio > 1.0) & (filled < current))
+        replicas = np.where(simple, replicas, np.where(keep | flip, current, filled))
+        outcome = np.where(
+            simple, outcome, np.where(keep, FILLED_KEEP, np.where(flip, FLIP_KEEP, FILLED))
+        )
+        pods_n = np.where(simple, pods_n, filled_n)
+
+    outcome = np.where(utilization & (t.requested_m <= 0), NO_REQUEST, outcome)
+    outcome = np.where(t.ready == 0, NO_METRICS, outcome)
+    replicas = np.where(outcome <= NO_REQUEST, current, replicas)
+    from_zero = ~utilization & (current == 0)
+    outcome = np.where(from_zero, FROM_ZERO, outcome)
+    replicas = np.where(from_zero, _ceil(t.zero_total / target), replicas)
+    return Calculation(
+        replicas=replicas,
+        outcome=outcome,
+        usage_ratio=np.where(from_zero, t.zero_total / target, ratio),
+        new_ratio=new_ratio,
+        utilization=util,
+        pods=pods_n,
+        missing=t.missing,
+        unready=t.unready,
+        total=t.zero_total,
+        target=target,
+        tolerance_down=tolerance_down,
+        tolerance_up=tolerance_up,
+    )
+
+
+def _one(
+    pods: PodGroups,
+    current_replicas: int,
+    target: float,
+    tolerance: float | Tolerances,
+    utilization: bool,
+) -> HpaResult:
+    if target <= 0:
+        name = "target_percent" if utilization else "target"
+        raise ValueError(f"{name} must be > 0, got {target!r}")
+    tol = tolerance if isinstance(tolerance, Tolerances) else Tolerances(tolerance, tolerance)
+    calc = calculate(
+        pods,
+        current=np.array([current_replicas], dtype=np.int64),
+        target=np.array([target], dtype=np.float64),
+        tolerance_down=np.array([tol.scale_down], dtype=np.float64),
+        tolerance_up=np.array([tol.scale_up], dtype=np.float64),
+        utilization=np.array([utilization], dtype=bool),
+    )
+    return calc.result(0)
+
+
 def calculate_replicas(
     samples: Sequence[PodSample],
     current_replicas: int,
     target: float,
     tolerance: float | Tolerances = 0.1,
 ) -> HpaResult:
-    """Desired replicas for a per-pod average-value metric, as the HPA's replica calculator.
-
-    ``samples`` holds one entry per pod of the workload; ``target`` is the per-pod target
-    value (``averageValue``); ``tolerance`` the HPA's 0.1 default.  Raises
-    :class:`NoMetricsError` when no ready pod has a value (the HPA then does not scale).
+    """Desired replicas for a per-pod average-value metric: :func:`calculate` for one
+    workload whose pods are ``samples``; ``target`` is the per-pod target value
+    (``averageValue``).  Raises :class:`NoMetricsError` when no ready pod has a value.
 
     With ``current_replicas == 0`` (scale from zero) pass one aggregate sample holding the
-    total: the result is ``ceil(total / target)`` without tolerance, as the HPA's
-    object-metric path does for zero replicas.
+    total: the result is ``ceil(total / target)``.
     """
-    if target <= 0:
-        raise ValueError(f"target must be > 0, got {target!r}")
-    tol = tolerance if isinstance(tolerance, Tolerances) else Tolerances(tolerance, tolerance)
-    if current_replicas == 0:
-        total = sum(s.value for s in samples if s.value is not None)
-        ratio = total / target
-        return HpaResult(
-            math.ceil(ratio - 1e-9),
-            ratio,
-            Step("hpa.from_zero", {"total": total, "target": target}),
-        )
-    values: list[float] = []
-    missing = 0
-    unready = 0
-    for sample in samples:
-        if not sample.ready:
-            unready += 1
-        elif sample.value is None:
-            missing += 1
-        else:
-            values.append(sample.value)
-    if not values:
-        raise NoMetricsError("did not receive metrics for any ready pods")
-    ratio = sum(values) / len(values) / target
-    rebalance_unready = unready > 0 and ratio > 1.0
-    if not rebalance_unready and missing == 0:
-        if tol.within(ratio):
-            return HpaResult(
-                current_replicas,
-                ratio,
-                Step("hpa.tolerance", _tolerance_values(ratio, tol)),
-            )
-        return HpaResult(
-            math.ceil(ratio * len(values) - 1e-9),
-            ratio,
-            Step("hpa.ratio", {"ratio": ratio, "pods": len(values)}),
-        )
-    filled = list(values)
-    if missing and ratio < 1.0:
-        filled.extend([target] * missing)
-    elif missing and ratio > 1.0:
-        filled.extend([0.0] * missing)
-    if rebalance_unready:
-        filled.extend([0.0] * unready)
-    new_ratio = sum(filled) / len(filled) / target
-    return _filled_result(current_replicas, ratio, new_ratio, len(filled), missing, unready, tol)
-
-
-def _tolerance_values(ratio: float, tol: Tolerances) -> dict[str, float]:
-    return {"ratio": ratio, "tolerance_down": tol.scale_down, "tolerance_up": tol.scale_up}
+    pods = PodGroups.of([(s.ready, s.value, 0.0) for s in samples])
+    return _one(pods, current_replicas, target, tolerance, utilization=False)
 
 
 def calculate_utilization_replicas(
@@ -153,267 +384,23 @@ def calculate_utilization_replicas(
     target_percent: float,
     tolerance: float | Tolerances = 0.1,
 ) -> HpaResult:
-    """Desired replicas for CPU utilisation (``target.averageUtilization``), as the HPA's
-    replica calculator's resource path (``GetResourceReplicas``).
-
-    Utilisation is the ready pods' total use over their total request, in *whole* percent
-    (truncated, on millicores, as Kubernetes computes it); ``ratio = utilisation / target``.
-    Pods not ready are left out (and count 0 on a scale-up); ready pods *missing* a value
-    count as ``max(100 %, target)`` of their **request** on a scale-down (the plain-metric
-    path uses the target instead) and 0 on a scale-up; if filling them in flips the
-    direction or lands within the tolerances, the current count is kept.
-    """
-    if target_percent <= 0:
-        raise ValueError(f"target_percent must be > 0, got {target_percent!r}")
-    tol = tolerance if isinstance(tolerance, Tolerances) else Tolerances(tolerance, tolerance)
-    used: list[tuple[int, int]] = []  # (millicores used, millicores requested)
-    missing: list[int] = []
-    unready: list[int] = []
-    for sample in samples:
-        request_m = round(sample.request_cores * 1000)
-        if not sample.ready:
-            unready.append(request_m)
-        elif sample.used_cores is None:
-            missing.append(request_m)
-        else:
-            used.append((round(sample.used_cores * 1000), request_m))
-    if not used:
-        raise NoMetricsError("did not receive metrics for any ready pods")
-
-    def ratio_of(pods: list[tuple[int, int]]) -> tuple[float, int]:
-        requested = sum(r for _, r in pods)
-        if requested <= 0:
-            raise NoMetricsError("the pods request no CPU")
-        utilization = sum(u for u, _ in pods) * 100 // requested
-        return utilization / target_percent, utilization
-
-    ratio, utilization = ratio_of(used)
-    rebalance_unready = bool(unready) and ratio > 1.0
-    if not rebalance_unready and not missing:
-        if tol.within(ratio):
-            return HpaResult(
-                current_replicas, ratio, Step("hpa.tolerance", _tolerance_values(ratio, tol))
-            )
-        return HpaResult(
-            math.ceil(ratio * len(used) - 1e-9),
-            ratio,
-            Step(
-                "hpa.utilization",
-                {
-                    "utilization": utilization,
-                    "target": target_percent,
-                    "ratio": ratio,
-                    "pods": len(used),
-                },
-            ),
-        )
-    filled = list(used)
-    if missing and ratio < 1.0:
-        fallback = int(max(100.0, target_percent))
-        filled.extend((r * fallback // 100, r) for r in missing)
-    elif missing and ratio > 1.0:
-        filled.extend((0, r) for r in missing)
-    if rebalance_unready:
-        filled.extend((0, r) for r in unready)
-    new_ratio, _ = ratio_of(filled)
-    return _filled_result(
-        current_replicas, ratio, new_ratio, len(filled), len(missing), len(unready), tol
-    )
+    """Desired replicas for CPU utilisation (``target.averageUtilization``), the HPA's
+    resource path (``GetResourceReplicas``): :func:`calculate` for one workload whose pods
+    are ``samples``.  Raises :class:`NoMetricsError` when no ready pod has a value."""
+    pods = PodGroups.of([(s.ready, s.used_cores, s.request_cores) for s in samples])
+    return _one(pods, current_replicas, target_percent, tolerance, utilization=True)
 
 
-def _filled_result(  # noqa: PLR0917 - the calculator's figures, in its order
-    current_replicas: int,
-    ratio: float,
-    new_ratio: float,
-    pods: int,
-    missing: int,
-    unready: int,
-    tol: Tolerances,
-) -> HpaResult:
-    """The end of both paths: the ratio re-run with missing / unready pods filled in."""
-    if tol.within(new_ratio) or (ratio < 1.0 < new_ratio) or (ratio > 1.0 > new_ratio):
-        return HpaResult(
-            current_replicas,
-            ratio,
-            Step(
-                "hpa.filled_keep",
-                {"ratio": ratio, "new_ratio": new_ratio, "missing": missing, "unready": unready},
-            ),
-        )
-    replicas = math.ceil(new_ratio * pods - 1e-9)
-    if (new_ratio < 1.0 and replicas > current_replicas) or (
-        new_ratio > 1.0 and replicas < current_replicas
-    ):
-        return HpaResult(current_replicas, ratio, Step("hpa.flip_keep"))
-    return HpaResult(
-        replicas,
-        ratio,
-        Step(
-            "hpa.filled",
-            {"new_ratio": new_ratio, "pods": pods, "missing": missing, "unready": unready},
-        ),
-    )
-
-
-def _change_in_period(events: deque[tuple[float, int]], now: float, period_s: float) -> int:
-    """Replicas changed in the ``period_s`` ending at ``now`` (events oldest first)."""
-    cutoff = now - period_s
-    total = 0
-    for at, change in reversed(events):
-        if at <= cutoff:
-            break
-        total += change
-    return total
-
-
-def scale_up_limit(
-    current: int,
-    now: float,
-    rules: HpaScalingRules,
-    up_events: deque[tuple[float, int]],
-    down_events: deque[tuple[float, int]],
-) -> int:
-    """Most replicas the scale-up policies allow now (``current`` when Disabled)."""
-    if rules.select_policy == "Disabled":
-        return current
-    pick = min if rules.select_policy == "Min" else max
-    result: int | None = None
-    for policy in rules.policies:
-        added = _change_in_period(up_events, now, policy.period_s)
-        removed = _change_in_period(down_events, now, policy.period_s)
-        start = current - added + removed
-        if policy.type == "Pods":
-            proposed = start + policy.value
-        else:
-            proposed = math.ceil(start * (1 + policy.value / 100) - 1e-9)
-        result = proposed if result is None else pick(result, proposed)
-    return max(current, result if result is not None else current)
-
-
-def scale_down_limit(
-    current: int,
-    now: float,
-    rules: HpaScalingRules,
-    up_events: deque[tuple[float, int]],
-    down_events: deque[tuple[float, int]],
-) -> int:
-    """Fewest replicas the scale-down policies allow now (``current`` when Disabled)."""
-    if rules.select_policy == "Disabled":
-        return current
-    # Min = the policy allowing the smallest change = the highest lower limit.
-    pick = max if rules.select_policy == "Min" else min
-    result: int | None = None
-    for policy in rules.policies:
-        added = _change_in_period(up_events, now, policy.period_s)
-        removed = _change_in_period(down_events, now, policy.period_s)
-        start = current - added + removed
-        if policy.type == "Pods":
-            proposed = start - policy.value
-        else:
-            proposed = math.floor(start * (1 - policy.value / 100) + 1e-9)
-        result = proposed if result is None else pick(result, proposed)
-    return min(current, result if result is not None else current)
-
-
-class HpaBehaviorState:
-    """Stabilisation windows and rate policies for one workload (the HPA controller's memory)."""
-
-    __slots__ = (
-        "_down_events",
-        "_down_max",
-        "_down_window_s",
-        "_longest_s",
-        "_up_events",
-        "_up_min",
-        "_up_window_s",
-        "behavior",
-    )
-
-    def __init__(self, behavior: HpaBehavior) -> None:
-        self.behavior = behavior
-        self._up_window_s = behavior.scale_up.stabilization_window_s
-        self._down_window_s = behavior.scale_down.stabilization_window_s
-        # Past recommendations as monotonic deques: the lowest of the scale-up window and the
-        # highest of the scale-down window are at the front, O(1) amortised per tick.
-        self._up_min: deque[tuple[float, int]] = deque()
-        self._down_max: deque[tuple[float, int]] = deque()
-        self._up_events: deque[tuple[float, int]] = deque()
-        self._down_events: deque[tuple[float, int]] = deque()
-        # Scale events matter only within a rate policy's period (the stabilisation windows
-        # keep their own deques).
-        self._longest_s = max(
-            [p.period_s for p in behavior.scale_up.policies]
-            + [p.period_s for p in behavior.scale_down.policies]
-            + [0.0]
-        )
-
-    def __repr__(self) -> str:
-        return (
-            f"HpaBehaviorState(up_min={len(self._up_min)}, down_max={len(self._down_max)}, "
-            f"up_events={len(self._up_events)}, down_events={len(self._down_events)})"
-        )
-
-    def record_scale(self, now: float, old: int, new: int) -> None:
-        """Remember that the workload went from ``old`` to ``new`` replicas at ``now`` (and
-        forget the events no rate policy's period reaches any more)."""
-        if new == old:
-            return
-        events = self._up_events if new > old else self._down_events
-        cutoff = now - self._longest_s
-        while events and events[0][0] <= cutoff:
-            events.popleft()
-        events.append((now, abs(new - old)))
-
-    def normalize(
-        self,
-        now: float,
-        *,
-        current: int,
-        desired: int,
-        min_replicas: int,
-        max_replicas: int,
-        reasons: Trace,
-    ) -> int:
-        """Stabilise, rate-limit and clamp ``desired`` (the calculator's answer) as the HPA does."""
-        up_min, down_max = self._up_min, self._down_max
-        cutoff = now - self._up_window_s
-        while up_min and up_min[0][0] <= cutoff:
-            up_min.popleft()
-        cutoff = now - self._down_window_s
-        while down_max and down_max[0][0] <= cutoff:
-            down_max.popleft()
-        up_rec = up_min[0][1] if up_min and up_min[0][1] < desired else desired
-        down_rec = down_max[0][1] if down_max and down_max[0][1] > desired else desired
-        while up_min and up_min[-1][1] >= desired:
-            up_min.pop()
-        entry = (now, desired)
-        up_min.append(entry)
-        while down_max and down_max[-1][1] <= desired:
-            down_max.pop()
-        down_max.append(entry)
-        stabilized = min(max(current, up_rec), down_rec)
-        if stabilized != desired:
-            reasons.clamp("replicas", desired, stabilized, "stabilization")
-        result = stabilized
-        behavior = self.behavior
-        if result > current:
-            limit = scale_up_limit(
-                current, now, behavior.scale_up, self._up_events, self._down_events
-            )
-            if limit < max_replicas and result > limit:
-                reasons.clamp("replicas", result, limit, "behavior.scale_up")
-                result = limit
-        elif result < current:
-            limit = scale_down_limit(
-                current, now, behavior.scale_down, self._up_events, self._down_events
-            )
-            if limit > min_replicas and result < limit:
-                reasons.clamp("replicas", result, limit, "behavior.scale_down")
-                result = limit
-        if result > max_replicas:
-            reasons.clamp("replicas", result, max_replicas, "max_replicas")
-            result = max_replicas
-        elif result < min_replicas:
-            reasons.clamp("replicas", result, min_replicas, "min_replicas")
-            result = min_replicas
-        return result
+__all__ = [
+    "Calculation",
+    "CpuSample",
+    "HpaBehaviorState",
+    "HpaResult",
+    "NoMetricsError",
+    "PodGroups",
+    "PodSample",
+    "Tolerances",
+    "calculate",
+    "calculate_replicas",
+    "calculate_utilization_replicas",
+]
