@@ -9,7 +9,8 @@ model and the real engine, three times on the very same arrivals, and prints:
 reports' p99 latency (goal: independent ÷ Sluice >= 10), api's throughput (goal: Sluice ÷
 independent >= 0.95) and budget utilisation during contention (goal: >= 90 %), with
 ``budget.early_ticks`` on and off (``--early-ticks on|off|both``), under
-``budget.enforcement: limit`` (default, as in the config; ``--enforcement share|both``).  Every run of one
+``budget.enforcement: limit`` (this script's default; ``--enforcement share|both``; the config's ``auto`` is
+share under ``sluice simulate``, with the baselines on limit).  Every run of one
 table (Sluice and the baselines) uses the same node model, so the comparison isolates the
 controller (under limit, Sluice's run lends an idle service's quota to busy ones between
 ticks, ``budget.lending``, as the local platform does; an HPA per service and a static split
