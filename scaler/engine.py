@@ -13,13 +13,14 @@ Contract (other parts of Sluice code against it; extend, don't rename):
 Per tick and service: the metric (concurrency or rps) is fed to the horizontal recommender
 (KPA windows, or the HPA calculation), which says how many *reference replicas* (of
 ``cpu.request`` cores) are needed: the replicas to run (held warm for
-``scale_down_delay_s``; a replica still starting is never removed).  The CPU demand is the
+``scale_down_delay_s``; a replica still starting is never removed; a KPA service whose CPU is
+measured scales down only to the replicas that hold that CPU at its target utilisation).  The CPU demand is the
 work now (when the platform measures CPU: the larger of the use and this tick's metric at the
 KPA's aim; else the recommendation's reference replicas × ``cpu.request``); what the replicas
 could use beyond it (warm replicas, bigger replicas) is soft demand, served from spare CPU only.
 The arbiter (``scaler.arbiter``) turns all demands into allocations under the budget, and
 each allocation is given to the replicas (``size_arrays``): new replicas start only on CPU
-the service surely keeps.
+the service surely keeps; under ``share`` enforcement serving replicas keep ``cpu.min`` each.
 
 Every per-service quantity lives in a numpy array indexed like the policies, so one tick is
 a few dozen array operations whatever the number of services; each decision renders its
