@@ -224,6 +224,13 @@ def arbitrate_arrays(
     return cores, ideal, taken
 
 
+def _fills(cores: FloatArray, unit: FloatArray, cpu_min: FloatArray) -> IntArray:
+    """Replicas ``cores`` fill at full size (``unit``), one more for a remainder worth
+    ``cpu.min``."""
+    whole = np.floor(cores / unit + _EPS)
+    return (whole + (cores - whole * unit >= cpu_min - _EPS)).astype(np.int64)
+
+
 def size_arrays(
     cores: FloatArray,
     *,
@@ -237,6 +244,7 @@ def size_arrays(
     max_r: IntArray,
     fixed_cpu: FloatArray,
     claimed: FloatArray | None = None,
+    usable: FloatArray | None = None,
 ) -> tuple[IntArray, FloatArray, IntArray]:
     """Give each service's ``want`` replicas its ``cores``: ``(replicas, cpu per replica)``.
 
@@ -249,20 +257,27 @@ def size_arrays(
     give ``cpu.min`` each.  CPU per replica is the cores
     shared equally, within ``[cpu.min, cpu.max]``.  ``fixed_cpu`` is NaN where a resize is
     possible, else the CPU per replica to keep (a blocked resize: only the count changes).
+    ``claimed`` caps the cores new replicas may start on (what the service surely keeps);
+    ``usable`` (share enforcement: measured use plus the node's idle CPU) raises it again:
+    a replica that starts into idle CPU takes from the serving ones only what its start-up
+    burns.
 
     Returns ``(replicas, cpu per replica, note)`` with note codes 0 none, 2 fewer replicas
     fit at cpu.min, 3 resize blocked, 4 resize blocked and CPU cut, 6 new replicas held
-    back by the cores.
+    back by the cores, 9 new replicas started into idle CPU (``usable``).
     """
     eps = _EPS
     r = np.minimum(np.maximum(want, min_r), max_r)
     base = cores if claimed is None else np.minimum(cores, claimed)
-    whole = np.floor(base / unit + eps)
-    fills = (whole + (base - whole * unit >= cpu_min - eps)).astype(np.int64)
-    room = np.maximum(current, fills)
+    room = np.maximum(current, _fills(base, unit, cpu_min))
+    idle = np.zeros(r.shape, dtype=bool)
+    if usable is not None:
+        wider = np.maximum(room, _fills(usable, unit, cpu_min))
+        idle = (r > room) & (wider > room)
+        room = wider
     held = (r > current) & (r > room)
     r = np.where(held, room, r)
-    note = np.where(held, 6, 0)
+    note = np.where(held, 6, np.where(idle, 9, 0))
     fit = np.maximum(min_r, np.floor(cores / cpu_min + eps).astype(np.int64))
     thin = r > fit
     r = np.where(thin, fit, r)

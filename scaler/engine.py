@@ -20,7 +20,8 @@ KPA's aim; else the recommendation's reference replicas × ``cpu.request``); wha
 could use beyond it (warm replicas, bigger replicas) is soft demand, served from spare CPU only.
 The arbiter (``scaler.arbiter``) turns all demands into allocations under the budget, and
 each allocation is given to the replicas (``size_arrays``): new replicas start only on CPU
-the service surely keeps; under ``share`` enforcement serving replicas keep ``cpu.min`` each.
+the service surely keeps (under ``share``: or into idle CPU, once its replicas have all been
+ready and full for a stable window); under ``share`` serving replicas keep ``cpu.min`` each.
 
 Every per-service quantity lives in a numpy array indexed like the policies, so one tick is
 a few dozen array operations whatever the number of services; each decision renders its
@@ -273,6 +274,9 @@ class Engine:
         self._thr_rate = nan.copy()
         self._allocation = nan.copy()
         self._granted = np.zeros(n)
+        self._stable_s = arr([p.stable_window_s for p in pols])
+        self._full_since = nan.copy()
+        """Since when each service's replicas have all been ready and full (NaN: not now)."""
         """Last tick's cores from the arbiter, before sizing (what the work was granted)."""
 
     def __repr__(self) -> str:
@@ -455,6 +459,9 @@ class Engine:
                 # tick -- a burst's first tick of borrowed CPU starts nothing that would then
                 # share the serving replicas' CPU while it starts.
                 claimed=np.maximum(np.maximum(self.fair, self._granted), cur_r * self.unit),
+                usable=(
+                    self._usable(now, previous, frozen, (cur_r, ready)) if self.share else None
+                ),
             )
             pending = {}
             split_note = np.where((split_note == 0) & (replicas == run), run_note, split_note)
@@ -670,6 +677,36 @@ class Engine:
                 load[i] = verdict.replicas
             wanted[i] = verdict.replicas
         return verdicts
+
+    def _usable(
+        self, now: float, previous: FloatArray, frozen: BoolArray, state: tuple[IntArray, IntArray]
+    ) -> FloatArray:
+        """Share: the cores a service whose replicas have been the limit for a whole stable
+        window could use now -- its use last tick plus the node's idle CPU (a service whose
+        CPU is not measured counts as using what it was allocated); 0 for the others.
+
+        Under share a starting replica holds a weight, not CPU: one that starts into idle
+        CPU takes from the serving ones only what its own start-up burns.  So a service whose replicas have all been
+        ready and full (using more than the target utilisation of their ``cpu.max``) for its
+        stable window -- a CPU-bound backlog, not a cold start's or a burst's backlog draining
+        -- may add the replicas its recommendation asks for as far as this fills them."""
+        cur_r, ready = state
+        used = self._cpu_used
+        unknown = np.isnan(used)
+        taken = float(np.where(unknown, previous, used).sum())
+        spare = max(0.0, float(self.cpu.cores) - taken)
+        full = (
+            ~unknown
+            & ~frozen
+            & (cur_r > 0)
+            & (ready >= cur_r)
+            & (used >= cur_r * self.cpu_max * self.target_utilization)
+        )
+        self._full_since = np.where(
+            full, np.where(np.isnan(self._full_since), now, self._full_since), np.nan
+        )
+        lasting = full & (now - self._full_since >= self._stable_s - _EPS)
+        return np.where(lasting, used + spare, 0.0)
 
     def _replicas_for(self, wanted: IntArray) -> IntArray:
         """Replicas that serve ``wanted`` reference replicas (of ``cpu.request`` cores):

@@ -230,6 +230,11 @@ TEMPLATES: dict[str, str] = {
     "split.held_back": (
         "starts only {replicas} of {wanted} replicas: the cores it gets fill no more at full size"
     ),
+    "split.into_idle": (
+        "starts replicas into idle CPU ({replicas} in all): its replicas have all been ready "
+        "and full for {window_s:g} s (it used {used:.2f} cores) and a starting replica holds "
+        "a weight, not CPU (share)"
+    ),
     "soft_hold": (
         "its replicas could use {held:.2f} cores; the {spare:.2f} beyond what the load needs "
         "now is served only from spare CPU"

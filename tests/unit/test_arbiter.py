@@ -95,6 +95,7 @@ def size(
     want: int,
     current: int,
     fixed: float | None = None,
+    usable: float | None = None,
 ) -> tuple[int, float, int]:
     ref = p.cpu.initial_cores
     r, cpu, note = size_arrays(
@@ -108,6 +109,7 @@ def size(
         min_r=np.array([p.min_replicas]),
         max_r=np.array([p.max_replicas]),
         fixed_cpu=np.array([np.nan if fixed is None else fixed]),
+        usable=None if usable is None else np.array([usable]),
     )
     return int(r[0]), float(cpu[0]), int(note[0])
 
@@ -123,6 +125,7 @@ def size(
     st.integers(0, 8),
     st.booleans(),
     st.one_of(st.none(), st.floats(0.01, 3.0)),
+    st.one_of(st.none(), st.floats(0.0, 16.0)),
 )
 def test_sizing_keeps_the_bounds_and_the_cores(
     cores: float,
@@ -134,6 +137,7 @@ def test_sizing_keeps_the_bounds_and_the_cores(
     current: int,
     horizontal: bool,
     fixed: float | None,
+    usable: float | None,
 ) -> None:
     p = policy(
         min_replicas=min_r,
@@ -142,7 +146,9 @@ def test_sizing_keeps_the_bounds_and_the_cores(
         prefer="horizontal" if horizontal else "vertical",
     )
     cores = max(cores, min_r * cpu_min)
-    r, cpu, _ = size(cores, p, want=want, current=current, fixed=fixed if current else None)
+    r, cpu, _ = size(
+        cores, p, want=want, current=current, fixed=fixed if current else None, usable=usable
+    )
     assert p.min_replicas <= r <= p.max_replicas
     assert r * cpu <= cores + 1e-9 or fixed is not None
     if r:
@@ -173,6 +179,17 @@ def test_new_replicas_start_only_as_far_as_the_cores_fill_them() -> None:
     assert size(3.0, p, want=8, current=6) == (6, pytest.approx(0.5), 6)
     h = policy(max_replicas=8, prefer="horizontal", cpu={"min": 0.1, "max": 1.0, "request": 0.25})
     assert size(1.0, h, want=8, current=1) == (4, pytest.approx(0.25), 6)
+
+
+def test_under_share_new_replicas_may_start_into_the_idle_cpu_they_can_use() -> None:
+    p = policy(max_replicas=8, cpu={"min": 0.25, "max": 1.0, "request": 1.0})
+    # 3 cores decided, but the service uses 2.5 and the node has 2.5 idle: 5 replicas fill
+    # what it can use (a starting replica holds a weight, not CPU), 3 cores shared by them.
+    assert size(3.0, p, want=8, current=3, usable=5.0) == (5, pytest.approx(0.6), 6)
+    # Nothing idle: as before, the cores alone say how many start.
+    assert size(3.0, p, want=8, current=1, usable=1.0) == (3, pytest.approx(1.0), 6)
+    # Never more than the cores give cpu.min each.
+    assert size(1.0, p, want=8, current=1, usable=7.5)[0] == 4
 
 
 def test_a_blocked_resize_keeps_the_cpu_and_changes_the_count() -> None:

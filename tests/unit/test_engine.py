@@ -561,3 +561,49 @@ def test_scale_down_stops_where_the_measured_cpu_would_pass_the_target_utilisati
         "the 2.40 cores it used need them at the target utilisation" in r for r in kept.reasons
     )
     assert _settle(cpu_measured=False).replicas < 4  # without it the windows alone decide
+
+
+def _cpu_bound_backlog(enforcement: str, seconds: int) -> list[Decision]:
+    """A CPU-bound service with a backlog (3 replicas of 2 cores, all full) beside a service
+    allocated more than it uses (headroom): 0.65 of the 8 cores sit idle."""
+    engine = Engine(
+        {
+            "render": policy(
+                target=1, max_replicas=4, cpu={"min": 0.5, "max": 2.0, "request": 2.0}
+            ),
+            "auth": policy(target=4, max_replicas=8, cpu={"min": 0.1, "max": 0.5, "request": 0.5}),
+        },
+        BudgetConfig(cpu=8, enforcement=enforcement),
+    )
+    states = {
+        "render": ServiceState("render", 3, 3, 2.0),
+        "auth": ServiceState("auth", 8, 8, 0.25),
+    }
+    used = {"render": 0.0, "auth": 0.0}
+    out: list[Decision] = []
+    for t in range(seconds):
+        used["render"] += 5.85  # its three replicas, full
+        used["auth"] += 1.5
+        signals = {
+            "render": ServiceSignals(
+                "render", float(t), in_flight=200, cpu_seconds_total=used["render"]
+            ),
+            "auth": ServiceSignals("auth", float(t), in_flight=12, cpu_seconds_total=used["auth"]),
+        }
+        d = engine.tick(float(t), signals, states)
+        states = applied(d)  # decided replicas are ready at once
+        out.append(d["render"])
+    return out
+
+
+def test_under_share_a_cpu_bound_backlog_adds_a_replica_into_idle_cpu() -> None:
+    # Share: a starting replica holds a weight, not CPU, so once the replicas have been full
+    # for a whole stable window (60 s: not a cold start's backlog draining) the 4th replica
+    # (the KPA wants max_replicas) starts into the node's idle CPU.  Under limit it would
+    # hold CPU taken from the serving three while it starts: the cores alone decide.
+    share = [d.replicas for d in _cpu_bound_backlog("share", 70)]
+    assert share[:59] == [3] * 59
+    assert share[-1] == 4
+    grown = _cpu_bound_backlog("share", 70)[share.index(4)]
+    assert "starts replicas into idle CPU (4 in all)" in " ".join(grown.reasons)
+    assert {d.replicas for d in _cpu_bound_backlog("limit", 70)} == {3}
