@@ -274,10 +274,10 @@ class Engine:
         self._thr_rate = nan.copy()
         self._allocation = nan.copy()
         self._granted = np.zeros(n)
+        """Last tick's cores from the arbiter, before sizing (what the work was granted)."""
         self._stable_s = arr([p.stable_window_s for p in pols])
         self._full_since = nan.copy()
         """Since when each service's replicas have all been ready and full (NaN: not now)."""
-        """Last tick's cores from the arbiter, before sizing (what the work was granted)."""
 
     def __repr__(self) -> str:
         return (
@@ -683,13 +683,15 @@ class Engine:
     ) -> FloatArray:
         """Share: the cores a service whose replicas have been the limit for a whole stable
         window could use now -- its use last tick plus the node's idle CPU (a service whose
-        CPU is not measured counts as using what it was allocated); 0 for the others.
+        CPU is not measured counts as using what it was allocated); 0 for the others.  Keeps
+        ``_full_since`` up to date (call once per tick).
 
         Under share a starting replica holds a weight, not CPU: one that starts into idle
-        CPU takes from the serving ones only what its own start-up burns.  So a service whose replicas have all been
-        ready and full (using more than the target utilisation of their ``cpu.max``) for its
-        stable window -- a CPU-bound backlog, not a cold start's or a burst's backlog draining
-        -- may add the replicas its recommendation asks for as far as this fills them."""
+        CPU takes from the serving ones only what its own start-up burns.  So a service whose
+        replicas have all been ready and full (using more than the target utilisation of
+        their ``cpu.max``) for its stable window -- a CPU-bound backlog, not a cold start's
+        or a burst's backlog draining -- may add the replicas its recommendation asks for as
+        far as this fills them."""
         cur_r, ready = state
         used = self._cpu_used
         unknown = np.isnan(used)
