@@ -148,7 +148,9 @@ def scenarios(draw: st.DrawFn, least: int = 1, most: int = 5) -> Scenario:
     floors = sum(p.floor_cores for p in pols.values())
     budget = max(0.05, floors + draw(st.floats(0.0, 6.0)) * max(1.0, n / 5))
     arbitration = draw(st.sampled_from(["shared", "shared", "independent"]))
-    return pols, BudgetConfig(cpu=budget, arbitration=arbitration), work
+    enforcement = draw(st.sampled_from(["limit", "share"]))
+    config = BudgetConfig(cpu=budget, arbitration=arbitration, enforcement=enforcement)
+    return pols, config, work
 
 
 def check_tick(
