@@ -253,13 +253,6 @@ class TickView:
             trace.step("split.starting", replicas=r)
         elif note == 6:
             trace.step("split.held_back", replicas=r, wanted=int(self.run[i]))
-        elif note == 9:
-            trace.step(
-                "split.into_idle",
-                replicas=r,
-                used=float(self.used[i]),
-                window_s=float(e._stable_s[i]),
-            )
         elif note == 7:
             delay = e._pols[i].scale_down_delay_s
             trace.step("split.delay", replicas=r, delay_s=delay)
@@ -269,6 +262,13 @@ class TickView:
                 replicas=r,
                 used=float(self.used[i]),
                 utilization=float(e.target_utilization[i]),
+            )
+        elif note == 9:
+            trace.step(
+                "split.into_idle",
+                replicas=r,
+                used=float(self.used[i]),
+                window_s=float(e._stable_s[i]),
             )
         held = float(self.soft[i])
         if held > demand + _MOVE:
