@@ -1,7 +1,7 @@
 """How long one scaler tick takes for 100 / 1,000 / 10,000 services (goal: <= 5 ms for 1,000).
 
     python benchmarks/scaler_tick.py [--repeats 40] [--sizes 100,1000,10000] [--out FILE]
-                                     [--hpa-percent 20]
+                                     [--hpa-percent 20] [--enforcement limit|share]
 
 Each size runs a closed loop (the decisions are fed back as the platform's state) with a
 realistic mix: 20 % of the services in HPA mode (``--hpa-percent``), CPU measured (usage and throttling
@@ -9,7 +9,9 @@ counters) on half of them, and each tick 5 % of the services with missing or sta
 loads drift, jump and burst.  After a warm-up that fills the windows it times, per tick
 (median over the repeats):
 
-* ``sluice shared``      — ``Engine.tick`` with shared-budget arbitration (the default);
+* ``sluice shared``      — ``Engine.tick`` with shared-budget arbitration (the default), on
+  ``--enforcement`` (default ``limit``; ``share`` adds the rules that apply when the budget is
+  the whole machine, what ``auto`` resolves to on a local machine);
 * ``sluice independent`` — the same engine with ``arbitration: independent``;
 * ``+ read reasons``     — a shared tick plus rendering every decision's reasons (they are
   rendered lazily, so this is the cost when something reads them all);
@@ -250,6 +252,12 @@ def main() -> int:
         help="share of the services in HPA mode (default 20, the issue's mix; 0: KPA only)",
     )
     ap.add_argument(
+        "--enforcement",
+        default="limit",
+        choices=["limit", "share"],
+        help="budget.enforcement of the shared engines (default limit)",
+    )
+    ap.add_argument(
         "--out",
         type=Path,
         default=Path("/tmp/sluice-bench/scaler_tick.json"),
@@ -262,9 +270,12 @@ def main() -> int:
         policies = make_policies(n, args.seed, args.hpa_percent)
         budget_cpu = 0.5 * n
 
-        shared = Engine(policies, BudgetConfig(cpu=budget_cpu, arbitration="shared"))
+        shared_budget = BudgetConfig(
+            cpu=budget_cpu, arbitration="shared", enforcement=args.enforcement
+        )
+        shared = Engine(policies, shared_budget)
         independent = Engine(policies, BudgetConfig(cpu=budget_cpu, arbitration="independent"))
-        reading = Engine(policies, BudgetConfig(cpu=budget_cpu, arbitration="shared"))
+        reading = Engine(policies, shared_budget)
         peer = NaivePeer(policies, budget_cpu)
         row: dict[str, float] = {"services": n}
         for key, tick, read in (
@@ -319,6 +330,7 @@ def main() -> int:
                 "repeats": args.repeats,
                 "mix": f"{args.hpa_percent} % HPA mode, CPU measured on half, 5 % missing or stale per tick",
                 "warmup_ticks": WARMUP_TICKS,
+                "enforcement": args.enforcement,
                 "machine": info,
                 "results": rows,
             },
