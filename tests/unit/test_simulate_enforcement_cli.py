@@ -50,6 +50,13 @@ def test_share_from_the_command_line_writes_report_and_png(
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
 
 
+def assert_hard_capped(run: dict[str, dict[str, list[float]]]) -> None:
+    """No service of ``run`` used more than it was decided (figures rounded to 1e-6)."""
+    for s in ("api", "reports"):
+        for u, a in zip(run[s]["used_cores"], run[s]["allocated_cores"], strict=True):
+            assert u <= a + 1e-6, (s, u, a)
+
+
 def test_auto_is_share_for_sluice_and_the_baseline_runs_under_limit(tmp_path: Path) -> None:
     report = simulate(tmp_path)  # the config leaves budget.enforcement at its default (auto)
     assert report["enforcement"] == "share"  # the simulated node is the budget
@@ -57,13 +64,7 @@ def test_auto_is_share_for_sluice_and_the_baseline_runs_under_limit(tmp_path: Pa
     assert report["lend_after_idle_s"] == {"sluice": None, "independent": None}
     series = report["series"]
     assert isinstance(series, dict)
-    for s in ("api", "reports"):
-        for u, a in zip(
-            series["independent"][s]["used_cores"],
-            series["independent"][s]["allocated_cores"],
-            strict=True,
-        ):
-            assert u <= a + 1e-6  # the baseline's decided CPU is a hard cap
+    assert_hard_capped(series["independent"])  # the baseline's decided CPU is a hard cap
     # Sluice's replicas use CPU the others leave idle beyond their guaranteed share
     assert any(
         u > a + 1e-6
@@ -85,13 +86,7 @@ def test_limit_lends_idle_quota_between_ticks(
     assert report["lend_after_idle_s"] == {"sluice": 0.02, "independent": None}
     series = report["series"]
     assert isinstance(series, dict)
-    for s in ("api", "reports"):
-        for u, a in zip(
-            series["independent"][s]["used_cores"],
-            series["independent"][s]["allocated_cores"],
-            strict=True,
-        ):
-            assert u <= a + 1e-6  # the decided CPU is a hard cap (figures rounded to 1e-6)
+    assert_hard_capped(series["independent"])  # the baseline's decided CPU is a hard cap
     # Sluice lends idle quota between ticks: a borrower may use more than its decision, never
     # the services together more than their decisions hold
     sluice = series["sluice"]
@@ -124,10 +119,7 @@ def test_lending_can_be_turned_off(tmp_path: Path) -> None:
     assert main([*args, "--out", str(tmp_path / "out"), "--no-progress"]) == 0
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert report["lend_after_idle_s"] == {"sluice": None, "independent": None}
-    series = report["series"]["sluice"]
-    for s in ("api", "reports"):
-        for u, a in zip(series[s]["used_cores"], series[s]["allocated_cores"], strict=True):
-            assert u <= a + 1e-6
+    assert_hard_capped(report["series"]["sluice"])  # nothing lent: the decision is a cap
 
 
 def test_a_bad_enforcement_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
