@@ -679,7 +679,11 @@ class Engine:
         return verdicts
 
     def _usable(
-        self, now: float, previous: FloatArray, frozen: BoolArray, state: tuple[IntArray, IntArray]
+        self,
+        now: float,
+        previous: FloatArray,
+        frozen: BoolArray,
+        state: tuple[IntArray, FloatArray],
     ) -> FloatArray:
         """Share: the cores a service whose replicas have been the limit for a whole stable
         window could use now -- its use last tick plus the node's idle CPU (a service whose
