@@ -33,7 +33,7 @@ from pydantic import (
 )
 
 from gateway.cores import usable_cores
-from gateway.platforms.local.config import ReplicasConfig
+from gateway.platforms.local.config import ReplicasConfig, group_name
 from scaler.policy import (
     BudgetConfig,
     Enforcement,
@@ -916,7 +916,15 @@ class Settings(_Model):
 def _check_local_services(services: dict[str, ServiceConfig]) -> None:
     """platform: local — every service says how to start its replicas, on ports of its own."""
     seen: list[tuple[str, ReplicasConfig]] = []
+    groups: dict[str, str] = {}
     for name, service in services.items():
+        other_name = groups.setdefault(group_name(name), name)
+        if other_name != name:
+            raise KeyedValueError(
+                f"services.{name}",
+                f"its replicas' cgroup name {group_name(name)!r} is also services.{other_name}'s "
+                "('/' becomes '_' there): rename one of them",
+            )
         spec = service.replicas
         if spec is None:
             raise KeyedValueError(

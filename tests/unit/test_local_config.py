@@ -85,6 +85,16 @@ def test_a_local_service_loads_with_defaults() -> None:
             "services.a.replicas.port_range [9100, 9119]",
         ),
         (
+            local(
+                {
+                    "shop/api": {"replicas": replicas(port_range=[9100, 9119])},
+                    "shop_api": {"replicas": replicas(port_range=[9200, 9219])},
+                }
+            ),
+            "cfg.yaml: services.shop_api: its replicas' cgroup name 'shop_api' is also "
+            "services.shop/api's ('/' becomes '_' there): rename one of them",
+        ),
+        (
             local({"api": {"replicas": replicas(), "endpoints": ["127.0.0.1:9001"]}}),
             "cfg.yaml: services.api.endpoints: must be empty when platform is local "
             "(Sluice starts the replicas itself)",

@@ -16,6 +16,13 @@ from gateway.platforms.local.cgroups import parse_bytes
 from scaler.policy import KeyedValueError
 
 
+def group_name(service: str) -> str:
+    """The cgroup name of a service (a replica's is ``<group_name>-<n>``): one path element.
+    Two services whose names differ only by '/' and '_' would share it: the config refuses
+    them (``gateway.settings``)."""
+    return service.replace("/", "_")
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 

@@ -43,7 +43,7 @@ from typing import Literal, TypeAlias
 
 from gateway.platforms.local.cgroup_parent import CgroupParent, open_parent
 from gateway.platforms.local.cgroups import DEFAULT_WEIGHT_CORES, CgroupUnavailable, ReplicaCgroup
-from gateway.platforms.local.config import ReplicasConfig
+from gateway.platforms.local.config import ReplicasConfig, group_name
 from gateway.platforms.local.identity import (
     Identity,
     IdentityChoice,
@@ -83,11 +83,6 @@ _RMDIR_PAUSE_S = 0.02
 
 async def _no_drain(service: str, address: str) -> None:
     return None
-
-
-def group_name(service: str) -> str:
-    """The cgroup name of a service (a replica's is ``<group_name>-<n>``): one path element."""
-    return service.replace("/", "_")
 
 
 def min_cap(a: float | None, b: float | None) -> float | None:
