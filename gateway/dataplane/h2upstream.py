@@ -471,12 +471,16 @@ class H2UpstreamConnection(asyncio.Protocol):
             self.close()
 
     def release(self, stream: H2Upstream) -> None:
-        """The exchange is done with its stream: reset it if the response is not complete."""
+        """The exchange is done with its stream: reset it unless it is closed both ways -- a
+        response not complete, or one complete before the request's body ended (RFC 9113
+        §8.1: a server may answer early and leave the stream half-closed, which would count
+        against the connection's concurrent streams for good)."""
         sid = stream.sid
         if self.streams.pop(sid, None) is None:
             return
         self.blocked.discard(stream)
-        if not stream.response_ended:
+        h2_stream = self.h2.streams.get(sid)
+        if not stream.response_ended or (h2_stream is not None and not h2_stream.closed):
             with contextlib.suppress(h2.exceptions.ProtocolError):
                 self.h2.reset_stream(sid, error_code=h2.errors.ErrorCodes.CANCEL)
             self._send()

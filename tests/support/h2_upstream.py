@@ -1,7 +1,7 @@
 """A small real HTTP/2 (h2c) upstream for tests, built on the ``h2`` library, in its own process.
 
     python -m tests.support.h2_upstream --name a [--port 0] [--refuse-first N]
-        [--tls CERT_FILE KEY_FILE] [--fired-dir DIR]
+        [--tls CERT_FILE KEY_FILE] [--fired-dir DIR] [--max-streams N]
 
 prints ``listening HOST:PORT`` once serving (h2c; with ``--tls``, h2 over TLS by ALPN).  Every
 response carries ``x-upstream: <name>`` and ``x-connection: <n>`` (the connection's number,
@@ -12,6 +12,9 @@ from 1, counted over the process).
   ``x-trailer-count``
 * ``/big?bytes=N`` (or any path ending so) — an N-byte body, sent as fast as the client's windows allow
 * ``/hang`` — headers only, then nothing (until the stream or connection ends)
+* ``/early`` — a complete ``413`` the moment the request's headers arrive, before its body
+  ends, and no RST_STREAM (RFC 9113 §8.1 lets a server stop there): the stream stays open
+  on the client's side until the client ends or resets it
 * ``/malformed?kind=K`` — a response RFC 9113 calls malformed, of kind ``K`` (see
   ``MALFORMED``: its header block, or its trailers after a good head and a body)
 * ``/hold?key=K`` — no answer until a ``/goaway-above?key=K`` arrives on the same connection
@@ -26,6 +29,7 @@ from 1, counted over the process).
   this stream's (it may have been processed), then the connection is closed without an
   answer.  Later times: answered as any path
 
+With ``--max-streams N`` the server's SETTINGS_MAX_CONCURRENT_STREAMS is N (default: h2's).
 With ``--refuse-first N`` the first N streams (counted over all connections) are reset with
 ``REFUSED_STREAM`` before anything is processed.  ``/_count`` (or any path ending so; not refused) answers how many
 streams were refused, how many served, and how many response body bytes were handed to the
@@ -47,6 +51,7 @@ import h2.connection
 import h2.errors
 import h2.events
 import h2.exceptions
+import h2.settings
 from hyperframe.frame import GoAwayFrame
 
 CHUNK = 16 * 1024
@@ -105,7 +110,7 @@ class Stream:
 
 
 class Server(asyncio.Protocol):
-    def __init__(self, state: State) -> None:
+    def __init__(self, state: State, max_streams: int | None = None) -> None:
         self.state = state
         self.conn = h2.connection.H2Connection(
             h2.config.H2Configuration(
@@ -115,6 +120,11 @@ class Server(asyncio.Protocol):
                 normalize_outbound_headers=False,
             )
         )
+        if max_streams is not None:
+            self.conn.local_settings = h2.settings.Settings(
+                client=False,
+                initial_values={h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: max_streams},
+            )
         self.transport: asyncio.Transport | None = None
         self.streams: dict[int, Stream] = {}
         self.held: dict[str, list[int]] = {}
@@ -160,6 +170,13 @@ class Server(asyncio.Protocol):
             key = parse_qs(url.query).get("key", [""])[0]
             if key:
                 self.state.arrivals[key] = self.state.arrivals.get(key, 0) + 1
+            if url.path == "/early":
+                self.state.served += 1
+                self.conn.send_headers(
+                    sid, [(b":status", b"413"), (b"x-upstream", self.state.name.encode())], True
+                )
+                self.streams.pop(sid, None)
+                return
             if url.path == "/hold":
                 self.held.setdefault(key, []).append(sid)
                 return
@@ -294,6 +311,7 @@ async def main(
     refuse_first: int,
     tls: tuple[str, str] | None,
     fired_dir: str | None,
+    max_streams: int | None = None,
 ) -> None:
     state = State(name, refuse_first, fired_dir)
     context = None
@@ -302,7 +320,7 @@ async def main(
         context.load_cert_chain(*tls)
         context.set_alpn_protocols(["h2"])
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: Server(state), host, port, ssl=context)
+    server = await loop.create_server(lambda: Server(state, max_streams), host, port, ssl=context)
     bound = server.sockets[0].getsockname()
     print(f"listening {bound[0]}:{bound[1]}", flush=True)
     async with server:
@@ -317,6 +335,17 @@ if __name__ == "__main__":
     parser.add_argument("--refuse-first", type=int, default=0)
     parser.add_argument("--tls", nargs=2, metavar=("CERT_FILE", "KEY_FILE"))
     parser.add_argument("--fired-dir")
+    parser.add_argument("--max-streams", type=int)
     args = parser.parse_args()
     tls = (args.tls[0], args.tls[1]) if args.tls else None
-    asyncio.run(main(args.name, args.host, args.port, args.refuse_first, tls, args.fired_dir))
+    asyncio.run(
+        main(
+            args.name,
+            args.host,
+            args.port,
+            args.refuse_first,
+            tls,
+            args.fired_dir,
+            args.max_streams,
+        )
+    )

@@ -150,6 +150,7 @@ class H2Upstream(Process):
         refuse_first: int = 0,
         tls: tuple[str, str] | None = None,
         fired_dir: Path | None = None,
+        max_streams: int | None = None,
     ) -> None:
         self.name = name
         super().__init__(
@@ -163,6 +164,7 @@ class H2Upstream(Process):
                 str(refuse_first),
                 *(["--tls", *tls] if tls else []),
                 *(["--fired-dir", str(fired_dir)] if fired_dir else []),
+                *(["--max-streams", str(max_streams)] if max_streams is not None else []),
             ],
             re.compile(r"listening (\S+)"),
         )
