@@ -58,6 +58,7 @@ class Cause(enum.Enum):
     RATE_LIMITED = (429, "rate-limited", "too many requests for this service")
     QUEUE_FULL = (503, "queue-full", "the service is at capacity and its queue is full")
     QUEUE_TIMEOUT = (503, "queue-timeout", "the service stayed at capacity for too long")
+    INTERNAL = (500, "internal-error", "the gateway failed on this request (its log says why)")
 
     def __init__(self, status: int, code: str, message: str) -> None:
         self.status = status
@@ -81,6 +82,7 @@ _REASONS = {
     414: b"URI Too Long",
     429: b"Too Many Requests",
     431: b"Request Header Fields Too Large",
+    500: b"Internal Server Error",
     501: b"Not Implemented",
     505: b"HTTP Version Not Supported",
     502: b"Bad Gateway",

@@ -66,6 +66,7 @@ GRPC_STATUS = {
     Cause.BAD_REQUEST: 13,  # INTERNAL
     Cause.BAD_RESPONSE: 13,
     Cause.URI_TOO_LONG: 13,
+    Cause.INTERNAL: 13,
 }
 """gRPC status codes of gateway errors on gRPC requests; any other cause: 14 UNAVAILABLE."""
 _CONFIG = h2.config.H2Configuration(

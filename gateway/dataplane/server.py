@@ -213,6 +213,11 @@ class ClientConnection(asyncio.Protocol):
             if self.dp.h2c and self._take_h2c(data):
                 return
             cause = self.reject_cause
+            if cause is None and isinstance(e, httptools.HttpParserCallbackError):
+                # Not the request's fault: one of the gateway's own callbacks raised (a
+                # deliberate stop sets reject_cause first).  500, and the traceback logged.
+                log.error("internal error on a request", exc_info=e.__context__ or e)
+                cause = Cause.INTERNAL
             if cause is None and "PRI" in str(e):
                 cause = Cause.VERSION_NOT_SUPPORTED
             elif cause is None:
