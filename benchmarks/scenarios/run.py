@@ -465,6 +465,7 @@ def verdict(sc: dict[str, Any]) -> list[dict[str, Any]]:
                 ps, pi, floor = sv[s]["latency_p99_s"], iv[s]["latency_p99_s"], meta["p99_floor_s"]
                 factor = _ratio(pi, ps) or 0.0
                 bound = meta.get("p99_reactive_bound_s")
+                entitled = meta.get("p99_entitled_bound_s")
                 why = None
                 if floor and pi / floor < SEED_P99_FACTOR:
                     why = f"impossible: even the p99 floor ({floor:.3g} s) is only {pi / floor:.1f}x below independent"
@@ -473,6 +474,12 @@ def verdict(sc: dict[str, Any]) -> list[dict[str, Any]]:
                         f"impossible: even the reactive bound ({bound:.3g} s: every replica "
                         f"started at its first request, no contention) is only "
                         f"{pi / bound:.1f}x below independent"
+                    )
+                elif entitled and pi / entitled < SEED_P99_FACTOR:
+                    why = (
+                        f"conflicts with the others' entitlements: with every replica ready and "
+                        f"the node shared by entitlement it is {entitled:.3g} s, only "
+                        f"{pi / entitled:.1f}x below independent"
                     )
                 add(
                     "seed: short-lived <service> p99 >= 10x lower than independent",
