@@ -269,6 +269,10 @@ class Engine:
         self._cpu_at = nan.copy()
         self._cpu_total = nan.copy()
         self._cpu_used = nan.copy()
+        self._cpu_mean = nan.copy()
+        """CPU used, averaged over the panic window (an exponential mean whose time constant
+        is ``panic_window_s``): what the scale-down floor reads."""
+        self._panic_s = arr([p.panic_window_s for p in pols])
         self._thr_at = nan.copy()
         self._thr_total = nan.copy()
         self._thr_rate = nan.copy()
@@ -385,9 +389,12 @@ class Engine:
         # before it serves); a frozen service keeps what it has.
         recommended = self._replicas_for(wanted)
         # Scale down no further than the measured CPU allows: the replicas kept at full size
-        # must hold the CPU used last tick within the KPA's target utilisation (concurrency
-        # falls when capacity is added; it comes back when capacity is taken away).
-        used = self._cpu_used
+        # must hold the CPU used over the panic window (the KPA's horizon for taking capacity
+        # back) within the KPA's target utilisation (concurrency falls when capacity is
+        # added; it comes back when capacity is taken away).  Not one tick's use: over an
+        # early tick's fraction of a second it reads every replica busy, and held by
+        # scale_down_delay_s that would keep replicas the load never needs.
+        used = self._cpu_mean
         measured = self._is_kpa & ~np.isnan(used) & (recommended > 0) & (recommended < cur_r)
         cpu_kept = np.zeros(n, dtype=bool)
         if measured.any():
@@ -502,6 +509,7 @@ class Engine:
             split_note=split_note,
             pending=pending,
             used=self._cpu_used.copy(),
+            used_mean=self._cpu_mean.copy(),
             throttled=self._thr_rate.copy(),
             wake=wake,
             metrics=verdicts,
@@ -633,6 +641,11 @@ class Engine:
             per_s = np.where(good, (total - prev_total) / np.where(good, dt, 1.0), math.nan)
             rate_attr = "_cpu_used" if prefix == "_cpu" else "_thr_rate"
             setattr(self, rate_attr, np.where(has, per_s, getattr(self, rate_attr)))
+            if prefix == "_cpu":
+                mean = self._cpu_mean
+                step = np.where(good, -np.expm1(-np.where(good, dt, 0.0) / self._panic_s), 0.0)
+                mean = np.where(np.isnan(mean), per_s, mean + step * (per_s - mean))
+                self._cpu_mean = np.where(good, mean, self._cpu_mean)
             setattr(self, prefix + "_total", np.where(has, total, prev_total))
             setattr(self, prefix + "_at", np.where(has, at, prev_at))
 

@@ -124,6 +124,8 @@ class TickView:
     split_note: Ints
     pending: dict[int, Trace]
     used: Floats
+    used_mean: Floats
+    """CPU used over the panic window (what the scale-down floor read)."""
     throttled: Floats
     wake: Floats
     metrics: dict[int, MetricsVerdict] = field(default_factory=dict)
@@ -260,7 +262,7 @@ class TickView:
             trace.step(
                 "split.cpu_floor",
                 replicas=r,
-                used=float(self.used[i]),
+                used=float(self.used_mean[i]),
                 utilization=float(e.target_utilization[i]),
             )
         elif note == 9:
@@ -313,6 +315,8 @@ class TickView:
         out["floor_cores"] = float(e.floor[i])
         if not np.isnan(self.used[i]):
             out["cpu_used_cores"] = float(self.used[i])
+        if not np.isnan(self.used_mean[i]):
+            out["cpu_used_mean_cores"] = float(self.used_mean[i])
         if not np.isnan(self.throttled[i]):
             out["cpu_throttled_s_per_s"] = float(self.throttled[i])
         if np.isfinite(self.wake[i]):

@@ -224,8 +224,9 @@ TEMPLATES: dict[str, str] = {
         "(scale_down_delay_s): idle, each holds only what it is given, down to cpu.min"
     ),
     "split.cpu_floor": (
-        "keeps {replicas} replicas: the {used:.2f} cores it used need them at the target "
-        "utilisation ({utilization:g}); fewer would bring the concurrency back"
+        "keeps {replicas} replicas: the {used:.2f} cores it used over the panic window need "
+        "them at the target utilisation ({utilization:g}); fewer would bring the concurrency "
+        "back"
     ),
     "split.held_back": (
         "starts only {replicas} of {wanted} replicas: the cores it gets fill no more at full size"

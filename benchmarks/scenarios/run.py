@@ -29,9 +29,12 @@ start-up included), the **entitled bound** per service (its p99 when every servi
 ``max_replicas`` from the start, all ready, on Sluice's share node: the CPU shared by
 entitlement, work-conserving -- what no controller that keeps every other service's
 entitlement beats, so a long-lived service that ``independent`` lets take a short one's
-share shows here how much of its p99 the fairness promise costs) and the **fluid bound** on CPU used during contention (a work-conserving
-node serving every backlog at once up to ``max_replicas × cpu.max``, without start-up
-delays).
+share shows here how much of its p99 the fairness promise costs), the **fluid bound** on CPU
+used during contention (a work-conserving node serving every backlog at once up to
+``max_replicas × cpu.max``, without start-up delays), and, per service, its replica direction
+changes **alone**: Sluice's engine with the node to itself, the same arrivals, no other
+service -- what the service's own policy does with no arbitration at all (the KPA's panic
+reads a cold start's backlog as load, overshoots and settles: one direction change).
 
 It prints one table, scenarios that miss goals first, then the verdict against issue #14's
 goals, and writes JSON (``--out``, default ``scenarios-out/suite.json``, untracked).
@@ -51,6 +54,7 @@ import time
 from collections import Counter
 from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -244,6 +248,28 @@ def entitled_bound(
     return run(scenario, "sluice", policies, node, controller=ctl)
 
 
+def alone_reversals(
+    scenario: Scenario, policies: Mapping[str, ScalingPolicy], budget: BudgetConfig
+) -> dict[str, float]:
+    """Per service, the replica direction changes per hour of its own policy with the node to
+    itself: Sluice's engine, the same arrivals, no other service (the service's rule as
+    configured -- e.g. the KPA's cold-start overshoot -- with no arbitration at all)."""
+    out: dict[str, float] = {}
+    hours = scenario.duration_s / 3600
+    for s in scenario.services:
+        one = replace(
+            scenario,
+            services=[s],
+            loads={s: scenario.loads[s]},
+            arrivals={s: scenario.arrivals[s]},
+            offered_rps={s: scenario.offered_rps[s]},
+            offered_cores={s: scenario.offered_cores[s]},
+        )
+        result = run(one, "sluice", {s: policies[s]}, budget)
+        out[s] = result.replica_reversals.get(s, 0) / hours
+    return out
+
+
 def fluid_bound(
     scenario: Scenario, policies: Mapping[str, ScalingPolicy], budget: float
 ) -> float | None:
@@ -311,6 +337,7 @@ def run_scenario(
         own = budget if name == "sluice" else baseline
         runs[name] = summarise(scenario, run(scenario, name, policies, own), cores)
     reactive = reactive_bound(scenario, policies, budget)
+    alone = alone_reversals(scenario, policies, budget)
     entitled_run = entitled_bound(scenario, policies, budget)
     entitled: dict[str, float | None] = dict.fromkeys(scenario.services)
     if entitled_run is not None:
@@ -351,6 +378,7 @@ def run_scenario(
                 "p99_floor_s": p99_floor(scenario, s, policies[s]),
                 "p99_reactive_bound_s": reactive[s],
                 "p99_entitled_bound_s": entitled[s],
+                "alone_direction_changes_per_hour": alone[s],
             }
             for s in scenario.services
         },
@@ -452,11 +480,18 @@ def verdict(sc: dict[str, Any]) -> list[dict[str, Any]]:
         for s, v in sv.items()
         if v["replica_direction_changes_per_hour"] > v["offered_direction_changes_per_hour"] + 1e-9
     }
+    alone = {s: sc["services"][s].get("alone_direction_changes_per_hour") for s in flapping}
+    why = None
+    if flapping and all(a is not None and a >= flapping[s][0] - 1e-9 for s, a in alone.items()):
+        why = "its own policy's: with the node to itself, " + ", ".join(
+            f"{s} changes direction {a:.0f}/h" for s, a in alone.items()
+        )
     add(
         "replica direction changes <= the offered load's",
         None,
         not flapping,
         ", ".join(f"{s} {a:.0f}/h vs load {b:.0f}/h" for s, (a, b) in flapping.items()) or "ok",
+        why,
     )
     if sc["name"].startswith("seed-"):
         info = sc["budget_cores"] not in SEED_BUDGETS
@@ -636,7 +671,7 @@ def print_verdict(results: list[dict[str, Any]], console: Console) -> None:
         "of issue #14"
     )
     counts: dict[str, int] = {}
-    impossible = entitled = 0
+    impossible = entitled = own = 0
     for sc in results:
         for g in failed(sc["verdict"]):
             key = g["kind"]
@@ -644,6 +679,7 @@ def print_verdict(results: list[dict[str, Any]], console: Console) -> None:
             why = g["why"] or ""
             impossible += why.startswith("impossible")
             entitled += why.startswith("conflicts")
+            own += why.startswith("its own policy's")
     for goal, n in sorted(counts.items(), key=lambda kv: -kv[1]):
         console.print(f"  missed {n:>3}x  {goal}")
     if impossible:
@@ -652,6 +688,11 @@ def print_verdict(results: list[dict[str, Any]], console: Console) -> None:
         console.print(
             f"  ({entitled} more conflict with the other services' entitlements: the entitled "
             "reference misses them too)"
+        )
+    if own:
+        console.print(
+            f"  ({own} more are the service's own policy's: with the node to itself, under no "
+            "arbitration, it does the same)"
         )
 
 

@@ -527,9 +527,10 @@ def test_under_share_serving_replicas_keep_cpu_min_while_another_service_bursts(
     assert during["burst"].allocated_cores == pytest.approx(1.8)
 
 
-def _settle(cpu_measured: bool) -> Decision:
+def _settle(cpu_measured: bool, noisy: bool = False) -> Decision:
     """6 replicas of 1 core serving 8 in flight, then the load settles at 2.4 cores used with
-    2 in flight (processor sharing: more capacity, less concurrency)."""
+    2 in flight (processor sharing: more capacity, less concurrency); ``noisy``: a second at
+    4.4 cores after each at 0.4 (the same mean)."""
     engine = Engine(
         {"api": policy(target=2, max_replicas=8, cpu={"min": 0.25, "max": 1.0, "request": 1.0})},
         BudgetConfig(cpu=8, enforcement="share"),
@@ -538,7 +539,7 @@ def _settle(cpu_measured: bool) -> Decision:
     used = 0.0
     d: dict[str, Decision] = {}
     for t in range(500):
-        used += 4.0 if t < 100 else 2.4
+        used += 4.0 if t < 100 else (2.4 + (2.0 if t % 2 else -2.0)) if noisy else 2.4
         sig = ServiceSignals(
             "api",
             float(t),
@@ -558,9 +559,16 @@ def test_scale_down_stops_where_the_measured_cpu_would_pass_the_target_utilisati
     kept = _settle(cpu_measured=True)
     assert kept.replicas == 4
     assert any(
-        "the 2.40 cores it used need them at the target utilisation" in r for r in kept.reasons
+        "the 2.40 cores it used over the panic window need them at the target utilisation" in r
+        for r in kept.reasons
     )
     assert _settle(cpu_measured=False).replicas < 4  # without it the windows alone decide
+
+
+def test_the_scale_down_floor_reads_the_panic_window_not_one_tick() -> None:
+    # One tick's use peaks at 4.4 cores (7 replicas' worth: all 6 kept, had it ruled); the
+    # panic window's mean stays near 2.4 and keeps 4, as the steady load does.
+    assert _settle(cpu_measured=True, noisy=True).replicas == 4
 
 
 def _cpu_bound_backlog(enforcement: str, seconds: int) -> list[Decision]:
