@@ -34,7 +34,11 @@ used during contention (a work-conserving node serving every backlog at once up 
 ``max_replicas × cpu.max``, without start-up delays), and, per service, its replica direction
 changes **alone**: Sluice's engine with the node to itself, the same arrivals, no other
 service -- what the service's own policy does with no arbitration at all (the KPA's panic
-reads a cold start's backlog as load, overshoots and settles: one direction change).
+reads a cold start's backlog as load, overshoots and settles: one direction change), and,
+for a service that changes direction against a steady load, the same in **hindsight**:
+Sluice with that service's ``max_replicas`` set to what its mean offered CPU needs at its
+target utilisation (a cap only someone who knew the load could set), its direction changes
+and p99 -- whether not overshooting would have cost latency.
 
 It prints one table, scenarios that miss goals first, then the verdict against issue #14's
 goals, and writes JSON (``--out``, default ``scenarios-out/suite.json``, untracked).
@@ -270,6 +274,54 @@ def alone_reversals(
     return out
 
 
+def hindsight_caps(
+    scenario: Scenario, policies: Mapping[str, ScalingPolicy], services: list[str]
+) -> dict[str, int]:
+    """For each of ``services`` (steady loads): the replicas its mean offered CPU needs at its
+    target utilisation, ``ceil(mean cores / (a replica at full size × target_utilization))``
+    within ``[max(min_replicas, 1), max_replicas]`` -- the cap a user who knew the load in
+    advance would set, so that a cold start cannot overshoot."""
+    out: dict[str, int] = {}
+    for s in services:
+        p = policies[s]
+        unit = p.cpu.initial_cores if p.prefer == "horizontal" else p.cpu.max
+        need = math.ceil(
+            float(scenario.offered_cores[s].mean()) / (unit * p.target_utilization) - 1e-9
+        )
+        out[s] = min(max(need, p.min_replicas, 1), p.max_replicas)
+    return out
+
+
+def hindsight_reversals(
+    scenario: Scenario,
+    policies: Mapping[str, ScalingPolicy],
+    budget: BudgetConfig,
+    services: list[str],
+) -> dict[str, dict[str, Any]]:
+    """Sluice with each of ``services`` capped at :func:`hindsight_caps` (known only in
+    hindsight; the others as configured): per capped service, its cap, replica direction
+    changes per hour and p99 -- whether a controller that did not overshoot at a cold start
+    would keep its latency."""
+    if not services:
+        return {}
+    caps = hindsight_caps(scenario, policies, services)
+    capped = {
+        n: p.model_copy(update={"max_replicas": caps[n]}) if n in caps else p
+        for n, p in policies.items()
+    }
+    result = run(scenario, "sluice", capped, budget)
+    latency = p99s(result, list(caps))
+    hours = scenario.duration_s / 3600
+    return {
+        s: {
+            "max_replicas": caps[s],
+            "direction_changes_per_hour": result.replica_reversals.get(s, 0) / hours,
+            "p99_s": latency[s],
+        }
+        for s in caps
+    }
+
+
 def fluid_bound(
     scenario: Scenario, policies: Mapping[str, ScalingPolicy], budget: float
 ) -> float | None:
@@ -338,6 +390,14 @@ def run_scenario(
         runs[name] = summarise(scenario, run(scenario, name, policies, own), cores)
     reactive = reactive_bound(scenario, policies, budget)
     alone = alone_reversals(scenario, policies, budget)
+    ours = runs["sluice"]["services"]
+    steady_flapping = [
+        s
+        for s in scenario.services
+        if ours[s]["offered_direction_changes_per_hour"] == 0
+        and ours[s]["replica_direction_changes_per_hour"] > 0
+    ]
+    hindsight = hindsight_reversals(scenario, policies, budget, steady_flapping)
     entitled_run = entitled_bound(scenario, policies, budget)
     entitled: dict[str, float | None] = dict.fromkeys(scenario.services)
     if entitled_run is not None:
@@ -379,6 +439,7 @@ def run_scenario(
                 "p99_reactive_bound_s": reactive[s],
                 "p99_entitled_bound_s": entitled[s],
                 "alone_direction_changes_per_hour": alone[s],
+                "hindsight": hindsight.get(s),
             }
             for s in scenario.services
         },
@@ -486,6 +547,17 @@ def verdict(sc: dict[str, Any]) -> list[dict[str, Any]]:
         why = "its own policy's: with the node to itself, " + ", ".join(
             f"{s} changes direction {a:.0f}/h" for s, a in alone.items()
         )
+        seen = {s: sc["services"][s].get("hindsight") for s in flapping}
+        known = {s: h for s, h in seen.items() if h}
+        if known:
+            why += (
+                "; avoidable in hindsight: with max_replicas at what its mean load needs, "
+                + ", ".join(
+                    f"{s} (<= {h['max_replicas']}) {h['direction_changes_per_hour']:.0f}/h"
+                    f" at p99 {_f(h['p99_s'])} s (as configured {_f(sv[s]['latency_p99_s'])} s)"
+                    for s, h in known.items()
+                )
+            )
     add(
         "replica direction changes <= the offered load's",
         None,

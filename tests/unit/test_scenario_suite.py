@@ -155,3 +155,27 @@ def test_the_verdict_names_each_missed_goal_and_shows_impossible_ones() -> None:
     assert verdict["seed: CPU in contention >= 90 %"]["why"]
     assert verdict["api: p99 <= 1.10 x independent"]["why"] is None
     assert verdict["jobs: p99 <= 1.10 x independent"]["met"]
+
+
+def test_an_own_policy_direction_miss_shows_whether_hindsight_avoids_it() -> None:
+    steady = figures(1.0, 900, 0, 4.0, 0) | {"offered_direction_changes_per_hour": 0.0}
+    sc = scenario(
+        {"api": steady, "jobs": figures(1.0, 100, 0, 0.0, 0)},
+        {"api": figures(2.0, 900, 0, 0.0, 0), "jobs": figures(2.0, 100, 0, 0.0, 0)},
+        (0.95, 0.90),
+    )
+    sc["services"]["api"]["alone_direction_changes_per_hour"] = 4.0
+    sc["services"]["api"]["hindsight"] = {
+        "max_replicas": 3,
+        "direction_changes_per_hour": 0.0,
+        "p99_s": 1.25,
+    }
+    goal = {g["goal"]: g for g in run.verdict(sc)}[
+        "replica direction changes <= the offered load's"
+    ]
+    assert not goal["met"]
+    assert goal["why"].startswith(
+        "its own policy's: with the node to itself, api changes direction 4/h"
+    )
+    assert "avoidable in hindsight" in goal["why"]
+    assert "api (<= 3) 0/h at p99 1.25 s (as configured 1 s)" in goal["why"]
