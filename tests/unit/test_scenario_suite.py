@@ -51,7 +51,7 @@ def test_the_suite_spans_what_the_issue_asks() -> None:
             for knob in ("stable_window_s", "panic_window_s", "panic_threshold", "tolerance"):
                 assert getattr(scaling, knob) == getattr(defaults, knob), (d.name, name, knob)
             assert scaling.weight == 1.0, (d.name, name)
-    assert budgets == {2.0, 8.0, 32.0, 64.0}
+    assert {2.0, 8.0, 32.0, 64.0} <= budgets  # the issue's sizes (and 4 and 16 besides)
     assert min(sizes) == 2 and max(sizes) == 10
     names = " ".join(d.name for d in dirs)
     for kind in ("seed-", "diurnal", "flash-crowd", "in-phase", "out-of-phase", "scale-to-zero"):
