@@ -64,6 +64,14 @@ def direction_changes(values: np.ndarray) -> int:
     return int(np.count_nonzero(signs[1:] != signs[:-1])) if signs.size > 1 else 0
 
 
+def offered_direction_changes(offered_rps: np.ndarray) -> int:
+    """How often the offered load changes direction, counted from the idle system a run
+    starts from (no load before its first tick), as the replicas' direction changes are
+    counted from the replicas it starts with: a load that starts high and then falls has
+    risen once and fallen once, as replicas that start at ``min_replicas`` must."""
+    return direction_changes(np.concatenate(([0.0], np.asarray(offered_rps, dtype=np.float64))))
+
+
 def service_summary(
     scenario: Scenario, result: RunResult, service: str, budget_cores: float
 ) -> dict[str, Any]:
@@ -99,9 +107,10 @@ def service_summary(
         ),
         "replicas_removed_while_starting": result.removed_while_starting.get(service, 0),
         "replica_direction_changes_per_hour": result.replica_reversals.get(service, 0) / hours,
-        "offered_direction_changes_per_hour": (
-            direction_changes(scenario.offered_rps[service]) / hours
-        ),
+        "offered_direction_changes_per_hour": offered_direction_changes(
+            scenario.offered_rps[service]
+        )
+        / hours,
         "rules": result.rules.get(service, {}),
     }
 

@@ -10,7 +10,7 @@ from scaler.simulate.arrivals import Arrivals, draw_arrivals
 from scaler.simulate.baselines import static_split
 from scaler.simulate.loop import EventLoop
 from scaler.simulate.model import DRAINING, PENDING, READY, STARTING, Node, ServiceModel
-from scaler.simulate.report import direction_changes
+from scaler.simulate.report import direction_changes, offered_direction_changes
 from scaler.simulate.runner import build_scenario, lends, run
 from scaler.simulate.workload import parse_workload
 from tests.support.sim_scenarios import BURSTY, POLICIES
@@ -204,6 +204,13 @@ def test_direction_changes_of_a_series() -> None:
     assert direction_changes(np.array([1.0, 1, 2, 2, 3, 1, 1, 4, 4])) == 2
     assert direction_changes(np.array([5.0, 5, 5])) == 0
     assert direction_changes(np.array([1.0, 0, 1, 0])) == 2
+
+
+def test_the_offered_load_is_counted_from_the_idle_start() -> None:
+    # The replicas start at min_replicas: a load that starts high has first risen from none.
+    assert offered_direction_changes(np.array([50.0, 50, 25, 25, 50])) == 2
+    assert offered_direction_changes(np.array([20.0, 20, 20])) == 0  # a steady load: none
+    assert offered_direction_changes(np.array([0.0, 0, 40, 0, 40])) == 2  # bursts from idle
 
 
 def test_static_split_by_given_shares() -> None:
