@@ -242,8 +242,8 @@ class Engine:
         self.is_rps: BoolArray = np.array([p.metric == "rps" for p in pols], dtype=bool)
         self.is_cpu: BoolArray = np.array([p.metric == "cpu" for p in pols], dtype=bool)
         self.horizontal: BoolArray = np.array([p.prefer == "horizontal" for p in pols], dtype=bool)
-        self.unit = np.where(self.horizontal, self.cpu_ref, self.cpu_max)
-        """A replica at full size: cpu.request (prefer: horizontal) or cpu.max (vertical)."""
+        self.unit = arr([p.replica_cores for p in pols])
+        """A replica at full size (``ScalingPolicy.replica_cores``)."""
         self._size = self.unit / self.cpu_ref
         """Reference replicas per replica at full size."""
         self.kpa_index = np.array(

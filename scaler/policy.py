@@ -422,6 +422,11 @@ class ScalingPolicy(_Model):
         return {**data, "metric": metric, "target": target}
 
     @property
+    def replica_cores(self) -> float:
+        """A replica at full size: ``cpu.request`` (``prefer: horizontal``) or ``cpu.max``."""
+        return self.cpu.initial_cores if self.prefer == "horizontal" else self.cpu.max
+
+    @property
     def primary_listed(self) -> bool:
         """Whether ``metric``/``target`` count (the shorthand, or listed in ``metrics``)."""
         return not self.metrics or any(m.type in PRIMARY_TYPES for m in self.metrics)

@@ -284,9 +284,9 @@ def hindsight_caps(
     out: dict[str, int] = {}
     for s in services:
         p = policies[s]
-        unit = p.cpu.initial_cores if p.prefer == "horizontal" else p.cpu.max
         need = math.ceil(
-            float(scenario.offered_cores[s].mean()) / (unit * p.target_utilization) - 1e-9
+            float(scenario.offered_cores[s].mean()) / (p.replica_cores * p.target_utilization)
+            - 1e-9
         )
         out[s] = min(max(need, p.min_replicas, 1), p.max_replicas)
     return out
