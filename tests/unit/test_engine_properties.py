@@ -192,10 +192,22 @@ def check_tick(
             floor = max(p.floor_cores, p.min_replicas * p.cpu.min)
             assert cores >= min(demand, floor) - EPS, f"{name}: floor not honoured"
             fair = engine.fair_share(name)
-            # (frozen services keep their replicas at cpu.min, which may eat into fair shares)
-            assert any_frozen or cores >= min(demand, fair) - EPS, (
-                f"{name}: got {cores}, demand {demand}, fair share {fair}"
-            )
+            # Frozen services keep their replicas at cpu.min, which may eat into fair shares;
+            # under share so do serving replicas (the kernel's weights, not the decided CPU,
+            # then give a busy service its entitlement) -- but only holds at cpu.min: no service
+            # above its own min(demand, fair share) holds more than cpu.min per replica then.
+            if not any_frozen and cores < min(demand, fair) - EPS:
+                assert budget.enforcement == "share", (
+                    f"{name}: got {cores}, demand {demand}, fair share {fair}"
+                )
+                for other, o in decisions.items():
+                    q = engine.policies[other]
+                    entitled = min(o.inputs["demand_cores"], engine.fair_share(other))
+                    if o.inputs["allocation_cores"] > entitled + EPS:
+                        assert o.replicas and o.cpu_per_replica_cores <= q.cpu.min + EPS, (
+                            f"{name} short of its fair share ({cores} < min({demand}, {fair}))"
+                            f" while {other} holds more than cpu.min per replica: {o}"
+                        )
             # A blocked resize keeps the CPU per replica, so its allocation may go unused; so
             # may cores granted to replicas not started yet (held back until the service
             # surely keeps the CPU: the decision says so).
