@@ -1,7 +1,7 @@
 """The scenario suite: every scenario under Sluice, `independent` and `static`, one table, one verdict.
 
-    python benchmarks/scenarios/run.py [--jobs N] [--only SUBSTRING ...] [--out FILE]
-                                       [--table FILE] [--enforcement limit|share]
+    python benchmarks/scenarios/run.py [--jobs N] [--only SUBSTRING ...] [--dir DIR ...]
+                                       [--out FILE] [--table FILE] [--enforcement limit|share]
                                        [--baseline-enforcement limit|share]
 
 Each directory here holding ``config.yaml`` (a Sluice config, as a user writes it: KPA/HPA
@@ -97,11 +97,16 @@ SEED_BUDGETS = (2.0, 8.0)
 """The seed-class goals hold at these budgets (issue #14); elsewhere they are shown as info."""
 
 
-def discover(only: list[str]) -> list[Path]:
+def discover(only: list[str], roots: list[Path] | None = None) -> list[Path]:
+    """Scenario directories under ``roots`` (default: this suite's), sorted by name."""
     dirs = sorted(
-        p
-        for p in HERE.iterdir()
-        if (p / "config.yaml").is_file() and (p / "workload.yaml").is_file()
+        (
+            p
+            for root in roots or [HERE]
+            for p in root.iterdir()
+            if (p / "config.yaml").is_file() and (p / "workload.yaml").is_file()
+        ),
+        key=lambda p: (p.name, str(p)),
     )
     if only:
         dirs = [d for d in dirs if any(o in d.name for o in only)]
@@ -781,6 +786,13 @@ def main() -> int:
     )
     ap.add_argument("--table", type=Path, default=None, help="also write the table as text here")
     ap.add_argument(
+        "--dir",
+        type=Path,
+        action="append",
+        default=None,
+        help="run the scenarios under this directory instead of the shipped suite (repeatable)",
+    )
+    ap.add_argument(
         "--enforcement",
         choices=["limit", "share"],
         default=None,
@@ -794,7 +806,11 @@ def main() -> int:
         "pods of Guaranteed QoS; share: no CPU limit, idle CPU used by weight)",
     )
     args = ap.parse_args()
-    dirs = discover(args.only)
+    for root in args.dir or []:
+        if not root.is_dir():
+            print(f"--dir {root}: not a directory", file=sys.stderr)
+            return 2
+    dirs = discover(args.only, args.dir)
     if not dirs:
         print("no scenarios found", file=sys.stderr)
         return 2

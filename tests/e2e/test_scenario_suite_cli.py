@@ -36,3 +36,40 @@ def test_one_command_prints_the_table_and_the_verdict_and_writes_json(tmp_path: 
         "seed: short-lived reports p99 >= 10x lower than independent",
     }
     assert verdict in table.read_text()
+
+
+def test_a_users_own_scenarios_run_from_their_directory(tmp_path: Path) -> None:
+    mine = tmp_path / "mine" / "two-apis-2c"
+    mine.mkdir(parents=True)
+    (mine / "config.yaml").write_text(
+        "budget: {cpu: 2}\n"
+        "services:\n"
+        "  web: {endpoints: ['127.0.0.1:9001'], scaling: {max_replicas: 2, cpu: {max: 1.0}}}\n"
+        "  jobs: {endpoints: ['127.0.0.1:9101'], scaling: {max_replicas: 2, cpu: {max: 1.0}}}\n"
+    )
+    (mine / "workload.yaml").write_text(
+        "duration_s: 120\n"
+        "services:\n"
+        "  web: {slo_s: 0.5, load: [{at_s: 0, rps: 10, cpu_s: 0.05}]}\n"
+        "  jobs:\n"
+        "    slo_s: 1.0\n"
+        "    load: [{at_s: 0, rps: 0, cpu_s: 0.1}]\n"
+        "    bursts: [{every_s: 40, for_s: 10, start_s: 10, rps: 10, cpu_s: 0.1}]\n"
+    )
+    out = tmp_path / "suite.json"
+    run = [sys.executable, str(ROOT / "benchmarks" / "scenarios" / "run.py"), "--jobs", "1"]
+    done = subprocess.run(
+        [*run, "--dir", str(tmp_path / "mine"), "--out", str(out)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "two-apis-2c" in done.stdout
+    assert [sc["name"] for sc in json.loads(out.read_text())["scenarios"]] == ["two-apis-2c"]
+
+    missing = subprocess.run(
+        [*run, "--dir", str(tmp_path / "nowhere")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert missing.returncode == 2
+    assert "--dir" in missing.stderr and "nowhere" in missing.stderr
+    assert "not a directory" in missing.stderr
