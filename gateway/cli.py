@@ -163,10 +163,45 @@ def cmd_run(args: argparse.Namespace) -> int:
     return run(settings, config_path=args.config)
 
 
+def admission_not_modelled(settings: Settings) -> list[str]:
+    """What the config's admission control would do that ``sluice simulate`` does not model
+    (the model forwards every request to a ready replica at once and holds requests without
+    bound while a service has none): one line per service and setting."""
+    lines: list[str] = []
+    for name, service in settings.services.items():
+        limits, key = service.limits, f"services.{name}"
+        queue = f"limits.queue (max {limits.queue.max}, timeout_s {limits.queue.timeout_s:g})"
+        if limits.concurrency_per_replica is not None:
+            lines.append(
+                f"{key}.limits.concurrency_per_replica: not modelled: the gateway forwards "
+                f"{limits.concurrency_per_replica} request(s) at once per replica and queues the "
+                f"rest in {queue}, answering 503 beyond it; the model forwards every request"
+            )
+        if limits.rate_limit is not None:
+            lines.append(
+                f"{key}.limits.rate_limit: not modelled: the gateway answers 429 above "
+                f"{limits.rate_limit.rps:g} req/s; the model admits every request"
+            )
+        if service.scaling.min_replicas == 0:
+            held = (
+                "answers 503 (no-endpoints) at once (only platform local holds requests at zero)"
+                if settings.platform == "kubernetes"
+                else f"(platform local) holds requests in {queue} and answers 503 beyond it"
+            )
+            lines.append(
+                f"{key}.scaling.min_replicas: 0: while it has no ready replica the gateway "
+                f"{held}; the model holds them without bound until one is ready (a cold start "
+                "shows as latency, not as 503s)"
+            )
+    return lines
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     settings = load_or_exit(args.config)
     from scaler.simulate.cli import run_command
 
+    for line in admission_not_modelled(settings):
+        print(f"sluice simulate: note: {args.config}: {line}", file=sys.stderr)
     policies = {name: service.scaling for name, service in settings.services.items()}
     return run_command(args, policies, settings.budget, str(args.config))
 
