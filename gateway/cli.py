@@ -200,10 +200,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     settings = load_or_exit(args.config)
     from scaler.simulate.cli import run_command
 
-    for line in admission_not_modelled(settings):
-        print(f"sluice simulate: note: {args.config}: {line}", file=sys.stderr)
     policies = {name: service.scaling for name, service in settings.services.items()}
-    return run_command(args, policies, settings.budget, str(args.config))
+    code = run_command(args, policies, settings.budget, str(args.config))
+    if code == 0:  # after the run's figures, which these notes qualify
+        for line in admission_not_modelled(settings):
+            print(f"sluice simulate: note: {args.config}: {line}", file=sys.stderr)
+    return code
 
 
 def build_parser() -> argparse.ArgumentParser:

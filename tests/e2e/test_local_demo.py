@@ -25,9 +25,14 @@ from tests.support.localpool import REPLICA_USER_FIELDS, ROOT, needs_cgroups
 from tests.support.processes import Gateway
 from tests.support.procs import MARKER_VAR, pids_with_marker, wait_until
 
+_STARTS_TAKEN: set[int] = set()
+
 
 def service(prefix: str, marker: str, scaling: dict[str, Any], cpu_ms: int = 5) -> dict[str, Any]:
-    start = random.randrange(20000, 60000, 100)
+    # A port range of its own: two services of one config drawing the same range is a config
+    # error (overlapping port_range), so never hand out a start twice in this process.
+    start = random.choice([s for s in range(20000, 60000, 100) if s not in _STARTS_TAKEN])
+    _STARTS_TAKEN.add(start)
     return {
         "routes": [{"path": prefix, "path_type": "Prefix"}],
         "replicas": {
@@ -282,8 +287,8 @@ def test_sluice_run_without_config_runs_the_demo_from_config_dir(tmp_path: Path)
     demo["listen"]["port"] = 0
     demo["admin"]["port"] = 0
     marker = uuid.uuid4().hex
-    for svc in demo["services"].values():
-        start = random.randrange(20000, 60000, 100)
+    starts = random.sample(range(20000, 60000, 100), len(demo["services"]))  # distinct
+    for svc, start in zip(demo["services"].values(), starts, strict=True):
         svc["replicas"]["port_range"] = [start, start + 20]
         svc["replicas"]["env"] = {**svc["replicas"]["env"], MARKER_VAR: marker}
         svc["replicas"].update(REPLICA_USER_FIELDS)

@@ -140,8 +140,8 @@ def test_the_quick_start_as_root_runs_the_demo_replicas_as_nobody(
     demo["listen"]["port"] = 0
     demo["admin"]["port"] = 0
     marker = uuid.uuid4().hex
-    for svc in demo["services"].values():
-        start = random.randrange(20000, 60000, 100)
+    starts = random.sample(range(20000, 60000, 100), len(demo["services"]))  # distinct
+    for svc, start in zip(demo["services"].values(), starts, strict=True):
         svc["replicas"]["port_range"] = [start, start + 19]
         svc["replicas"]["env"] = {**svc["replicas"].get("env", {}), MARKER_VAR: marker}
         assert "user" not in svc["replicas"], "the shipped demo leaves the user to Sluice"

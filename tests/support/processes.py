@@ -56,6 +56,7 @@ class Process:
             self.stop()
             raise RuntimeError(f"{args} did not become ready:\n{self.output()}")
         if self.match is None:
+            self.stop()  # reap it and close its pipes: they would warn in a later test
             raise RuntimeError(f"{args} exited before becoming ready:\n{self.output()}")
 
     def _pump(self, stream: Any, lines: list[str]) -> None:
