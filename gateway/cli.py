@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import gateway
 from gateway.settings import (
@@ -21,6 +22,9 @@ from gateway.settings import (
     load_or_exit,
     load_settings,
 )
+
+if TYPE_CHECKING:  # the simulator loads only when `sluice simulate` runs
+    from scaler.simulate.model import Admission
 
 DEFAULT_CONFIG = Path("config/sluice.yaml")
 """Used when ``--config`` is not given and this file exists (relative to the working dir)."""
@@ -163,35 +167,39 @@ def cmd_run(args: argparse.Namespace) -> int:
     return run(settings, config_path=args.config)
 
 
+def simulated_admission(settings: Settings) -> dict[str, Admission]:
+    """Each service's ``limits`` as ``sluice simulate``'s model follows them: concurrency
+    slots per replica and the bounded queue, also where requests wait while the service has
+    no ready replica (as ``platform: local`` holds them)."""
+    from scaler.simulate.model import Admission
+
+    return {
+        name: Admission(
+            slots_per_replica=service.limits.concurrency_per_replica,
+            queue_max=service.limits.queue.max,
+            queue_timeout_s=service.limits.queue.timeout_s,
+        )
+        for name, service in settings.services.items()
+    }
+
+
 def admission_not_modelled(settings: Settings) -> list[str]:
     """What the config's admission control would do that ``sluice simulate`` does not model
-    (the model forwards every request to a ready replica at once and holds requests without
-    bound while a service has none): one line per service and setting."""
+    (it follows the concurrency slots and the queue as ``platform: local`` does): one line
+    per service and setting."""
     lines: list[str] = []
     for name, service in settings.services.items():
         limits, key = service.limits, f"services.{name}"
-        queue = f"limits.queue (max {limits.queue.max}, timeout_s {limits.queue.timeout_s:g})"
-        if limits.concurrency_per_replica is not None:
-            lines.append(
-                f"{key}.limits.concurrency_per_replica: not modelled: the gateway forwards "
-                f"{limits.concurrency_per_replica} request(s) at once per replica and queues the "
-                f"rest in {queue}, answering 503 beyond it; the model forwards every request"
-            )
         if limits.rate_limit is not None:
             lines.append(
                 f"{key}.limits.rate_limit: not modelled: the gateway answers 429 above "
                 f"{limits.rate_limit.rps:g} req/s; the model admits every request"
             )
-        if service.scaling.min_replicas == 0:
-            held = (
-                "answers 503 (no-endpoints) at once (only platform local holds requests at zero)"
-                if settings.platform == "kubernetes"
-                else f"(platform local) holds requests in {queue} and answers 503 beyond it"
-            )
+        if service.scaling.min_replicas == 0 and settings.platform == "kubernetes":
             lines.append(
-                f"{key}.scaling.min_replicas: 0: while it has no ready replica the gateway "
-                f"{held}; the model holds them without bound until one is ready (a cold start "
-                "shows as latency, not as 503s)"
+                f"{key}.scaling.min_replicas: 0: while it has no ready endpoint the gateway "
+                "answers 503 (no-endpoints) at once on platform kubernetes; the model holds "
+                "requests in limits.queue, as platform local does"
             )
     return lines
 
@@ -201,7 +209,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from scaler.simulate.cli import run_command
 
     policies = {name: service.scaling for name, service in settings.services.items()}
-    code = run_command(args, policies, settings.budget, str(args.config))
+    admission = simulated_admission(settings)
+    code = run_command(args, policies, settings.budget, str(args.config), admission)
     if code == 0:  # after the run's figures, which these notes qualify
         for line in admission_not_modelled(settings):
             print(f"sluice simulate: note: {args.config}: {line}", file=sys.stderr)

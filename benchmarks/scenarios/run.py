@@ -71,6 +71,7 @@ from rich import box  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from gateway.cli import simulated_admission  # noqa: E402
 from gateway.settings import load_settings  # noqa: E402
 from scaler.arbiter import fair_shares  # noqa: E402
 from scaler.decision import ServiceState  # noqa: E402
@@ -387,7 +388,7 @@ def run_scenario(
     budget = budget.resolved(None)
     baseline = budget.model_copy(update={"enforcement": baseline_enforcement})
     workload = load_workload(path / "workload.yaml")
-    scenario = build_scenario(workload, policies)
+    scenario = build_scenario(workload, policies, admission=simulated_admission(settings))
     cores = budget.cpu
     runs: dict[str, dict[str, Any]] = {}
     for name in ("sluice", "independent", "static"):
@@ -525,6 +526,15 @@ def verdict(sc: dict[str, Any]) -> list[dict[str, Any]]:
     if left_e is not None and left_e > left_i:
         why = f"conflicts with the others' entitlements: the entitled reference leaves {left_e}"
     add("unfinished at end <= independent", None, left_s <= left_i, f"{left_s} vs {left_i}", why)
+    # Nothing lost: the gateway's admission (limits.queue, at zero or out of slots) rejects
+    # no more requests than under one autoscaler per service.
+    shed_s = sum(v["rejected"] for v in sv.values())
+    shed_i = sum(v["rejected"] for v in iv.values())
+    shed_e = sum(v["rejected"] for v in ev.values()) if ev else None
+    why = None
+    if shed_e is not None and shed_e > shed_i:
+        why = f"conflicts with the others' entitlements: the entitled reference rejects {shed_e}"
+    add("rejected (503) <= independent", None, shed_s <= shed_i, f"{shed_s} vs {shed_i}", why)
     us = s_runs["budget"]["utilisation_during_contention"]
     ui = i_runs["budget"]["utilisation_during_contention"]
     if us is not None and ui is not None:
@@ -670,6 +680,7 @@ COLUMNS = [
     ("thr S/I", "right"),
     ("CPU in cont. S / I", "right"),
     ("unfin S / I", "right"),
+    ("503 S / I", "right"),
     ("dir/h S / I / load", "right"),
     ("rm-start S / I", "right"),
 ]
@@ -720,6 +731,7 @@ def print_results(results: list[dict[str, Any]], console: Console) -> None:
                 f"{_f(sv['sluice']['cpu_used_in_contention_cores'], '{:.2f}')} / "
                 f"{_f(sv['independent']['cpu_used_in_contention_cores'], '{:.2f}')}",
                 f"{sv['sluice']['unfinished']} / {sv['independent']['unfinished']}",
+                f"{sv['sluice']['rejected']} / {sv['independent']['rejected']}",
                 f"{sv['sluice']['replica_direction_changes_per_hour']:.0f} / "
                 f"{sv['independent']['replica_direction_changes_per_hour']:.0f} / "
                 f"{sv['sluice']['offered_direction_changes_per_hour']:.0f}",
@@ -842,7 +854,8 @@ def main() -> int:
         "with every replica ready, the node shared by entitlement; best split = "
         "best fixed split in hindsight; thr = completed requests; CPU in cont. = cores used "
         "during contention; dir/h = replica direction changes "
-        "per hour (load = the offered load's own); rm-start = replicas removed while starting"
+        "per hour (load = the offered load's own); 503 = requests the gateway's admission "
+        "rejected (limits.queue full or timed out); rm-start = replicas removed while starting"
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     doc = {

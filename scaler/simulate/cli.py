@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # the heavy imports wait until a simulation really runs
 
     from scaler.policy import BudgetConfig, ScalingPolicy
     from scaler.simulate.baselines import RunName
+    from scaler.simulate.model import Admission
     from scaler.simulate.runner import RunResult, Scenario
 
 
@@ -135,8 +136,10 @@ def run_command(
     policies: Mapping[str, ScalingPolicy],
     budget: BudgetConfig,
     config_label: str,
+    admission: Mapping[str, Admission] | None = None,
 ) -> int:
-    """Run ``sluice simulate`` with a loaded config; returns the exit code."""
+    """Run ``sluice simulate`` with a loaded config (``admission``: the gateway's admission
+    control per service, from its ``limits``); returns the exit code."""
     from rich.console import Console
 
     from scaler.simulate.baselines import BASELINE_ENFORCEMENT as baseline_enforcement
@@ -170,7 +173,12 @@ def run_command(
     try:
         workload = load_workload(args.workload)
         scenario = build_scenario(
-            workload, policies, duration_s=args.duration, tick_s=args.tick, seed=args.seed
+            workload,
+            policies,
+            duration_s=args.duration,
+            tick_s=args.tick,
+            seed=args.seed,
+            admission=admission,
         )
     except WorkloadError as e:
         for line in e.problems:

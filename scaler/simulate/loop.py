@@ -41,7 +41,15 @@ from typing import Literal
 
 from scaler.arbiter import water_fill as arbiter_water_fill
 from scaler.lending import Holding, idle_floor, lend
-from scaler.simulate.model import DRAINING, PENDING, READY, STARTING, Replica, ServiceModel
+from scaler.simulate.model import (
+    DRAINING,
+    PENDING,
+    READY,
+    STARTING,
+    UNBOUNDED,
+    Replica,
+    ServiceModel,
+)
 
 _EPS = 1e-9
 
@@ -355,6 +363,8 @@ class EventLoop:
         self._busy = {}
         self._heap = []
         for j, m in enumerate(models):
+            if m.queue and m.admission is not UNBOUNDED:
+                m.expire(t0)
             for r in m.replicas:
                 r.flow(t0)  # a no-op when settled (the last run ended at t0)
                 if r.phase == STARTING:
@@ -385,7 +395,7 @@ class EventLoop:
         self._refill(t0, None, everyone=True)  # weights and replicas may have changed at a tick
         for j, m in enumerate(models):
             if m.queue and ready_of[j]:
-                self._flush(j, ready_of[j], t0)
+                conc[j] -= self._flush(j, ready_of[j], t0)
         stop: tuple[str, float] | None = None
         for j, m in enumerate(models):
             if conc[j] >= wake[j]:
@@ -415,6 +425,9 @@ class EventLoop:
                     models[j].remove(r)
                     self._held = None  # it no longer holds CPU
                 self._changed(r, j, tc)
+                m = models[j]
+                if m.queue and r.phase == READY and m.admission.slots_per_replica is not None:
+                    conc[j] -= self._take_oldest(m, r, j, tc)  # the freed slot
                 if lending and conc[j] == 0:
                     self._quiet(j, tc)
             elif tr < t1 and tr <= ta and tr <= tt:
@@ -425,7 +438,7 @@ class EventLoop:
                     r.t = tr
                     ready_of[j].append(r)
                     if models[j].queue:
-                        self._flush(j, ready_of[j], tr)
+                        conc[j] -= self._flush(j, ready_of[j], tr)
             elif tt < t1 and tt <= ta:
                 _, j = heappop(timers)
                 self._timer(tt, j)
@@ -442,19 +455,39 @@ class EventLoop:
                 if lending and conc[j] == 1:
                     self._wake(j, ta)
                 ready = ready_of[j]
-                if not ready:
-                    m.queue.append((ta, m.works[i]))
+                adm = m.admission
+                to: Replica | None
+                if adm is UNBOUNDED:
+                    to = (
+                        None
+                        if not ready
+                        else ready[0]
+                        if len(ready) == 1
+                        else min(ready, key=_in_flight)
+                    )
                 else:
-                    r = ready[0] if len(ready) == 1 else min(ready, key=_in_flight)
-                    r.flow(ta)
-                    heapq.heappush(r.tags, (r.v + m.works[i], ta))
-                    self._changed(r, j, ta)
+                    if m.queue:
+                        conc[j] -= m.expire(ta)
+                    to = None if m.queue else _free(ready, adm.slots_per_replica)
+                if to is not None:
+                    to.flow(ta)
+                    heapq.heappush(to.tags, (to.v + m.works[i], ta))
+                    self._changed(to, j, ta)
+                elif adm.queue_max is not None and len(m.queue) >= adm.queue_max:
+                    m.rejected_queue_full += 1  # 503 queue-full, at once
+                    conc[j] -= 1
+                    if lending and conc[j] == 0:
+                        self._quiet(j, ta)
+                else:
+                    m.queue.append((ta, m.works[i]))
                 if conc[j] >= wake[j]:
                     stop = (m.name, ta)
                     t1 = ta
             else:
                 break
         for j, m in enumerate(models):
+            if m.queue and m.admission is not UNBOUNDED:
+                m.expire(t1)  # the queue a tick's signals read holds no expired request
             for r in list(m.replicas):
                 r.flow(t1)
                 if r.phase == DRAINING and not r.tags:
@@ -469,16 +502,49 @@ class EventLoop:
         self.clock = t1
         return stop
 
-    def _flush(self, j: int, ready: list[Replica], t: float) -> None:
-        """Hand every request waiting in service ``j``'s gateway queue to its least-loaded ready replicas."""
-        queue = self.models[j].queue
+    def _flush(self, j: int, ready: list[Replica], t: float) -> int:
+        """Hand the requests waiting in service ``j``'s gateway queue, oldest first, to its
+        least-loaded ready replicas (with admission slots: while one has a free slot).
+        Returns how many timed out in the queue instead (rejected)."""
+        m = self.models[j]
+        queue, slots = m.queue, m.admission.slots_per_replica
+        expired = m.expire(t) if m.admission is not UNBOUNDED else 0
         while queue:
+            r = (
+                (ready[0] if len(ready) == 1 else min(ready, key=_in_flight))
+                if slots is None
+                else _free(ready, slots)
+            )
+            if r is None:
+                break
             arrived, w = queue.popleft()
-            r = ready[0] if len(ready) == 1 else min(ready, key=_in_flight)
             r.flow(t)
             heapq.heappush(r.tags, (r.v + w, arrived))
             self._changed(r, j, t)
+        return expired
+
+    def _take_oldest(self, m: ServiceModel, r: Replica, j: int, t: float) -> int:
+        """A slot freed on ``r``: it takes the oldest waiter that has not timed out.
+        Returns how many timed out (rejected)."""
+        expired = m.expire(t)
+        if m.queue and len(r.tags) < (m.admission.slots_per_replica or 0):
+            arrived, w = m.queue.popleft()
+            r.flow(t)
+            heapq.heappush(r.tags, (r.v + w, arrived))
+            self._changed(r, j, t)
+        return expired
 
 
 def _in_flight(r: Replica) -> int:
     return len(r.tags)
+
+
+def _free(ready: list[Replica], slots: int | None) -> Replica | None:
+    """The ready replica with the fewest in flight (ties: the oldest), among those with a
+    free slot when ``slots`` is set; None when there is none."""
+    best: Replica | None = None
+    for r in ready:
+        n = len(r.tags)
+        if (slots is None or n < slots) and (best is None or n < len(best.tags)):
+            best = r
+    return best

@@ -13,6 +13,13 @@ Assumptions (docs/simulate.md repeats them):
 * **Dispatch** like the gateway's ``least_request``: an arrival goes to the ready replica
   with the fewest requests in flight (ties: the oldest replica).  With no ready replica it
   waits in the gateway's queue (FIFO) until one becomes ready.
+* **Admission** like the gateway's (:class:`Admission`, from the service's ``limits``): with
+  ``concurrency_per_replica`` an arrival goes only to a ready replica with a free slot, else
+  it waits in the queue, and a freed slot takes the oldest waiter; the queue (also where
+  requests wait while no replica is ready, as on ``platform: local``) holds at most
+  ``queue.max`` requests -- one more is rejected at once (503 queue-full) -- and a request
+  that has waited ``queue.timeout_s`` is rejected (503 queue-timeout).  Without limits
+  (:data:`UNBOUNDED`) nothing is rejected.
 * **The CPU rule** is a strategy of the one event loop that drives these models
   (:mod:`scaler.simulate.loop`): limit as above, limit with lending, or share (a replica's
   cores are its guaranteed share of the node, which the busy replicas of every service
@@ -24,7 +31,8 @@ Assumptions (docs/simulate.md repeats them):
   and increases that fit apply in place at once**, to replicas that are serving (the point
   of in-place resize).  A replica removed on scale-down first stops receiving requests,
   finishes what it holds (draining), and only then frees its CPU.
-* Nothing is dropped: every arrival is completed or still queued/in flight at the end.
+* Nothing is dropped: every arrival is completed, rejected by admission, or still
+  queued/in flight at the end.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from itertools import chain
 
 from scaler.decision import ServiceState
@@ -40,6 +49,23 @@ from scaler.simulate.arrivals import Arrivals
 
 PENDING, STARTING, READY, DRAINING = "pending", "starting", "ready", "draining"
 _EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class Admission:
+    """The gateway's admission control for one service, as the model follows it (the
+    service's ``limits`` in a Sluice config; the gateway turns them into this)."""
+
+    slots_per_replica: int | None = None
+    """Requests forwarded at once per ready replica; None: unlimited."""
+    queue_max: int | None = None
+    """Most requests waiting at once; None: unbounded."""
+    queue_timeout_s: float = math.inf
+    """Longest wait in the queue before a 503."""
+
+
+UNBOUNDED = Admission()
+"""No admission control: every request forwarded at once, held without bound at zero."""
 
 
 class Replica:
@@ -126,8 +152,14 @@ class ServiceModel:
         signal_window_s: float = 10.0,
         tick_s: float = 1.0,
         app: Mapping[str, Sequence[tuple[float, float]]] | None = None,
+        admission: Admission = UNBOUNDED,
     ) -> None:
         self.name = name
+        self.admission = admission
+        self.rejected_queue_full = 0
+        """Arrivals rejected at once: the queue held ``queue_max`` already (503 queue-full)."""
+        self.rejected_timeout = 0
+        """Requests rejected after waiting ``queue_timeout_s`` in the queue (503 queue-timeout)."""
         self.app = {k: list(v) for k, v in (app or {}).items()}
         """App metrics the service reports: per name, (from time, value) steps."""
         self.times = arrivals.times_s.tolist()
@@ -199,6 +231,21 @@ class ServiceModel:
             if r.phase != PENDING:
                 total += r.cores
         return total
+
+    @property
+    def rejected_total(self) -> int:
+        return self.rejected_queue_full + self.rejected_timeout
+
+    def expire(self, t: float) -> int:
+        """Reject the queued requests that have waited ``queue_timeout_s`` by ``t`` (the
+        oldest first); returns how many."""
+        queue, limit = self.queue, self.admission.queue_timeout_s
+        n = 0
+        while queue and t - queue[0][0] >= limit:
+            queue.popleft()
+            n += 1
+        self.rejected_timeout += n
+        return n
 
     def count(self, phase: str) -> int:
         return sum(1 for r in self.replicas if r.phase == phase)

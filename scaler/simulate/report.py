@@ -35,6 +35,7 @@ LOWER_IS_BETTER = {
     "requests_over_slo",
     "time_over_slo_s",
     "unfinished",
+    "rejected",
 }
 
 
@@ -75,7 +76,8 @@ def offered_direction_changes(offered_rps: np.ndarray) -> int:
 def service_summary(
     scenario: Scenario, result: RunResult, service: str, budget_cores: float
 ) -> dict[str, Any]:
-    """The figures one run gives one service (latencies count unfinished requests by their age)."""
+    """The figures one run gives one service (latencies count unfinished requests by their
+    age; requests the gateway's admission rejected count as over the SLO)."""
     s = result.series[service]
     lat = result.latencies_s[service]
     slo = scenario.loads[service].slo_s
@@ -87,13 +89,14 @@ def service_summary(
         "requests": result.arrivals[service],
         "completed": result.completed[service],
         "unfinished": result.unfinished[service],
+        "rejected": result.rejected.get(service, 0),
         "throughput_rps": result.completed[service] / scenario.duration_s,
         "latency_p50_s": _quantile(lat, 0.5),
         "latency_p99_s": _quantile(lat, 0.99),
         "latency_max_s": float(lat.max()) if lat.size else None,
         "latency_cdf_s": latency_cdf(lat),
         "slo_s": slo,
-        "requests_over_slo": int((lat > slo).sum()),
+        "requests_over_slo": int((lat > slo).sum()) + result.rejected.get(service, 0),
         "time_over_slo_s": float(s["over_slo"].sum() * scenario.tick_s),
         "cpu_seconds": result.cpu_seconds[service],
         "allocated_core_seconds": float(s["allocated_cores"].sum() * scenario.tick_s),
@@ -250,6 +253,7 @@ _ROWS: list[tuple[str, str, str]] = [
     ("requests", "requests", "{:.0f}"),
     ("completed", "completed", "{:.0f}"),
     ("unfinished", "unfinished at end", "{:.0f}"),
+    ("rejected", "rejected (503, admission)", "{:.0f}"),
     ("throughput_rps", "throughput (req/s)", "{:.2f}"),
     ("latency_p50_s", "p50 latency (s)", "{:.3f}"),
     ("latency_p99_s", "p99 latency (s)", "{:.3f}"),

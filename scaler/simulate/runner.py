@@ -31,7 +31,7 @@ from scaler.simulate.arrivals import Arrivals, FloatArray, draw_arrivals, offere
 from scaler.simulate.baselines import Controller, RunName, make_controller
 from scaler.simulate.early import next_early_tick
 from scaler.simulate.loop import EventLoop, Lending
-from scaler.simulate.model import DRAINING, PENDING, READY, Node, ServiceModel
+from scaler.simulate.model import DRAINING, PENDING, READY, UNBOUNDED, Admission, Node, ServiceModel
 from scaler.simulate.workload import LoadStep, ServiceLoad, Workload
 
 SERIES = (
@@ -67,6 +67,8 @@ class Scenario:
     duration_s: float
     tick_s: float
     seed: int
+    admission: dict[str, Admission] = field(default_factory=dict)
+    """The gateway's admission control per service (missing: :data:`UNBOUNDED`)."""
 
     @property
     def ticks(self) -> int:
@@ -86,8 +88,10 @@ def build_scenario(
     duration_s: float | None = None,
     tick_s: float = 1.0,
     seed: int | None = None,
+    admission: Mapping[str, Admission] | None = None,
 ) -> Scenario:
-    """Check the workload against the config and draw the arrivals once for every run."""
+    """Check the workload against the config and draw the arrivals once for every run
+    (``admission``: the gateway's admission control per service, from its ``limits``)."""
     unknown = sorted(set(workload.services) - set(policies))
     if unknown:
         raise SimulationError(
@@ -113,7 +117,15 @@ def build_scenario(
             loads[s].pieces(ticks * tick_s), ticks, tick_s
         )
     return Scenario(
-        services, loads, arrivals, offered_rps, offered_cores, ticks * tick_s, tick_s, run_seed
+        services,
+        loads,
+        arrivals,
+        offered_rps,
+        offered_cores,
+        ticks * tick_s,
+        tick_s,
+        run_seed,
+        {s: a for s, a in (admission or {}).items() if s in policies and a != UNBOUNDED},
     )
 
 
@@ -142,6 +154,8 @@ class RunResult:
     """Replicas a decision removed while they were starting, per service."""
     replica_reversals: dict[str, int] = field(default_factory=dict)
     """Times the replicas asked for changed direction, per service (every decision counted)."""
+    rejected: dict[str, int] = field(default_factory=dict)
+    """Requests the gateway's admission control rejected (503), per service."""
 
     @property
     def early_ticks(self) -> int:
@@ -203,6 +217,7 @@ def run(
                 name: [(v.at_s, v.value) for v in values]
                 for name, values in scenario.loads[s].app.items()
             },
+            admission=scenario.admission.get(s, UNBOUNDED),
         )
         for s in scenario.services
     }
@@ -293,6 +308,7 @@ def run(
         arrivals={s: m.arrivals_total for s, m in models.items()},
         completed={s: m.completions_total for s, m in models.items()},
         unfinished=unfinished,
+        rejected={s: m.rejected_total for s, m in models.items()},
         cpu_seconds={s: m.cpu_seconds_total for s, m in models.items()},
         rules={s: dict(c) for s, c in ctl.rules.items()},
         early_ticks_at=early_at,

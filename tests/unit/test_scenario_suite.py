@@ -97,12 +97,13 @@ def test_roles_follow_the_workload() -> None:
 
 
 def figures(
-    p99: float, completed: int, unfinished: int, flips: float, removed: int
+    p99: float, completed: int, unfinished: int, flips: float, removed: int, rejected: int = 0
 ) -> dict[str, Any]:
     return {
         "latency_p99_s": p99,
         "completed": completed,
         "unfinished": unfinished,
+        "rejected": rejected,
         "replica_direction_changes_per_hour": flips,
         "offered_direction_changes_per_hour": 10.0,
         "replicas_removed_while_starting": removed,
@@ -133,16 +134,18 @@ def scenario(
 
 def test_the_verdict_names_each_missed_goal_and_shows_impossible_ones() -> None:
     sc = scenario(
-        {"api": figures(2.0, 900, 5, 20.0, 1), "jobs": figures(1.0, 100, 0, 5.0, 0)},
-        {"api": figures(1.0, 1000, 2, 0.0, 0), "jobs": figures(3.0, 100, 0, 0.0, 0)},
+        {"api": figures(2.0, 900, 5, 20.0, 1), "jobs": figures(1.0, 100, 0, 5.0, 0, 3)},
+        {"api": figures(1.0, 1000, 2, 0.0, 0), "jobs": figures(3.0, 100, 0, 0.0, 0, 1)},
         (0.80, 0.90),
     )
     verdict = {g["goal"]: g for g in run.verdict(sc)}
     missed = {goal for goal, g in verdict.items() if not g["met"]}
+    assert verdict["rejected (503) <= independent"]["detail"] == "3 vs 1"
     assert missed == {
         "api: p99 <= 1.10 x independent",
         "completed >= independent",
         "unfinished at end <= independent",
+        "rejected (503) <= independent",
         "CPU in contention >= independent - 2 points",
         "no replica removed while starting",
         "replica direction changes <= the offered load's",

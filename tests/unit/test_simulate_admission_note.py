@@ -1,4 +1,4 @@
-"""``sluice simulate`` says which of the config's admission settings its model does not follow."""
+"""``sluice simulate`` follows the config's admission limits, and names the ones it does not."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway.cli import admission_not_modelled, main
-from gateway.settings import load_settings
+from gateway.cli import admission_not_modelled, main, simulated_admission
+from gateway.settings import Settings, load_settings
+from scaler.simulate.model import Admission
 
 CONFIG = """\
 budget: {cpu: 2}
@@ -18,32 +19,31 @@ services:
   hook:
     endpoints: ["127.0.0.1:9101"]
     scaling: {min_replicas: 0, max_replicas: 2}
-  plain:
-    endpoints: ["127.0.0.1:9201"]
 """
 
 
-def test_each_setting_the_model_does_not_follow_is_named_by_its_key(tmp_path: Path) -> None:
+def settings(tmp_path: Path) -> Settings:
     path = tmp_path / "sluice.yaml"
     path.write_text(CONFIG)
-    lines = admission_not_modelled(load_settings(path))
-    assert len(lines) == 3
-    slots, rate, zero = lines
-    assert slots.startswith("services.api.limits.concurrency_per_replica: not modelled")
-    assert "4 request(s) at once per replica" in slots
-    assert "limits.queue (max 20, timeout_s 2)" in slots
+    return load_settings(path)
+
+
+def test_the_model_follows_each_services_slots_and_queue(tmp_path: Path) -> None:
+    assert simulated_admission(settings(tmp_path)) == {
+        "api": Admission(slots_per_replica=4, queue_max=20, queue_timeout_s=2.0),
+        "hook": Admission(slots_per_replica=None, queue_max=100, queue_timeout_s=10.0),
+    }
+
+
+def test_what_the_model_does_not_follow_is_named_by_its_key(tmp_path: Path) -> None:
+    (rate,) = admission_not_modelled(settings(tmp_path))
     assert rate.startswith("services.api.limits.rate_limit: not modelled") and "429" in rate
-    assert zero.startswith("services.hook.scaling.min_replicas: 0")
-    assert "(platform local) holds requests in limits.queue (max 100, timeout_s 10)" in zero
-    assert not any("services.plain" in line for line in lines)
 
 
 def test_on_kubernetes_a_service_at_zero_gets_503_at_once(tmp_path: Path) -> None:
-    path = tmp_path / "sluice.yaml"
-    path.write_text(CONFIG)
-    settings = load_settings(path).model_copy(update={"platform": "kubernetes"})
-    (zero,) = (line for line in admission_not_modelled(settings) if "services.hook" in line)
-    assert "answers 503 (no-endpoints) at once" in zero
+    kube = settings(tmp_path).model_copy(update={"platform": "kubernetes"})
+    (zero,) = (line for line in admission_not_modelled(kube) if "services.hook" in line)
+    assert "503 (no-endpoints) at once on platform kubernetes" in zero
 
 
 def test_the_shipped_seed_config_has_nothing_to_say(
@@ -56,7 +56,7 @@ def test_the_shipped_seed_config_has_nothing_to_say(
     assert "note:" not in capsys.readouterr().err
 
 
-def test_the_note_goes_to_stderr_with_the_config_file(
+def test_the_note_goes_to_stderr_after_the_figures(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     config, workload = tmp_path / "sluice.yaml", tmp_path / "load.yaml"
@@ -66,5 +66,6 @@ def test_the_note_goes_to_stderr_with_the_config_file(
     )
     args = ["simulate", "--config", str(config), "--workload", str(workload)]
     assert main([*args, "--out", str(tmp_path / "out"), "--no-progress", "--no-plot"]) == 0
-    err = capsys.readouterr().err
-    assert f"sluice simulate: note: {config}: services.api.limits.concurrency_per_replica" in err
+    captured = capsys.readouterr()
+    assert f"sluice simulate: note: {config}: services.api.limits.rate_limit" in captured.err
+    assert "rejected (503, admission)" in captured.out

@@ -1,0 +1,102 @@
+"""The simulator follows the gateway's admission control: concurrency slots, a FIFO queue
+bounded in size and wait, and the hold while a service has no ready replica."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from scaler.policy import BudgetConfig, ScalingPolicy
+from scaler.simulate.arrivals import Arrivals
+from scaler.simulate.loop import EventLoop
+from scaler.simulate.model import UNBOUNDED, Admission, ServiceModel
+from scaler.simulate.runner import build_scenario, run
+from scaler.simulate.workload import parse_workload
+from tests.support.sim_scenarios import placed, requests
+
+THREE = requests((0.0, 1.0), (0.1, 1.0), (0.2, 1.0))
+
+
+def one_replica(arrivals: Arrivals, admission: Admission) -> tuple[EventLoop, ServiceModel]:
+    m = ServiceModel("a", arrivals, startup_s=0.0, request_cores_max=1.0, admission=admission)
+    node = placed(1.0, {m: (1, 1.0)})
+    return EventLoop(1.0, node.services, rule="limit"), m
+
+
+def test_without_limits_every_request_shares_the_replica_at_once() -> None:
+    loop, m = one_replica(THREE, UNBOUNDED)
+    loop.run(10.0)
+    # processor sharing: the three finish together-ish, none waits in the gateway
+    assert sorted(m.latencies) == pytest.approx([2.75, 2.8, 2.85])
+    assert m.rejected_total == 0
+
+
+def test_one_slot_per_replica_serves_in_arrival_order() -> None:
+    loop, m = one_replica(THREE, Admission(slots_per_replica=1))
+    loop.run(10.0)
+    assert m.latencies == pytest.approx([1.0, 1.9, 2.8])  # first come, first served
+    assert m.rejected_total == 0
+
+
+def test_a_full_queue_rejects_at_once() -> None:
+    loop, m = one_replica(THREE, Admission(slots_per_replica=1, queue_max=1))
+    loop.run(10.0)
+    assert m.latencies == pytest.approx([1.0, 1.9])
+    assert (m.rejected_queue_full, m.rejected_timeout) == (1, 0)
+
+
+def test_a_request_that_waits_past_the_timeout_is_rejected_not_served() -> None:
+    loop, m = one_replica(THREE, Admission(slots_per_replica=1, queue_timeout_s=1.5))
+    loop.run(10.0)
+    # the second waited 0.9 s for the slot; the third would have waited 1.8 s
+    assert m.latencies == pytest.approx([1.0, 1.9])
+    assert (m.rejected_queue_full, m.rejected_timeout) == (0, 1)
+    assert m.concurrency == 0
+
+
+def test_with_no_ready_replica_requests_wait_in_the_bounded_queue() -> None:
+    m = ServiceModel(
+        "a",
+        THREE,
+        startup_s=0.0,
+        request_cores_max=1.0,
+        admission=Admission(queue_max=2, queue_timeout_s=5.0),
+    )
+    loop = EventLoop(1.0, {"a": m}, rule="limit")
+    loop.run(1.0)
+    assert len(m.queue) == 2 and m.rejected_queue_full == 1
+    loop.run(10.0)  # no replica ever: both time out
+    assert not m.queue and m.rejected_timeout == 2 and m.latencies == []
+
+
+WAKE = {
+    "duration_s": 120,
+    "seed": 5,
+    "services": {
+        "hook": {
+            "slo_s": 2.0,
+            "startup_s": 12,
+            "load": [{"at_s": 0, "rps": 0, "cpu_s": 0.05}],
+            "bursts": [{"every_s": 60, "for_s": 20, "start_s": 10, "rps": 20, "cpu_s": 0.05}],
+        }
+    },
+}
+
+
+@pytest.mark.parametrize("timeout_s", [5.0, 10.0, 30.0])
+def test_a_cold_start_longer_than_the_timeout_rejects_what_waited_too_long(
+    timeout_s: float,
+) -> None:
+    policies = {"hook": ScalingPolicy(min_replicas=0, max_replicas=2, cpu={"max": 1.0})}
+    admission = {"hook": Admission(queue_max=1000, queue_timeout_s=timeout_s)}
+    scenario = build_scenario(parse_workload(WAKE), policies, admission=admission)
+    result = run(scenario, "sluice", policies, BudgetConfig(cpu=2))
+    arrived, done = result.arrivals["hook"], result.completed["hook"]
+    rejected, left = result.rejected["hook"], result.unfinished["hook"]
+    assert done + rejected + left == arrived  # nothing lost: each one is accounted for
+    if timeout_s < 12:  # the replica starts 12 s after the first request
+        assert rejected > 0
+    else:
+        assert rejected == 0
+    assert math.isfinite(float(result.latencies_s["hook"].max()))
