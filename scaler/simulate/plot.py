@@ -115,17 +115,24 @@ def _summary(report: Mapping[str, Any], path: Path) -> None:
         ax = fig.add_subplot(grid[i // cols, i % cols])
         slo = scenario["services"][service]["slo_s"]
         for k, run in enumerate(runs):
-            cdf = report["runs"][run]["services"][service].get("latency_cdf_s")
-            if not cdf:
-                continue
+            figures = report["runs"][run]["services"][service]
+            cdf = figures.get("latency_cdf_s")
             colour, style = _RUN_STYLE[min(k, 2)]
-            p99 = report["runs"][run]["services"][service]["latency_p99_s"]
+            rejected = figures.get("rejected", 0)
+            shed = f", {rejected} rejected" if rejected else ""
+            if not cdf:  # nothing served: say so rather than leave the run out unexplained
+                if figures.get("requests"):
+                    ax.plot(
+                        [], [], color=colour, linestyle=style, label=f"{run}: none served{shed}"
+                    )
+                continue
+            p99 = figures["latency_p99_s"]
             ax.plot(
                 np.maximum(cdf, 1e-4),
                 levels,
                 color=colour,
                 linestyle=style,
-                label=f"{run} (p99 {p99:.3g} s)",
+                label=f"{run} (p99 {p99:.3g} s{shed})",
                 drawstyle="steps-post",
             )
         ax.axvline(slo, color="red", linewidth=0.8, label=f"SLO {slo:g} s")

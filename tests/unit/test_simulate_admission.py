@@ -3,7 +3,10 @@ bounded in size and wait, and the hold while a service has no ready replica."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,6 +18,7 @@ from scaler.simulate.runner import build_scenario, run
 from scaler.simulate.workload import parse_workload
 from tests.support.sim_scenarios import placed, requests
 
+ROOT = Path(__file__).resolve().parents[2]
 THREE = requests((0.0, 1.0), (0.1, 1.0), (0.2, 1.0))
 
 
@@ -100,3 +104,32 @@ def test_a_cold_start_longer_than_the_timeout_rejects_what_waited_too_long(
     else:
         assert rejected == 0
     assert math.isfinite(float(result.latencies_s["hook"].max()))
+
+
+def test_the_summary_figure_says_when_a_run_served_none_of_a_services_requests(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    from gateway.cli import main
+
+    legends: list[str] = []
+    save = Figure.savefig
+
+    def spy(self: Figure, *args: Any, **kwargs: Any) -> None:
+        for ax in self.axes:
+            if (legend := ax.get_legend()) is not None:
+                legends.extend(t.get_text() for t in legend.get_texts())
+        save(self, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", spy)
+    scenario = ROOT / "benchmarks" / "scenarios" / "scale-to-zero-4c-three-hooks-slow-start"
+    args = ["simulate", "--config", str(scenario / "config.yaml")]
+    args += ["--workload", str(scenario / "workload.yaml"), "--duration", "150"]
+    assert main([*args, "--out", str(tmp_path), "--no-progress", "--plot"]) == 0
+    # independent never starts the hooks (the app holds the budget): all their requests 503
+    report = json.loads((tmp_path / "report.json").read_text())
+    github = report["runs"]["independent"]["services"]["github"]
+    assert github["completed"] == 0 and github["rejected"] == github["requests"] > 0
+    assert f"independent: none served, {github['rejected']} rejected" in legends
