@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from scaler.policy import BudgetConfig, ScalingPolicy
 from scaler.simulate.arrivals import Arrivals
@@ -133,3 +135,60 @@ def test_the_summary_figure_says_when_a_run_served_none_of_a_services_requests(
     github = report["runs"]["independent"]["services"]["github"]
     assert github["completed"] == 0 and github["rejected"] == github["requests"] > 0
     assert f"independent: none served, {github['rejected']} rejected" in legends
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.floats(0.0, 30.0),  # rps
+            st.sampled_from([0.02, 0.1, 0.3]),  # CPU-seconds per request
+            st.sampled_from([0.0, 2.0, 8.0]),  # replica start-up (s)
+            st.sampled_from([0, 1]),  # min_replicas
+            st.sampled_from([None, 1, 2, 4]),  # concurrency slots per replica
+            st.sampled_from([None, 0, 5, 50]),  # queue max
+            st.sampled_from([0.5, 2.0, 10.0, math.inf]),  # queue timeout (s)
+        ),
+        min_size=1,
+        max_size=3,
+    ),
+    st.sampled_from([1.0, 2.0, 4.0]),
+    st.sampled_from(["sluice", "independent", "static"]),
+)
+def test_every_arrival_is_served_rejected_or_still_waiting(
+    services: list[tuple[float, float, float, int, int | None, int | None, float]],
+    cores: float,
+    name: str,
+) -> None:
+    names = [f"s{i}" for i in range(len(services))]
+    workload = {
+        "duration_s": 40,
+        "seed": 7,
+        "services": {
+            n: {
+                "slo_s": 1,
+                "startup_s": start,
+                "load": [{"at_s": 0, "rps": 0, "cpu_s": cpu}],
+                "bursts": [
+                    {"every_s": 20, "for_s": 8, "start_s": 2, "rps": rps or 0.1, "cpu_s": cpu}
+                ],
+            }
+            for n, (rps, cpu, start, *_) in zip(names, services, strict=True)
+        },
+    }
+    policies = {
+        n: ScalingPolicy(min_replicas=low, max_replicas=3, cpu={"max": 1.0})
+        for n, (_, _, _, low, *_) in zip(names, services, strict=True)
+    }
+    admission = {
+        n: Admission(slots, qmax, timeout)
+        for n, (*_, slots, qmax, timeout) in zip(names, services, strict=True)
+    }
+    scenario = build_scenario(parse_workload(workload), policies, admission=admission)
+    result = run(scenario, name, policies, BudgetConfig(cpu=cores))  # type: ignore[arg-type]
+    for n in names:
+        a = admission[n]
+        accounted = result.completed[n] + result.rejected[n] + result.unfinished[n]
+        assert accounted == result.arrivals[n]
+        if a.queue_max is None and a.queue_timeout_s == math.inf:
+            assert result.rejected[n] == 0  # an unbounded queue turns nobody away
