@@ -46,7 +46,6 @@ from scaler.simulate.model import (
     PENDING,
     READY,
     STARTING,
-    UNBOUNDED,
     Replica,
     ServiceModel,
 )
@@ -363,7 +362,7 @@ class EventLoop:
         self._busy = {}
         self._heap = []
         for j, m in enumerate(models):
-            if m.queue and m.admission is not UNBOUNDED:
+            if m.queue:
                 m.expire(t0)
             for r in m.replicas:
                 r.flow(t0)  # a no-op when settled (the last run ended at t0)
@@ -425,9 +424,8 @@ class EventLoop:
                     models[j].remove(r)
                     self._held = None  # it no longer holds CPU
                 self._changed(r, j, tc)
-                m = models[j]
-                if m.queue and r.phase == READY and m.admission.slots_per_replica is not None:
-                    conc[j] -= self._take_oldest(m, r, j, tc)  # the freed slot
+                if models[j].queue and r.phase == READY:
+                    conc[j] -= self._flush(j, [r], tc)  # the freed slot takes the oldest
                 if lending and conc[j] == 0:
                     self._quiet(j, tc)
             elif tr < t1 and tr <= ta and tr <= tt:
@@ -456,19 +454,10 @@ class EventLoop:
                     self._wake(j, ta)
                 ready = ready_of[j]
                 adm = m.admission
-                to: Replica | None
-                if adm is UNBOUNDED:
-                    to = (
-                        None
-                        if not ready
-                        else ready[0]
-                        if len(ready) == 1
-                        else min(ready, key=_in_flight)
-                    )
-                else:
-                    if m.queue:
-                        conc[j] -= m.expire(ta)
-                    to = None if m.queue else _free(ready, adm.slots_per_replica)
+                if m.queue:
+                    conc[j] -= m.expire(ta)
+                # First come first served: nobody passes a request already waiting.
+                to = None if m.queue else _free(ready, adm.slots_per_replica)
                 if to is not None:
                     to.flow(ta)
                     heapq.heappush(to.tags, (to.v + m.works[i], ta))
@@ -486,7 +475,7 @@ class EventLoop:
             else:
                 break
         for j, m in enumerate(models):
-            if m.queue and m.admission is not UNBOUNDED:
+            if m.queue:
                 m.expire(t1)  # the queue a tick's signals read holds no expired request
             for r in list(m.replicas):
                 r.flow(t1)
@@ -508,13 +497,9 @@ class EventLoop:
         Returns how many timed out in the queue instead (rejected)."""
         m = self.models[j]
         queue, slots = m.queue, m.admission.slots_per_replica
-        expired = m.expire(t) if m.admission is not UNBOUNDED else 0
+        expired = m.expire(t)
         while queue:
-            r = (
-                (ready[0] if len(ready) == 1 else min(ready, key=_in_flight))
-                if slots is None
-                else _free(ready, slots)
-            )
+            r = _free(ready, slots)
             if r is None:
                 break
             arrived, w = queue.popleft()
@@ -522,21 +507,6 @@ class EventLoop:
             heapq.heappush(r.tags, (r.v + w, arrived))
             self._changed(r, j, t)
         return expired
-
-    def _take_oldest(self, m: ServiceModel, r: Replica, j: int, t: float) -> int:
-        """A slot freed on ``r``: it takes the oldest waiter that has not timed out.
-        Returns how many timed out (rejected)."""
-        expired = m.expire(t)
-        if m.queue and len(r.tags) < (m.admission.slots_per_replica or 0):
-            arrived, w = m.queue.popleft()
-            r.flow(t)
-            heapq.heappush(r.tags, (r.v + w, arrived))
-            self._changed(r, j, t)
-        return expired
-
-
-def _in_flight(r: Replica) -> int:
-    return len(r.tags)
 
 
 def _free(ready: list[Replica], slots: int | None) -> Replica | None:
