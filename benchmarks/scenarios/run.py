@@ -375,9 +375,14 @@ def summarise(scenario: Scenario, result: RunResult, budget: float) -> dict[str,
 
 
 def run_scenario(
-    directory: str, enforcement: str | None, baseline_enforcement: str = BASELINE_ENFORCEMENT
+    directory: str,
+    enforcement: str | None,
+    baseline_enforcement: str = BASELINE_ENFORCEMENT,
+    seed_offset: int = 0,
 ) -> dict[str, Any]:
-    """Every run of one scenario, its bounds, and its figures (JSON-ready)."""
+    """Every run of one scenario, its bounds, and its figures (JSON-ready); ``seed_offset``
+    draws the arrivals from the workload's seed plus that (the same description, other
+    random arrivals)."""
     started = time.process_time()
     path = Path(directory)
     settings = load_settings(path / "config.yaml")
@@ -388,7 +393,10 @@ def run_scenario(
     budget = budget.resolved(None)
     baseline = budget.model_copy(update={"enforcement": baseline_enforcement})
     workload = load_workload(path / "workload.yaml")
-    scenario = build_scenario(workload, policies, admission=simulated_admission(settings))
+    seed = workload.seed + seed_offset
+    scenario = build_scenario(
+        workload, policies, seed=seed, admission=simulated_admission(settings)
+    )
     cores = budget.cpu
     runs: dict[str, dict[str, Any]] = {}
     for name in ("sluice", "independent", "static"):
@@ -428,6 +436,7 @@ def run_scenario(
     runs["best_split"]["split"] = {"by": best[1], "cores": splits[best[1]]}
     return {
         "name": path.name,
+        "seed": seed,
         "budget_cores": cores,
         "enforcement": budget.enforcement,
         "baseline_enforcement": baseline.enforcement,
@@ -647,6 +656,75 @@ def failed(goals: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [g for g in goals if not g["met"] and not g["info"]]
 
 
+def category(goal: dict[str, Any]) -> str:
+    """Why a missed goal is missed: ``impossible`` (a bound), ``conflict`` (the entitled
+    reference misses it too), ``own policy`` (the service alone does the same) or
+    ``unexplained``."""
+    why = goal["why"] or ""
+    for prefix, name in (
+        ("impossible", "impossible"),
+        ("conflicts", "conflict"),
+        ("its own policy's", "own policy"),
+    ):
+        if why.startswith(prefix):
+            return name
+    return "unexplained"
+
+
+def print_seeds(by_seed: dict[str, list[dict[str, Any]]], console: Console) -> None:
+    """Every scenario on each seed (its own first): the goals missed, and why.  One seed's
+    arrivals are one draw: a miss on the own seed alone is a draw, not a verdict."""
+    n = max(len(v) for v in by_seed.values())
+    console.print(
+        f"[bold]across seeds[/]: each scenario on its workload's seed and {n - 1} more "
+        "(the same description, other random arrivals); misses per seed, own seed first"
+    )
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for col, just in (
+        ("scenario", "left"),
+        ("meets every goal", "right"),
+        ("misses", "right"),
+        ("unexplained", "right"),
+        ("why, all seeds", "left"),
+        ("goals missed unexplained (seeds)", "left"),
+    ):
+        t.add_column(col, justify=just)  # type: ignore[arg-type]
+    every = 0
+    unexplained_total = [0] * n
+    rows = []
+    for name, runs in by_seed.items():
+        misses = [failed(sc["verdict"]) for sc in runs]
+        met = sum(not m for m in misses)
+        every += met == len(runs)
+        unexplained = [[g for g in m if category(g) == "unexplained"] for m in misses]
+        for i, u in enumerate(unexplained):
+            unexplained_total[i] += len(u)
+        goals = Counter(g["goal"] for u in unexplained for g in u)
+        why = Counter(category(g) for m in misses for g in m)
+        rows.append(
+            (
+                -sum(len(u) for u in unexplained),
+                -sum(len(m) for m in misses),
+                name,
+                [
+                    name,
+                    f"{met} of {len(runs)}",
+                    ", ".join(str(len(m)) for m in misses),
+                    ", ".join(str(len(u)) for u in unexplained),
+                    ", ".join(f"{k} {c}" for c, k in sorted(why.items())) or "-",
+                    "; ".join(f"{g} ({k} of {len(runs)})" for g, k in goals.items()) or "-",
+                ],
+            )
+        )
+    for *_, row in sorted(rows):
+        t.add_row(*row)
+    console.print(t)
+    console.print(
+        f"  {every} of {len(by_seed)} scenarios meet every goal on every seed; unexplained "
+        f"misses per seed: {', '.join(str(u) for u in unexplained_total)}"
+    )
+
+
 def badness(sc: dict[str, Any]) -> tuple[int, float]:
     worst = max(
         (
@@ -760,10 +838,10 @@ def print_verdict(results: list[dict[str, Any]], console: Console) -> None:
         for g in failed(sc["verdict"]):
             key = g["kind"]
             counts[key] = counts.get(key, 0) + 1
-            why = g["why"] or ""
-            impossible += why.startswith("impossible")
-            entitled += why.startswith("conflicts")
-            own += why.startswith("its own policy's")
+            cat = category(g)
+            impossible += cat == "impossible"
+            entitled += cat == "conflict"
+            own += cat == "own policy"
     for goal, n in sorted(counts.items(), key=lambda kv: -kv[1]):
         console.print(f"  missed {n:>3}x  {goal}")
     if impossible:
@@ -812,7 +890,18 @@ def main() -> int:
         help="the baselines' node model (default: limit: CPU limit = request, as Kubernetes "
         "pods of Guaranteed QoS; share: no CPU limit, idle CPU used by weight)",
     )
+    ap.add_argument(
+        "--seeds",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also run every scenario on N more seeds (the workload's seed + 1..N: the same "
+        "description, other random arrivals) and print how its verdict holds across them",
+    )
     args = ap.parse_args()
+    if args.seeds < 0:
+        print(f"--seeds {args.seeds}: must be 0 or more", file=sys.stderr)
+        return 2
     for root in args.dir or []:
         if not root.is_dir():
             print(f"--dir {root}: not a directory", file=sys.stderr)
@@ -824,24 +913,37 @@ def main() -> int:
     err = Console(stderr=True)
     started = time.monotonic()
     results: list[dict[str, Any]] = []
+    others: list[tuple[int, dict[str, Any]]] = []
+    jobs = [(d, k) for k in range(args.seeds + 1) for d in dirs]
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         futures = {
-            pool.submit(run_scenario, str(d), args.enforcement, args.baseline_enforcement): d
-            for d in dirs
+            pool.submit(run_scenario, str(d), args.enforcement, args.baseline_enforcement, k): k
+            for d, k in jobs
         }
-        for fut in as_completed(futures):
+        for done, fut in enumerate(as_completed(futures), 1):
             sc = fut.result()
             sc["verdict"] = verdict(sc)
-            results.append(sc)
+            if futures[fut] == 0:
+                results.append(sc)
+            else:
+                others.append((futures[fut], sc))
             err.print(
-                f"[{len(results)}/{len(dirs)}] {sc['name']}: {sc['cpu_s']:.1f} s CPU, "
-                f"{len(failed(sc['verdict']))} goal(s) missed"
+                f"[{done}/{len(jobs)}] {sc['name']} (seed {sc['seed']}): "
+                f"{sc['cpu_s']:.1f} s CPU, {len(failed(sc['verdict']))} goal(s) missed"
             )
     wall = time.monotonic() - started
+    by_seed: dict[str, list[dict[str, Any]]] = {}
+    if args.seeds:
+        for sc in results:
+            by_seed[sc["name"]] = [sc]
+        for _, sc in sorted(others, key=lambda ks: ks[0]):
+            by_seed[sc["name"]].append(sc)
     results.sort(key=lambda sc: (-badness(sc)[0], -badness(sc)[1], sc["name"]))
     console = Console(width=200)
     print_results(results, console)
     print_verdict(results, console)
+    if by_seed:
+        print_seeds(by_seed, console)
     console.print(
         f"{len(results)} scenarios in {wall:.0f} s wall ({args.jobs} processes). Columns: p99 S/I = "
         "Sluice ÷ independent; floor = p99 of a request's own service time at cpu.max; reactive = "
@@ -870,6 +972,8 @@ def main() -> int:
             },
         },
         "scenarios": results,
+        # --seeds: the other seeds' runs, per scenario (figures and verdicts, as above)
+        "other_seeds": [sc for _, sc in sorted(others, key=lambda ks: (ks[1]["name"], ks[0]))],
     }
     args.out.write_text(json.dumps(doc, allow_nan=False, default=float) + "\n", encoding="utf-8")
     if args.table is not None:
@@ -878,6 +982,8 @@ def main() -> int:
         file_console = Console(file=buf, width=200, no_color=True, force_terminal=False)
         print_results(results, file_console)
         print_verdict(results, file_console)
+        if by_seed:
+            print_seeds(by_seed, file_console)
         text = "\n".join(line.rstrip() for line in buf.getvalue().splitlines())
         args.table.write_text(f"# {doc['meta']['command']} ({doc['meta']['when']})\n{text}\n")
     print(f"wrote {args.out}")

@@ -38,7 +38,7 @@ def test_one_command_prints_the_table_and_the_verdict_and_writes_json(tmp_path: 
     assert verdict in table.read_text()
 
 
-def test_a_users_own_scenarios_run_from_their_directory(tmp_path: Path) -> None:
+def write_two_apis(tmp_path: Path) -> None:
     mine = tmp_path / "mine" / "two-apis-2c"
     mine.mkdir(parents=True)
     (mine / "config.yaml").write_text(
@@ -56,6 +56,10 @@ def test_a_users_own_scenarios_run_from_their_directory(tmp_path: Path) -> None:
         "    load: [{at_s: 0, rps: 0, cpu_s: 0.1}]\n"
         "    bursts: [{every_s: 40, for_s: 10, start_s: 10, rps: 10, cpu_s: 0.1}]\n"
     )
+
+
+def test_a_users_own_scenarios_run_from_their_directory(tmp_path: Path) -> None:
+    write_two_apis(tmp_path)
     out = tmp_path / "suite.json"
     run = [sys.executable, str(ROOT / "benchmarks" / "scenarios" / "run.py"), "--jobs", "1"]
     done = subprocess.run(
@@ -73,3 +77,31 @@ def test_a_users_own_scenarios_run_from_their_directory(tmp_path: Path) -> None:
     assert missing.returncode == 2
     assert "--dir" in missing.stderr and "nowhere" in missing.stderr
     assert "not a directory" in missing.stderr
+
+
+def test_seeds_run_every_scenario_on_more_random_arrivals(tmp_path: Path) -> None:
+    write_two_apis(tmp_path)
+    out = tmp_path / "suite.json"
+    run = [sys.executable, str(ROOT / "benchmarks" / "scenarios" / "run.py"), "--jobs", "1"]
+    done = subprocess.run(
+        [*run, "--dir", str(tmp_path / "mine"), "--seeds", "2", "--out", str(out)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "across seeds" in done.stdout
+    assert "misses per seed" in done.stdout
+    doc = json.loads(out.read_text())
+    # the workload's seed (0 by default) is the table's; 1 and 2 are the others
+    assert [sc["seed"] for sc in doc["scenarios"]] == [0]
+    assert [sc["seed"] for sc in doc["other_seeds"]] == [1, 2]
+    assert all(sc["name"] == "two-apis-2c" and sc["verdict"] for sc in doc["other_seeds"])
+    arrivals = {sc["seed"]: sc["runs"]["sluice"]["services"]["web"]["completed"] for sc in
+                [*doc["scenarios"], *doc["other_seeds"]]}  # fmt: skip
+    assert len(set(arrivals.values())) > 1  # other draws, not the same run three times
+
+    bad = subprocess.run(
+        [*run, "--dir", str(tmp_path / "mine"), "--seeds", "-1"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert bad.returncode == 2
+    assert "--seeds -1: must be 0 or more" in bad.stderr
