@@ -691,6 +691,7 @@ def print_seeds(by_seed: dict[str, list[dict[str, Any]]], console: Console) -> N
         t.add_column(col, justify=just)  # type: ignore[arg-type]
     every = 0
     unexplained_total = [0] * n
+    passed = [0] * n
     rows = []
     for name, runs in by_seed.items():
         misses = [failed(sc["verdict"]) for sc in runs]
@@ -699,6 +700,8 @@ def print_seeds(by_seed: dict[str, list[dict[str, Any]]], console: Console) -> N
         unexplained = [[g for g in m if category(g) == "unexplained"] for m in misses]
         for i, u in enumerate(unexplained):
             unexplained_total[i] += len(u)
+        for i, m in enumerate(misses):
+            passed[i] += not m
         goals = Counter(g["goal"] for u in unexplained for g in u)
         why = Counter(category(g) for m in misses for g in m)
         rows.append(
@@ -720,8 +723,9 @@ def print_seeds(by_seed: dict[str, list[dict[str, Any]]], console: Console) -> N
         t.add_row(*row)
     console.print(t)
     console.print(
-        f"  {every} of {len(by_seed)} scenarios meet every goal on every seed; unexplained "
-        f"misses per seed: {', '.join(str(u) for u in unexplained_total)}"
+        f"  scenarios meeting every goal, per seed: {', '.join(str(k) for k in passed)} of "
+        f"{len(by_seed)}; on every seed: {every}; unexplained misses per seed: "
+        f"{', '.join(str(u) for u in unexplained_total)}"
     )
 
 
