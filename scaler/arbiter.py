@@ -245,6 +245,7 @@ def size_arrays(
     fixed_cpu: FloatArray,
     claimed: FloatArray | None = None,
     usable: FloatArray | None = None,
+    one_more: BoolArray | bool | None = None,
 ) -> tuple[IntArray, FloatArray, IntArray]:
     """Give each service's ``want`` replicas its ``cores``: ``(replicas, cpu per replica)``.
 
@@ -260,11 +261,16 @@ def size_arrays(
     ``claimed`` caps the cores new replicas may start on (what the service surely keeps);
     ``usable`` (share enforcement: measured use plus the node's idle CPU) raises it again:
     a replica that starts into idle CPU takes from the serving ones only what its start-up
-    burns.
+    burns.  ``one_more`` (share enforcement; per service or for all): a service that wants
+    more replicas than its cores fill runs one more than they fill -- its weight is its cores however many replicas
+    share them, so the extra replica takes nothing another service is entitled to; it only
+    lets the service use CPU the others leave idle, which replicas capped at ``cpu.max``
+    could not.
 
     Returns ``(replicas, cpu per replica, note)`` with note codes 0 none, 2 fewer replicas
     fit at cpu.min, 3 resize blocked, 4 resize blocked and CPU cut, 6 new replicas held
-    back by the cores, 9 new replicas started into idle CPU (``usable``).
+    back by the cores, 9 new replicas started into idle CPU (``usable``), 10 one replica
+    more than the cores fill (``one_more``).
     """
     eps = _EPS
     r = np.minimum(np.maximum(want, min_r), max_r)
@@ -275,9 +281,15 @@ def size_arrays(
         wider = np.maximum(room, _fills(usable, unit, cpu_min))
         idle = (r > room) & (wider > room)
         room = wider
+    extra = np.zeros(r.shape, dtype=bool)
+    if one_more is not None and np.any(one_more):
+        more = (r > room) & one_more
+        wider = np.where(more, np.maximum(room, _fills(base, unit, cpu_min) + 1), room)
+        extra = (r > current) & (wider > room)
+        room = wider
     held = (r > current) & (r > room)
     r = np.where(held, room, r)
-    note = np.where(held, 6, np.where(idle, 9, 0))
+    note = np.where(extra, 10, np.where(held, 6, np.where(idle, 9, 0)))
     fit = np.maximum(min_r, np.floor(cores / cpu_min + eps).astype(np.int64))
     thin = r > fit
     r = np.where(thin, fit, r)

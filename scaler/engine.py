@@ -249,7 +249,10 @@ class Engine:
         self.kpa_index = np.array(
             [i for i, p in enumerate(pols) if p.mode == "kpa"], dtype=np.int64
         )
-        self.kpa = KpaBatch([pols[i] for i in self.kpa_index])
+        self.kpa = KpaBatch(
+            [pols[i] for i in self.kpa_index],
+            adds_need_panic=budget.arbitration != "independent",
+        )
         self._is_kpa: BoolArray = np.array([p.mode == "kpa" for p in pols], dtype=bool)
         self.hpa_index = np.array(
             [i for i, p in enumerate(pols) if p.mode == "hpa"], dtype=np.int64
@@ -469,6 +472,11 @@ class Engine:
                 usable=(
                     self._usable(now, previous, frozen, (cur_r, ready)) if self.share else None
                 ),
+                # Under share a service's weight is its cores however many replicas share them:
+                # one replica more than they fill takes nobody's entitlement, it only lets the
+                # service use what the others leave idle -- once its replicas have all been
+                # ready and full for a panic window (a cold start's backlog has drained by then).
+                one_more=((now - self._full_since >= self._panic_s - _EPS) if self.share else None),
             )
             pending = {}
             split_note = np.where((split_note == 0) & (replicas == run), run_note, split_note)

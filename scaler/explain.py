@@ -265,6 +265,8 @@ class TickView:
                 used=float(self.used_mean[i]),
                 utilization=float(e.target_utilization[i]),
             )
+        elif note == 10:
+            trace.step("split.one_more", replicas=r, wanted=int(self.run[i]))
         elif note == 9:
             trace.step(
                 "split.into_idle",

@@ -158,6 +158,10 @@ TEMPLATES: dict[str, str] = {
     "kpa.panic_hold": "panic: not scaling down from {replicas}",
     "kpa.panic": "panic: ceil({panic:.2f}/{target_value:g}) = {want}",
     "kpa.stable": "stable: ceil({stable:.2f}/{target_value:g}) = {want}",
+    "kpa.stable_gated": (
+        "adds none of the {want} the stable window wants: the last {panic_window_s:g}s need "
+        "only {panic_want} (a replica is added only when the panic window wants it too)"
+    ),
     "kpa.to_zero": (
         "scale to zero: idle {idle_s:.0f}s >= stable window {stable_window_s:g}s + grace "
         "{grace_s:g}s"
@@ -230,6 +234,10 @@ TEMPLATES: dict[str, str] = {
     ),
     "split.held_back": (
         "starts only {replicas} of {wanted} replicas: the cores it gets fill no more at full size"
+    ),
+    "split.one_more": (
+        "runs {replicas} replicas (it wants {wanted}), one more than its cores fill at full "
+        "size: under share the one more adds no weight, it only uses CPU the others leave idle"
     ),
     "split.into_idle": (
         "starts replicas into idle CPU ({replicas} in all): its replicas have all been ready "

@@ -66,9 +66,9 @@ class KpaRecommender:
 
     __slots__ = ("_batch", "policy")
 
-    def __init__(self, policy: ScalingPolicy) -> None:
+    def __init__(self, policy: ScalingPolicy, *, adds_need_panic: bool = False) -> None:
         self.policy = policy
-        self._batch = KpaBatch([policy])
+        self._batch = KpaBatch([policy], adds_need_panic=adds_need_panic)
 
     def __repr__(self) -> str:
         mode = "panic" if self.panicking else "stable"

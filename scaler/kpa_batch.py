@@ -80,6 +80,9 @@ class KpaTick:
     """In panic and the recommendation would have gone down: kept up."""
     max_panic: Ints
     rate_limited: Bools
+    gated: Bools
+    """Not in panic, the stable window wants more replicas than run, the panic window does
+    not: none added (``adds_need_panic``)."""
     idle_for: Floats
     active: Bools
 
@@ -87,7 +90,17 @@ class KpaTick:
 class KpaBatch:
     """Knative-style stable/panic windows and decisions for ``len(policies)`` services."""
 
-    def __init__(self, policies: Sequence[ScalingPolicy], granularity_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        policies: Sequence[ScalingPolicy],
+        granularity_s: float = 1.0,
+        *,
+        adds_need_panic: bool = False,
+    ) -> None:
+        """``adds_need_panic``: a replica is added only when the panic window wants it too
+        (Sluice's engine); off, Knative's rule as it is (the stable window alone adds, and
+        panic goes back up to the most it wanted)."""
+        self.adds_need_panic = adds_need_panic
         self.policies = list(policies)
         n = len(self.policies)
 
@@ -272,11 +285,26 @@ class KpaBatch:
         max_panic = np.where(left, 0, self.max_panic)
         in_panic = valid & ~np.isnan(panic_since)
 
+        # A replica is added only when the panic window wants it too: the stable window alone
+        # (a minute that may still hold a drained backlog) holds replicas, never adds them.
+        have = current if size is None else current * size
+        rate_limited = des_s != want_s
+        limited_s = des_s
+        gated = np.zeros_like(rate_limited)
+        keep = max_panic
+        if self.adds_need_panic:
+            gated = des_s > np.maximum(have, des_p)
+            des_s = np.where(des_s > have, np.maximum(have, np.minimum(des_s, des_p)), des_s)
         desired = np.where(in_panic, np.maximum(des_s, des_p), des_s)
-        held = in_panic & (desired < max_panic)
+        if self.adds_need_panic:
+            # Panic never scales down from the most it wanted; it adds only what the panic
+            # window wants now (a want the budget deferred is not acted on once it passed).
+            keep = np.minimum(max_panic, np.maximum(have, desired))
+        held = in_panic & (desired < keep)
         max_panic = np.where(in_panic, np.maximum(max_panic, desired), max_panic)
-        desired = np.where(in_panic, max_panic, desired)
-        rate_limited = ~in_panic & (desired != want_s)
+        desired = np.where(in_panic, np.maximum(desired, keep), desired)
+        rate_limited = ~in_panic & rate_limited
+        gated = ~in_panic & gated
 
         # CPU follows the load now (the panic window); the replicas the windows, rate limits
         # and panic keep beyond that are held, and their CPU is only lent spare CPU.
@@ -317,7 +345,8 @@ class KpaBatch:
             ready=ready,
             want_stable=want_s,
             want_panic=want_p,
-            desired_stable=des_s,
+            desired_stable=limited_s,
+            gated=gated & valid,
             unclamped=unclamped,
             entered_panic=entered & valid,
             left_panic=left & valid,
@@ -360,7 +389,7 @@ class KpaBatch:
         rule = int(tick.rule[i])
         if rule == PANIC:
             if tick.held_in_panic[i]:
-                trace.step("kpa.panic_hold", replicas=int(tick.max_panic[i]))
+                trace.step("kpa.panic_hold", replicas=int(tick.replicas[i]))
             trace.step(
                 "kpa.panic",
                 panic=float(tick.panic[i]),
@@ -379,6 +408,13 @@ class KpaBatch:
                 got = int(tick.desired_stable[i])
                 bound = "max_scale_up_rate" if got < wanted else "max_scale_down_rate"
                 trace.clamp("replicas", wanted, got, bound)
+            if tick.gated[i]:
+                trace.step(
+                    "kpa.stable_gated",
+                    want=int(tick.desired_stable[i]),
+                    panic_want=int(tick.want_panic[i]),
+                    panic_window_s=p.panic_window_s,
+                )
         if rule == TO_ZERO:
             trace.step(
                 "kpa.to_zero",

@@ -96,6 +96,7 @@ def size(
     current: int,
     fixed: float | None = None,
     usable: float | None = None,
+    one_more: bool = False,
 ) -> tuple[int, float, int]:
     ref = p.cpu.initial_cores
     r, cpu, note = size_arrays(
@@ -110,6 +111,7 @@ def size(
         max_r=np.array([p.max_replicas]),
         fixed_cpu=np.array([np.nan if fixed is None else fixed]),
         usable=None if usable is None else np.array([usable]),
+        one_more=one_more,
     )
     return int(r[0]), float(cpu[0]), int(note[0])
 
@@ -126,6 +128,7 @@ def size(
     st.booleans(),
     st.one_of(st.none(), st.floats(0.01, 3.0)),
     st.one_of(st.none(), st.floats(0.0, 16.0)),
+    st.booleans(),
 )
 def test_sizing_keeps_the_bounds_and_the_cores(
     cores: float,
@@ -138,6 +141,7 @@ def test_sizing_keeps_the_bounds_and_the_cores(
     horizontal: bool,
     fixed: float | None,
     usable: float | None,
+    one_more: bool,
 ) -> None:
     p = policy(
         min_replicas=min_r,
@@ -147,7 +151,13 @@ def test_sizing_keeps_the_bounds_and_the_cores(
     )
     cores = max(cores, min_r * cpu_min)
     r, cpu, _ = size(
-        cores, p, want=want, current=current, fixed=fixed if current else None, usable=usable
+        cores,
+        p,
+        want=want,
+        current=current,
+        fixed=fixed if current else None,
+        usable=usable,
+        one_more=one_more,
     )
     assert p.min_replicas <= r <= p.max_replicas
     assert r * cpu <= cores + 1e-9 or fixed is not None
@@ -190,6 +200,20 @@ def test_under_share_new_replicas_may_start_into_the_idle_cpu_they_can_use() -> 
     assert size(3.0, p, want=8, current=1, usable=1.0) == (3, pytest.approx(1.0), 6)
     # Never more than the cores give cpu.min each.
     assert size(1.0, p, want=8, current=1, usable=7.5)[0] == 4
+
+
+def test_under_share_a_service_held_back_by_its_cores_runs_one_replica_more() -> None:
+    p = policy(max_replicas=8, cpu={"min": 0.25, "max": 1.0, "request": 1.0})
+    # 4.3 cores fill 5 replicas (4 at full size, one for the remainder); under share it runs
+    # 6, the 4.3 cores shared by them: the weight is unchanged, the sixth only soaks idle CPU.
+    assert size(4.3, p, want=8, current=4) == (5, pytest.approx(0.86), 6)
+    assert size(4.3, p, want=8, current=4, one_more=True) == (6, pytest.approx(4.3 / 6), 10)
+    # Only when it wants more than the cores fill: wanting 5, it runs 5.
+    assert size(4.3, p, want=5, current=4, one_more=True) == (5, pytest.approx(0.86), 0)
+    # Never beyond max_replicas, nor below cpu.min each.
+    assert size(7.5, p, want=8, current=7, one_more=True)[0] == 8
+    assert size(1.0, p, want=8, current=1, one_more=True) == (2, pytest.approx(0.5), 10)
+    assert size(0.4, p, want=8, current=1, one_more=True) == (1, pytest.approx(0.4), 2)
 
 
 def test_a_blocked_resize_keeps_the_cpu_and_changes_the_count() -> None:

@@ -571,9 +571,12 @@ def test_the_scale_down_floor_reads_the_panic_window_not_one_tick() -> None:
     assert _settle(cpu_measured=True, noisy=True).replicas == 4
 
 
-def _cpu_bound_backlog(enforcement: str, seconds: int) -> list[Decision]:
+def _cpu_bound_backlog(
+    enforcement: str, seconds: int, auth: tuple[int, float] = (40, 1.0)
+) -> list[Decision]:
     """A CPU-bound service with a backlog (3 replicas of 2 cores, all full) beside a service
-    allocated more than it uses (headroom): 0.65 of the 8 cores sit idle."""
+    allocated more than it uses (headroom; ``auth``: its requests in flight and the cores it
+    uses): by default 1.15 of the 8 cores sit idle."""
     engine = Engine(
         {
             "render": policy(
@@ -591,12 +594,14 @@ def _cpu_bound_backlog(enforcement: str, seconds: int) -> list[Decision]:
     out: list[Decision] = []
     for t in range(seconds):
         used["render"] += 5.85  # its three replicas, full
-        used["auth"] += 1.5
+        used["auth"] += auth[1]
         signals = {
             "render": ServiceSignals(
                 "render", float(t), in_flight=200, cpu_seconds_total=used["render"]
             ),
-            "auth": ServiceSignals("auth", float(t), in_flight=12, cpu_seconds_total=used["auth"]),
+            "auth": ServiceSignals(
+                "auth", float(t), in_flight=auth[0], cpu_seconds_total=used["auth"]
+            ),
         }
         d = engine.tick(float(t), signals, states)
         states = applied(d)  # decided replicas are ready at once
@@ -615,3 +620,19 @@ def test_under_share_a_cpu_bound_backlog_adds_a_replica_into_idle_cpu() -> None:
     grown = _cpu_bound_backlog("share", 70)[share.index(4)]
     assert "starts replicas into idle CPU (4 in all)" in " ".join(grown.reasons)
     assert {d.replicas for d in _cpu_bound_backlog("limit", 70)} == {3}
+
+
+def test_under_share_a_service_its_cores_hold_back_runs_one_replica_more() -> None:
+    # auth asks for less: render is granted about 5.9 cores, which fill 3 replicas of 2; it
+    # wants 4 (max_replicas).  Under share its weight is its cores however many replicas
+    # share them, so it runs the 4th at once: it takes nothing auth is entitled to, and lets
+    # render use what auth leaves idle -- once its replicas have all been ready and full for
+    # a panic window (6 s), so a cold start's backlog, drained by then, adds none.  Under
+    # limit the cores alone decide.
+    share = _cpu_bound_backlog("share", 10, auth=(12, 1.5))
+    replicas = [d.replicas for d in share]
+    assert replicas[:6] == [3] * 6 and replicas[-1] == 4
+    grown = share[replicas.index(4)]
+    assert "one more than its cores fill at full size" in " ".join(grown.reasons)
+    assert grown.replicas * grown.cpu_per_replica_cores <= 8.0
+    assert {d.replicas for d in _cpu_bound_backlog("limit", 70, auth=(12, 1.5))} == {3}

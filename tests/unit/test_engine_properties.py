@@ -211,7 +211,9 @@ def check_tick(
             # A blocked resize keeps the CPU per replica, so its allocation may go unused; so
             # may cores granted to replicas not started yet (held back until the service
             # surely keeps the CPU: the decision says so).
-            held_back = any(s.kind == "split.held_back" for s in d.explanation.steps)
+            held_back = any(
+                s.kind in ("split.held_back", "split.one_more") for s in d.explanation.steps
+            )
             assert name in blocked or held_back or d.allocated_cores >= cores - p.cpu.min - EPS, (
                 f"split lost more than one replica: {name} {cores} -> {d}, {p.cpu}, frozen={d.frozen}"
             )

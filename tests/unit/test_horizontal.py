@@ -6,7 +6,7 @@ from scaler.horizontal import KpaRecommender
 from scaler.policy import ScalingPolicy
 
 
-def kpa(**kw: object) -> KpaRecommender:
+def kpa(adds_need_panic: bool = False, **kw: object) -> KpaRecommender:
     # cpu.max = cpu.request: one replica is one reference replica (pure horizontal scaling)
     base: dict[str, object] = {
         "target": 10,
@@ -15,7 +15,7 @@ def kpa(**kw: object) -> KpaRecommender:
         "cpu": {"min": 0.1, "max": 0.1},
     }
     base.update(kw)
-    return KpaRecommender(ScalingPolicy.model_validate(base))
+    return KpaRecommender(ScalingPolicy.model_validate(base), adds_need_panic=adds_need_panic)
 
 
 def drive(
@@ -143,3 +143,40 @@ def test_clamps_say_which_bound() -> None:
 def test_no_data_is_a_value_not_an_error() -> None:
     r = kpa().recommend(5.0, ready=2.0, current=2)
     assert not r.valid and r.rule == "no-data" and r.replicas == 2
+
+
+def test_a_stale_stable_window_alone_adds_no_replica_in_sluices_rule() -> None:
+    # 30 s at 25 (3 replicas' worth at target 10), then 11 s at 7: the 60 s window still
+    # wants 3, the last 6 s want 1.  The budget kept the service at 2 replicas meanwhile.
+    for adds_need_panic, expected in ((False, 3), (True, 2)):
+        rec = kpa(adds_need_panic=adds_need_panic, panic_threshold=10)
+        for t in range(30):
+            rec.observe(float(t), 25.0)
+        for t in range(30, 41):
+            rec.observe(float(t), 7.0)
+        r = rec.recommend(40.0, ready=2.0, current=2)
+        assert (r.replicas, r.rule) == (expected, "stable"), adds_need_panic
+        assert r.inputs["stable"] > 20.0 and r.inputs["panic"] < 10.0
+    assert any("a replica is added only when the panic window wants it too" in line
+               for line in r.reasons.render())  # fmt: skip
+    # both windows wanting more: added as before
+    rec = kpa(adds_need_panic=True, panic_threshold=10)
+    for t in range(10):
+        rec.observe(float(t), 25.0)
+    assert rec.recommend(9.0, ready=2.0, current=2).replicas == 3
+
+
+def test_a_deferred_panic_want_is_not_acted_on_once_the_burst_has_passed() -> None:
+    # A panic burst wants 15; the budget lets the service run 3.  Once the burst is over,
+    # Knative's rule still asks for the 15 it wanted (panic never scales down); Sluice's
+    # keeps the 3 it runs and asks only for what the panic window wants now.
+    for adds_need_panic, expected in ((False, 15), (True, 3)):
+        rec = kpa(adds_need_panic=adds_need_panic)
+        for t in range(5):
+            rec.observe(float(t), 150.0)
+            first = rec.recommend(float(t), ready=1.0, current=1)
+        assert (first.replicas, first.rule) == (15, "panic")
+        for t in range(5, 12):
+            rec.observe(float(t), 10.0)
+        r = rec.recommend(11.0, ready=3.0, current=3)
+        assert (r.replicas, r.rule) == (expected, "panic"), adds_need_panic
