@@ -245,7 +245,7 @@ def size_arrays(
     fixed_cpu: FloatArray,
     claimed: FloatArray | None = None,
     usable: FloatArray | None = None,
-    one_more: BoolArray | bool | None = None,
+    one_more: BoolArray | None = None,
 ) -> tuple[IntArray, FloatArray, IntArray]:
     """Give each service's ``want`` replicas its ``cores``: ``(replicas, cpu per replica)``.
 
@@ -261,11 +261,11 @@ def size_arrays(
     ``claimed`` caps the cores new replicas may start on (what the service surely keeps);
     ``usable`` (share enforcement: measured use plus the node's idle CPU) raises it again:
     a replica that starts into idle CPU takes from the serving ones only what its start-up
-    burns.  ``one_more`` (share enforcement; per service or for all): a service that wants
-    more replicas than its cores fill runs one more than they fill -- its weight is its cores however many replicas
-    share them, so the extra replica takes nothing another service is entitled to; it only
-    lets the service use CPU the others leave idle, which replicas capped at ``cpu.max``
-    could not.
+    burns.  ``one_more`` (share enforcement, per service): where set, a service that wants
+    more replicas than its cores fill runs one more than they fill -- its weight is its
+    cores however many replicas share them, so the extra replica takes nothing another
+    service is entitled to; it only lets the service use CPU the others leave idle, which
+    replicas capped at ``cpu.max`` could not.
 
     Returns ``(replicas, cpu per replica, note)`` with note codes 0 none, 2 fewer replicas
     fit at cpu.min, 3 resize blocked, 4 resize blocked and CPU cut, 6 new replicas held
@@ -282,7 +282,7 @@ def size_arrays(
         idle = (r > room) & (wider > room)
         room = wider
     extra = np.zeros(r.shape, dtype=bool)
-    if one_more is not None and np.any(one_more):
+    if one_more is not None and one_more.any():
         more = (r > room) & one_more
         wider = np.where(more, np.maximum(room, _fills(base, unit, cpu_min) + 1), room)
         extra = (r > current) & (wider > room)

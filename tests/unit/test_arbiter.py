@@ -111,7 +111,7 @@ def size(
         max_r=np.array([p.max_replicas]),
         fixed_cpu=np.array([np.nan if fixed is None else fixed]),
         usable=None if usable is None else np.array([usable]),
-        one_more=one_more,
+        one_more=np.array([one_more]),
     )
     return int(r[0]), float(cpu[0]), int(note[0])
 
