@@ -289,7 +289,7 @@ def size_arrays(
         room = wider
     held = (r > current) & (r > room)
     r = np.where(held, room, r)
-    note = np.where(extra, 10, np.where(held, 6, np.where(idle, 9, 0)))
+    note = np.where(extra, 10, np.where(idle, 9, np.where(held, 6, 0)))
     fit = np.maximum(min_r, np.floor(cores / cpu_min + eps).astype(np.int64))
     thin = r > fit
     r = np.where(thin, fit, r)

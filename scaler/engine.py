@@ -20,8 +20,8 @@ KPA's aim; else the recommendation's reference replicas × ``cpu.request``); wha
 could use beyond it (warm replicas, bigger replicas) is soft demand, served from spare CPU only.
 The arbiter (``scaler.arbiter``) turns all demands into allocations under the budget, and
 each allocation is given to the replicas (``size_arrays``): new replicas start only on CPU
-the service surely keeps (under ``share``: or into idle CPU, once its replicas have all been
-ready and full for a stable window); under ``share`` serving replicas keep ``cpu.min`` each.
+the service surely keeps (under ``share``: or into idle CPU, once its ready replicas have
+been full for a panic window); under ``share`` serving replicas keep ``cpu.min`` each.
 
 Every per-service quantity lives in a numpy array indexed like the policies, so one tick is
 a few dozen array operations whatever the number of services; each decision renders its
@@ -282,9 +282,8 @@ class Engine:
         self._allocation = nan.copy()
         self._granted = np.zeros(n)
         """Last tick's cores from the arbiter, before sizing (what the work was granted)."""
-        self._stable_s = arr([p.stable_window_s for p in pols])
         self._full_since = nan.copy()
-        """Since when each service's replicas have all been ready and full (NaN: not now)."""
+        """Since when each service's ready replicas have been full (NaN: not now)."""
 
     def __repr__(self) -> str:
         return (
@@ -474,8 +473,8 @@ class Engine:
                 ),
                 # Under share a service's weight is its cores however many replicas share them:
                 # one replica more than they fill takes nobody's entitlement, it only lets the
-                # service use what the others leave idle -- once its replicas have all been
-                # ready and full for a panic window (a cold start's backlog has drained by then).
+                # service use what the others leave idle -- once its ready replicas have been
+                # full for a panic window (a cold start's backlog has drained by then).
                 one_more=((now - self._full_since >= self._panic_s - _EPS) if self.share else None),
             )
             pending = {}
@@ -706,17 +705,20 @@ class Engine:
         frozen: BoolArray,
         state: tuple[IntArray, FloatArray],
     ) -> FloatArray:
-        """Share: the cores a service whose replicas have been the limit for a whole stable
-        window could use now -- its use last tick plus the node's idle CPU (a service whose
-        CPU is not measured counts as using what it was allocated); 0 for the others.  Keeps
+        """Share: the cores a service whose replicas have been the limit for a panic window
+        could use now -- its use last tick plus the node's idle CPU (a service whose CPU is
+        not measured counts as using what it was allocated); 0 for the others.  Keeps
         ``_full_since`` up to date (call once per tick).
 
         Under share a starting replica holds a weight, not CPU: one that starts into idle
         CPU takes from the serving ones only what its own start-up burns.  So a service whose
-        replicas have all been ready and full (using more than the target utilisation of
-        their ``cpu.max``) for its stable window -- a CPU-bound backlog, not a cold start's
-        or a burst's backlog draining -- may add the replicas its recommendation asks for as
-        far as this fills them."""
+        ready replicas have been full (using more than the target utilisation of their
+        ``cpu.max``) for its panic window -- a backlog its replicas cannot drain, not a cold
+        start's backlog, drained by then -- may add the replicas its recommendation asks for
+        as far as this fills them at full size.  Replicas still starting do not restart the
+        clock: they are capacity on its way (counted in the replicas it has, each to take a
+        full replica's share of the idle CPU), and restarting it would add one replica per
+        start-up plus a window."""
         cur_r, ready = state
         used = self._cpu_used
         unknown = np.isnan(used)
@@ -726,13 +728,13 @@ class Engine:
             ~unknown
             & ~frozen
             & (cur_r > 0)
-            & (ready >= cur_r)
-            & (used >= cur_r * self.cpu_max * self.target_utilization)
+            & (ready > 0)
+            & (used >= ready * self.cpu_max * self.target_utilization)
         )
         self._full_since = np.where(
             full, np.where(np.isnan(self._full_since), now, self._full_since), np.nan
         )
-        lasting = full & (now - self._full_since >= self._stable_s - _EPS)
+        lasting = full & (now - self._full_since >= self._panic_s - _EPS)
         return np.where(lasting, used + spare, 0.0)
 
     def _replicas_for(self, wanted: IntArray) -> IntArray:

@@ -271,8 +271,9 @@ class TickView:
             trace.step(
                 "split.into_idle",
                 replicas=r,
+                wanted=int(self.run[i]),
                 used=float(self.used[i]),
-                window_s=float(e._stable_s[i]),
+                window_s=float(e._panic_s[i]),
             )
         held = float(self.soft[i])
         if held > demand + _MOVE:

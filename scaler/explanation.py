@@ -240,9 +240,9 @@ TEMPLATES: dict[str, str] = {
         "size: under share the one more adds no weight, it only uses CPU the others leave idle"
     ),
     "split.into_idle": (
-        "starts replicas into idle CPU ({replicas} in all): its replicas have all been ready "
-        "and full for {window_s:g} s (it used {used:.2f} cores) and a starting replica holds "
-        "a weight, not CPU (share)"
+        "starts replicas into idle CPU ({replicas} of the {wanted} it wants): its ready "
+        "replicas have been full for {window_s:g} s (it used {used:.2f} cores) and a "
+        "starting replica holds a weight, not CPU (share)"
     ),
     "soft_hold": (
         "its replicas could use {held:.2f} cores; the {spare:.2f} beyond what the load needs "

@@ -611,28 +611,79 @@ def _cpu_bound_backlog(
 
 def test_under_share_a_cpu_bound_backlog_adds_a_replica_into_idle_cpu() -> None:
     # Share: a starting replica holds a weight, not CPU, so once the replicas have been full
-    # for a whole stable window (60 s: not a cold start's backlog draining) the 4th replica
-    # (the KPA wants max_replicas) starts into the node's idle CPU.  Under limit it would
-    # hold CPU taken from the serving three while it starts: the cores alone decide.
-    share = [d.replicas for d in _cpu_bound_backlog("share", 70)]
-    assert share[:59] == [3] * 59
-    assert share[-1] == 4
-    grown = _cpu_bound_backlog("share", 70)[share.index(4)]
-    assert "starts replicas into idle CPU (4 in all)" in " ".join(grown.reasons)
+    # for a panic window (6 s from t=1, the first tick with a CPU rate: a cold start's
+    # backlog has drained by then) the 4th replica (the KPA wants max_replicas) starts into
+    # the node's idle CPU.  Under limit it would hold CPU taken from the serving three while
+    # it starts: the cores alone decide.
+    share = [d.replicas for d in _cpu_bound_backlog("share", 20)]
+    assert share[:7] == [3] * 7
+    assert share[7] == 4 and share[-1] == 4
+    grown = _cpu_bound_backlog("share", 20)[7]
+    assert "starts replicas into idle CPU (4 of the 4 it wants)" in " ".join(grown.reasons)
     assert {d.replicas for d in _cpu_bound_backlog("limit", 70)} == {3}
+
+
+def test_under_share_a_replica_still_starting_does_not_restart_the_full_window() -> None:
+    # render has 4 replicas, one of them starting (it never becomes ready here); its 3 ready
+    # ones are full.  The starting one is capacity on its way, not a reason to wait: after
+    # a panic window of full ready replicas the 5th starts into the idle CPU (used 5.85 +
+    # 3.15 idle of 10 fill 5 replicas of 2 cores) -- not one replica per start-up plus a
+    # window.  Under limit the cores alone decide.
+    def run(enforcement: str) -> list[Decision]:
+        engine = Engine(
+            {
+                "render": policy(
+                    target=1, max_replicas=6, cpu={"min": 0.5, "max": 2.0, "request": 2.0}
+                ),
+                "auth": policy(
+                    target=4, max_replicas=8, cpu={"min": 0.1, "max": 0.5, "request": 0.5}
+                ),
+            },
+            BudgetConfig(cpu=10, enforcement=enforcement),
+        )
+        states = {
+            "render": ServiceState("render", 4, 3, 2.0),
+            "auth": ServiceState("auth", 8, 8, 0.25),
+        }
+        used = {"render": 0.0, "auth": 0.0}
+        out: list[Decision] = []
+        for t in range(12):
+            used["render"] += 5.85
+            used["auth"] += 1.0
+            signals = {
+                "render": ServiceSignals(
+                    "render", float(t), in_flight=200, cpu_seconds_total=used["render"]
+                ),
+                "auth": ServiceSignals(
+                    "auth", float(t), in_flight=40, cpu_seconds_total=used["auth"]
+                ),
+            }
+            d = engine.tick(float(t), signals, states)
+            states = applied(d)
+            r = d["render"]
+            states["render"] = ServiceState("render", r.replicas, 3, r.cpu_per_replica_cores)
+            out.append(r)
+        return out
+
+    share = run("share")
+    assert [d.replicas for d in share] == [4] * 7 + [5] * 5
+    assert "starts replicas into idle CPU (5 of the 6 it wants)" in " ".join(share[7].reasons)
+    assert all(d.replicas * d.cpu_per_replica_cores <= 10 + 1e-9 for d in share)
+    assert {d.replicas for d in run("limit")} == {4}
 
 
 def test_under_share_a_service_its_cores_hold_back_runs_one_replica_more() -> None:
     # auth asks for less: render is granted about 5.9 cores, which fill 3 replicas of 2; it
-    # wants 4 (max_replicas).  Under share its weight is its cores however many replicas
-    # share them, so it runs the 4th at once: it takes nothing auth is entitled to, and lets
-    # render use what auth leaves idle -- once its replicas have all been ready and full for
-    # a panic window (6 s), so a cold start's backlog, drained by then, adds none.  Under
-    # limit the cores alone decide.
-    share = _cpu_bound_backlog("share", 10, auth=(12, 1.5))
+    # wants 4 (max_replicas).  The node's idle CPU this tick (8 - 5.85 - 1.7 = 0.45) fills
+    # no replica, but under share its weight is its cores however many replicas share them,
+    # so it runs the 4th: it takes nothing auth is entitled to, and lets render use what
+    # auth leaves idle for moments -- once its ready replicas have been full for a panic
+    # window (6 s), so a cold start's backlog, drained by then, adds none.  Under limit the
+    # cores alone decide.
+    share = _cpu_bound_backlog("share", 10, auth=(12, 1.7))
     replicas = [d.replicas for d in share]
     assert replicas[:6] == [3] * 6 and replicas[-1] == 4
     grown = share[replicas.index(4)]
     assert "one more than its cores fill at full size" in " ".join(grown.reasons)
     assert grown.replicas * grown.cpu_per_replica_cores <= 8.0
-    assert {d.replicas for d in _cpu_bound_backlog("limit", 70, auth=(12, 1.5))} == {3}
+    assert {d.replicas for d in _cpu_bound_backlog("limit", 70, auth=(12, 1.7))} == {3}

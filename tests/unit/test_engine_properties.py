@@ -212,7 +212,8 @@ def check_tick(
             # may cores granted to replicas not started yet (held back until the service
             # surely keeps the CPU: the decision says so).
             held_back = any(
-                s.kind in ("split.held_back", "split.one_more") for s in d.explanation.steps
+                s.kind in ("split.held_back", "split.one_more", "split.into_idle")
+                for s in d.explanation.steps
             )
             assert name in blocked or held_back or d.allocated_cores >= cores - p.cpu.min - EPS, (
                 f"split lost more than one replica: {name} {cores} -> {d}, {p.cpu}, frozen={d.frozen}"
