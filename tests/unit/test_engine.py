@@ -572,28 +572,37 @@ def test_the_scale_down_floor_reads_the_panic_window_not_one_tick() -> None:
 
 
 def _cpu_bound_backlog(
-    enforcement: str, seconds: int, auth: tuple[int, float] = (40, 1.0)
+    enforcement: str,
+    seconds: int,
+    auth: tuple[int, float] = (40, 1.0),
+    *,
+    cpu: float = 8,
+    max_replicas: int = 4,
+    starting: int = 0,
 ) -> list[Decision]:
     """A CPU-bound service with a backlog (3 replicas of 2 cores, all full) beside a service
     allocated more than it uses (headroom; ``auth``: its requests in flight and the cores it
-    uses): by default 1.15 of the 8 cores sit idle."""
+    uses): by default 1.15 of the 8 cores sit idle.  ``starting``: render also has this many
+    replicas starting, and no replica past the first 3 ever becomes ready."""
     engine = Engine(
         {
             "render": policy(
-                target=1, max_replicas=4, cpu={"min": 0.5, "max": 2.0, "request": 2.0}
+                target=1,
+                max_replicas=max_replicas,
+                cpu={"min": 0.5, "max": 2.0, "request": 2.0},
             ),
             "auth": policy(target=4, max_replicas=8, cpu={"min": 0.1, "max": 0.5, "request": 0.5}),
         },
-        BudgetConfig(cpu=8, enforcement=enforcement),
+        BudgetConfig(cpu=cpu, enforcement=enforcement),
     )
     states = {
-        "render": ServiceState("render", 3, 3, 2.0),
+        "render": ServiceState("render", 3 + starting, 3, 2.0),
         "auth": ServiceState("auth", 8, 8, 0.25),
     }
     used = {"render": 0.0, "auth": 0.0}
     out: list[Decision] = []
     for t in range(seconds):
-        used["render"] += 5.85  # its three replicas, full
+        used["render"] += 5.85  # its three ready replicas, full
         used["auth"] += auth[1]
         signals = {
             "render": ServiceSignals(
@@ -604,8 +613,11 @@ def _cpu_bound_backlog(
             ),
         }
         d = engine.tick(float(t), signals, states)
-        states = applied(d)  # decided replicas are ready at once
-        out.append(d["render"])
+        states = applied(d)  # decided replicas are ready at once (unless ``starting``)
+        r = d["render"]
+        if starting:
+            states["render"] = ServiceState("render", r.replicas, 3, r.cpu_per_replica_cores)
+        out.append(r)
     return out
 
 
@@ -630,40 +642,7 @@ def test_under_share_a_replica_still_starting_does_not_restart_the_full_window()
     # 3.15 idle of 10 fill 5 replicas of 2 cores) -- not one replica per start-up plus a
     # window.  Under limit the cores alone decide.
     def run(enforcement: str) -> list[Decision]:
-        engine = Engine(
-            {
-                "render": policy(
-                    target=1, max_replicas=6, cpu={"min": 0.5, "max": 2.0, "request": 2.0}
-                ),
-                "auth": policy(
-                    target=4, max_replicas=8, cpu={"min": 0.1, "max": 0.5, "request": 0.5}
-                ),
-            },
-            BudgetConfig(cpu=10, enforcement=enforcement),
-        )
-        states = {
-            "render": ServiceState("render", 4, 3, 2.0),
-            "auth": ServiceState("auth", 8, 8, 0.25),
-        }
-        used = {"render": 0.0, "auth": 0.0}
-        out: list[Decision] = []
-        for t in range(12):
-            used["render"] += 5.85
-            used["auth"] += 1.0
-            signals = {
-                "render": ServiceSignals(
-                    "render", float(t), in_flight=200, cpu_seconds_total=used["render"]
-                ),
-                "auth": ServiceSignals(
-                    "auth", float(t), in_flight=40, cpu_seconds_total=used["auth"]
-                ),
-            }
-            d = engine.tick(float(t), signals, states)
-            states = applied(d)
-            r = d["render"]
-            states["render"] = ServiceState("render", r.replicas, 3, r.cpu_per_replica_cores)
-            out.append(r)
-        return out
+        return _cpu_bound_backlog(enforcement, 12, cpu=10, max_replicas=6, starting=1)
 
     share = run("share")
     assert [d.replicas for d in share] == [4] * 7 + [5] * 5
