@@ -242,8 +242,15 @@ class Engine:
         self.is_rps: BoolArray = np.array([p.metric == "rps" for p in pols], dtype=bool)
         self.is_cpu: BoolArray = np.array([p.metric == "cpu" for p in pols], dtype=bool)
         self.horizontal: BoolArray = np.array([p.prefer == "horizontal" for p in pols], dtype=bool)
-        self.unit = arr([p.replica_cores for p in pols])
-        """A replica at full size (``ScalingPolicy.replica_cores``)."""
+        self.unit = (
+            self.cpu_ref.copy()
+            if budget.arbitration == "independent"
+            else arr([p.replica_cores for p in pols])
+        )
+        """A replica at full size (``ScalingPolicy.replica_cores``); ``independent``: its
+        ``cpu.request``, what one autoscaler per service gives each replica (counted at
+        ``cpu.max``, the KPA's scale-down rate would read every replica as several and never
+        let the count fall)."""
         self._size = self.unit / self.cpu_ref
         """Reference replicas per replica at full size."""
         self.kpa_index = np.array(

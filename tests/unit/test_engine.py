@@ -125,6 +125,17 @@ def test_independent_baseline_leaves_the_latecomer_pending() -> None:
     )
 
 
+def test_independent_replicas_at_their_request_scale_down() -> None:
+    # One autoscaler per service runs replicas of cpu.request: the KPA's rate limit counts
+    # those, not replicas at cpu.max (4 of request 0.25 would read as 16 and never halve).
+    engine = Engine({"api": policy(max_replicas=8)}, BudgetConfig(cpu=4, arbitration="independent"))
+    states: dict[str, ServiceState] = {}
+    busy = tick_loop(engine, range(20), {"api": 70}, states)
+    assert (busy["api"].replicas, busy["api"].cpu_per_replica_cores) == (8, 0.25)
+    quiet = tick_loop(engine, range(20, 200), {"api": 5}, states)
+    assert quiet["api"].replicas == 1
+
+
 def test_rps_metric_comes_from_the_arrivals_counter() -> None:
     engine = Engine(
         {"api": policy(metric="rps", target=10, target_utilization=1.0)}, BudgetConfig(cpu=4)
