@@ -58,6 +58,18 @@ def test_the_suite_spans_what_the_issue_asks() -> None:
         assert kind in names
 
 
+def test_the_held_out_set_loads_and_keeps_the_windows_at_their_defaults() -> None:
+    held_out = sorted(p for p in (ROOT / "benchmarks" / "heldout").iterdir() if p.is_dir())
+    assert len(held_out) >= 10
+    assert not {p.name for p in held_out} & {p.name for p in scenarios()}
+    for d in held_out:
+        settings = load_settings(d / "config.yaml")
+        assert set(load_workload(d / "workload.yaml").services) == set(settings.services)
+        for name, service in settings.services.items():
+            for knob in ("stable_window_s", "panic_window_s", "panic_threshold", "tolerance"):
+                assert getattr(service.scaling, knob) == getattr(ScalingPolicy(), knob), (d, name)
+
+
 def test_fill_gives_floors_then_weights_within_caps_and_the_budget() -> None:
     shares = run.fill(
         10.0, {"a": 1.0, "b": 1.0, "c": 2.0}, {"a": 1, "b": 1, "c": 1}, {"a": 2, "b": 9, "c": 9}
