@@ -29,7 +29,12 @@ start-up included), the **entitled bound** per service (its p99 when every servi
 ``max_replicas`` from the start, all ready, on Sluice's share node: the CPU shared by
 entitlement, work-conserving -- what no controller that keeps every other service's
 entitlement beats, so a long-lived service that ``independent`` lets take a short one's
-share shows here how much of its p99 the fairness promise costs), the **fluid bound** on CPU
+share shows here how much of its p99 the fairness promise costs), the **reactive entitled
+bound** per service (the two together: every service from ``min_replicas``, starting every
+replica it may have the moment its first request arrives, on the node shared by entitlement:
+what no controller that cannot see the future and keeps the entitlements beats; both entitled
+references run on the share node whatever Sluice's enforcement, the most any enforcement that
+keeps the entitlements can give), the **fluid bound** on CPU
 used during contention (a work-conserving node serving every backlog at once up to
 ``max_replicas × cpu.max``, without start-up delays), and, per service, its replica direction
 changes **alone**: Sluice's engine with the node to itself, the same arrivals, no other
@@ -235,6 +240,38 @@ class EntitledBound(StaticController):
         self.rules = {s: Counter() for s in policies}
 
 
+class ReactiveEntitledBound(ReactiveBound):
+    """The reactive entitled bound's controller: :class:`ReactiveBound`'s (``min_replicas``
+    until a service's first request, then every replica it may have, started at once and
+    kept) on :class:`EntitledBound`'s node (the CPU shared by entitlement, work-conserving,
+    each replica up to ``cpu.max``): start-up and the fairness promise together."""
+
+    name: RunName = "sluice"
+
+    def __init__(self, policies: Mapping[str, ScalingPolicy], budget: float) -> None:
+        super().__init__(policies)
+        shares = fair_shares(budget, list(policies.values())).tolist()
+        # a replica's CPU only reserves room on the node: its service's weight is its
+        # entitlement, and every replica of it may use up to cpu.max
+        self.cores = {
+            s: e / p.max_replicas for (s, p), e in zip(policies.items(), shares, strict=True)
+        }
+
+    def initial(self) -> dict[str, Target]:
+        return {s: Target(p.min_replicas, self.cores[s]) for s, p in self.policies.items()}
+
+    def decide(
+        self,
+        now: float,
+        signals: Mapping[str, ServiceSignals],
+        states: Mapping[str, ServiceState],
+    ) -> dict[str, Target]:
+        return {
+            s: Target(t.replicas, self.cores[s], wake_concurrency=t.wake_concurrency)
+            for s, t in super().decide(now, signals, states).items()
+        }
+
+
 def p99s(result: RunResult, services: list[str]) -> dict[str, float | None]:
     """Each service's p99 latency in ``result`` (None without requests)."""
     out: dict[str, float | None] = {}
@@ -244,18 +281,33 @@ def p99s(result: RunResult, services: list[str]) -> dict[str, float | None]:
     return out
 
 
+def _share_node(budget: BudgetConfig, *, early_ticks: bool) -> BudgetConfig:
+    """The references' node: Sluice's share node on the same budget, whatever enforcement
+    Sluice runs on (sharing by entitlement, work-conserving, is the most any enforcement
+    that keeps the entitlements can give)."""
+    return budget.model_copy(update={"enforcement": "share", "early_ticks": early_ticks})
+
+
 def entitled_bound(
     scenario: Scenario, policies: Mapping[str, ScalingPolicy], budget: BudgetConfig
-) -> RunResult | None:
+) -> RunResult:
     """The run under :class:`EntitledBound`: no start-up, no decision lag, every service given
     its entitlement while it has work.  A controller that keeps the entitlements (the fair
     shares Sluice promises) does no better for a service that ``independent`` lets take the
-    others' share; ``None`` unless Sluice runs on share."""
-    if budget.resolved(None).rule != "share":
-        return None
-    node = budget.model_copy(update={"early_ticks": False})
+    others' share."""
     ctl = EntitledBound(policies, budget.fixed_cores())
-    return run(scenario, "sluice", policies, node, controller=ctl)
+    return run(scenario, "sluice", policies, _share_node(budget, early_ticks=False), controller=ctl)
+
+
+def reactive_entitled_bound(
+    scenario: Scenario, policies: Mapping[str, ScalingPolicy], budget: BudgetConfig
+) -> dict[str, float | None]:
+    """Per service, the p99 under :class:`ReactiveEntitledBound`: what no controller that
+    cannot see the future and keeps the entitlements beats (a first burst pays its replicas'
+    start-up on its fair share, next to services that hold theirs)."""
+    ctl = ReactiveEntitledBound(policies, budget.fixed_cores())
+    node = _share_node(budget, early_ticks=True)
+    return p99s(run(scenario, "sluice", policies, node, controller=ctl), scenario.services)
 
 
 def alone_reversals(
@@ -413,10 +465,9 @@ def run_scenario(
     ]
     hindsight = hindsight_reversals(scenario, policies, budget, steady_flapping)
     entitled_run = entitled_bound(scenario, policies, budget)
-    entitled: dict[str, float | None] = dict.fromkeys(scenario.services)
-    if entitled_run is not None:
-        entitled = p99s(entitled_run, scenario.services)
-        runs["entitled"] = summarise(scenario, entitled_run, cores)
+    entitled = p99s(entitled_run, scenario.services)
+    runs["entitled"] = summarise(scenario, entitled_run, cores)
+    reactive_entitled = reactive_entitled_bound(scenario, policies, budget)
     splits = candidate_splits(scenario, policies, cores)
     best: tuple[float, str, dict[str, Any]] | None = None
     indep = runs["independent"]["services"]
@@ -453,6 +504,7 @@ def run_scenario(
                 "p99_floor_s": p99_floor(scenario, s, policies[s]),
                 "p99_reactive_bound_s": reactive[s],
                 "p99_entitled_bound_s": entitled[s],
+                "p99_reactive_entitled_bound_s": reactive_entitled[s],
                 "alone_direction_changes_per_hour": alone[s],
                 "hindsight": hindsight.get(s),
             }
@@ -503,6 +555,7 @@ def verdict(sc: dict[str, Any]) -> list[dict[str, Any]]:
             best = bv[s]["latency_p99_s"]
             bound = sc["services"][s].get("p99_reactive_bound_s")
             entitled = sc["services"][s].get("p99_entitled_bound_s")
+            started = sc["services"][s].get("p99_reactive_entitled_bound_s")
             limit = P99_SLACK * iv[s]["latency_p99_s"]
             why = None
             if bound is not None and bound > limit:
@@ -511,6 +564,11 @@ def verdict(sc: dict[str, Any]) -> list[dict[str, Any]]:
                 why = (
                     f"conflicts with the others' entitlements: with every replica ready and "
                     f"the node shared by entitlement it is {entitled:.3g} s"
+                )
+            elif started is not None and started > limit:
+                why = (
+                    f"conflicts with the others' entitlements: with every replica started at "
+                    f"its first request and the node shared by entitlement it is {started:.3g} s"
                 )
             add(
                 "<service>: p99 <= 1.10 x independent",
@@ -592,6 +650,7 @@ def verdict(sc: dict[str, Any]) -> list[dict[str, Any]]:
                 factor = _ratio(pi, ps) or 0.0
                 bound = meta.get("p99_reactive_bound_s")
                 entitled = meta.get("p99_entitled_bound_s")
+                started = meta.get("p99_reactive_entitled_bound_s")
                 why = None
                 if floor and pi / floor < SEED_P99_FACTOR:
                     why = f"impossible: even the p99 floor ({floor:.3g} s) is only {pi / floor:.1f}x below independent"
@@ -606,6 +665,12 @@ def verdict(sc: dict[str, Any]) -> list[dict[str, Any]]:
                         f"conflicts with the others' entitlements: with every replica ready and "
                         f"the node shared by entitlement it is {entitled:.3g} s, only "
                         f"{pi / entitled:.1f}x below independent"
+                    )
+                elif started and pi / started < SEED_P99_FACTOR:
+                    why = (
+                        f"conflicts with the others' entitlements: with every replica started at "
+                        f"its first request and the node shared by entitlement it is "
+                        f"{started:.3g} s, only {pi / started:.1f}x below independent"
                     )
                 add(
                     "seed: short-lived <service> p99 >= 10x lower than independent",
@@ -754,6 +819,7 @@ COLUMNS = [
     ("floor", "right"),
     ("reactive", "right"),
     ("entitled", "right"),
+    ("ent. start", "right"),
     ("thr S/I", "right"),
     ("CPU in cont. S / I", "right"),
     ("unfin S / I", "right"),
@@ -804,6 +870,7 @@ def print_results(results: list[dict[str, Any]], console: Console) -> None:
                 _f(meta["p99_floor_s"]),
                 _f(meta.get("p99_reactive_bound_s")),
                 _f(meta.get("p99_entitled_bound_s")),
+                _f(meta.get("p99_reactive_entitled_bound_s")),
                 _f(_ratio(sv["sluice"]["completed"], sv["independent"]["completed"]), "{:.3f}"),
                 f"{_f(sv['sluice']['cpu_used_in_contention_cores'], '{:.2f}')} / "
                 f"{_f(sv['independent']['cpu_used_in_contention_cores'], '{:.2f}')}",
@@ -852,7 +919,7 @@ def print_verdict(results: list[dict[str, Any]], console: Console) -> None:
         console.print(f"  ({impossible} of the misses are shown impossible by a bound)")
     if entitled:
         console.print(
-            f"  ({entitled} more conflict with the other services' entitlements: the entitled "
+            f"  ({entitled} more conflict with the other services' entitlements: an entitled "
             "reference misses them too)"
         )
     if own:
@@ -952,7 +1019,8 @@ def main() -> int:
         f"{len(results)} scenarios in {wall:.0f} s wall ({args.jobs} processes). Columns: p99 S/I = "
         "Sluice ÷ independent; floor = p99 of a request's own service time at cpu.max; reactive = "
         "p99 with every replica started at the first request on a node of its own; entitled = p99 "
-        "with every replica ready, the node shared by entitlement; best split = "
+        "with every replica ready, the node shared by entitlement; ent. start = the same with "
+        "every replica started at the first request; best split = "
         "best fixed split in hindsight; thr = completed requests; CPU in cont. = cores used "
         "during contention; dir/h = replica direction changes "
         "per hour (load = the offered load's own); 503 = requests the gateway's admission "

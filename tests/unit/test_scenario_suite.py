@@ -194,3 +194,24 @@ def test_an_own_policy_direction_miss_shows_whether_hindsight_avoids_it() -> Non
     )
     assert "avoidable in hindsight" in goal["why"]
     assert "api (<= 3) 0/h at p99 1.25 s (as configured 1 s)" in goal["why"]
+
+
+def test_a_miss_that_start_up_and_entitlements_force_together_is_a_conflict() -> None:
+    # jobs: 4x better than independent.  Neither start-up alone (reactive bound, 0.2 s) nor
+    # the entitlements alone (entitled bound, 0.25 s) explain it; both together (0.9 s) do.
+    sc = scenario(
+        {"api": figures(1.0, 1000, 0, 0.0, 0), "jobs": figures(1.0, 100, 0, 0.0, 0)},
+        {"api": figures(1.0, 1000, 0, 0.0, 0), "jobs": figures(4.0, 100, 0, 0.0, 0)},
+        (0.95, 0.90),
+    )
+    sc["services"]["jobs"]["p99_floor_s"] = 0.1
+    sc["services"]["jobs"] |= {"p99_reactive_bound_s": 0.2, "p99_entitled_bound_s": 0.25}
+    goal = "seed: short-lived jobs p99 >= 10x lower than independent"
+    assert run.verdict(sc) and {g["goal"]: g for g in run.verdict(sc)}[goal]["why"] is None
+
+    sc["services"]["jobs"]["p99_reactive_entitled_bound_s"] = 0.9
+    missed = {g["goal"]: g for g in run.verdict(sc)}[goal]
+    assert not missed["met"]
+    assert run.category(missed) == "conflict"
+    assert "started at its first request and the node shared by entitlement" in missed["why"]
+    assert "0.9 s, only 4.4x below independent" in missed["why"]
