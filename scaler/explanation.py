@@ -157,6 +157,10 @@ TEMPLATES: dict[str, str] = {
     "kpa.panic_over": "panic over: {stable_window_s:g}s since the last tick over the threshold",
     "kpa.panic_hold": "panic: not scaling down from {replicas}",
     "kpa.panic": "panic: ceil({panic:.2f}/{target_value:g}) = {want}",
+    "kpa.surge": (
+        "panic at once: this tick's {metric} wants {want} replicas, >= {threshold:g}× capacity "
+        "{capacity:g}, {woke_s:.1f}s into a burst after {panic_window_s:g}s without load"
+    ),
     "kpa.stable": "stable: ceil({stable:.2f}/{target_value:g}) = {want}",
     "kpa.stable_gated": (
         "adds none of the {want} the stable window wants: the last {panic_window_s:g}s need "

@@ -78,6 +78,10 @@ class KpaTick:
     left_panic: Bools
     held_in_panic: Bools
     """In panic and the recommendation would have gone down: kept up."""
+    surged: Bools
+    """A burst after a panic window without load: ``want_panic`` is this tick's want."""
+    woke_for: Floats
+    """Seconds since the service had load again after a panic window without any."""
     max_panic: Ints
     rate_limited: Bools
     gated: Bools
@@ -96,11 +100,16 @@ class KpaBatch:
         granularity_s: float = 1.0,
         *,
         adds_need_panic: bool = False,
+        surge_panics: bool = False,
     ) -> None:
         """``adds_need_panic``: a replica is added only when the panic window wants it too
         (Sluice's engine); off, Knative's rule as it is (the stable window alone adds, and
-        panic goes back up to the most it wanted)."""
+        panic goes back up to the most it wanted).  ``surge_panics``: a tick whose own
+        metric (``instant``) wants ``panic_threshold ×`` the ready capacity panics at once,
+        wanting that (Sluice's engine: the gateway sees a burst whole, where the panic window
+        reads its first second as a sixth of it); off, only the panic window panics."""
         self.adds_need_panic = adds_need_panic
+        self.surge_panics = surge_panics
         self.policies = list(policies)
         n = len(self.policies)
 
@@ -146,6 +155,8 @@ class KpaBatch:
         self.panic_since = np.full(n, np.nan)
         self.max_panic = np.zeros(n, dtype=np.int64)
         self.last_active = np.full(n, -np.inf)
+        self.woke_at = np.full(n, -np.inf)
+        """When each service last had load after a whole panic window without any."""
         self.first_at = np.full(n, np.inf)
         """When each service was first observed (inf: never)."""
 
@@ -222,6 +233,8 @@ class KpaBatch:
         self._stable_nz += nz_delta
         self._panic_nz += nz_delta
         self.first_at = np.where(fresh & (self.first_at == np.inf), now, self.first_at)
+        woke = fresh & (values > 0) & (now - self.last_active >= self.panic_s)
+        self.woke_at = np.where(woke, now, self.woke_at)
         self.last_active = np.where(fresh & (values > 0), now, self.last_active)
 
     def averages(self, now: float) -> tuple[FloatArray, FloatArray]:
@@ -252,8 +265,8 @@ class KpaBatch:
         ``size`` (optional): reference replicas per replica, when ``ready`` is in reference
         replicas of replicas that large.  ``instant`` is the metric right now (this tick's snapshot, not a window average):
         CPU follows the larger of its want and the panic window's, so a burst gets CPU the
-        tick it is seen and a backlog keeps its CPU until it has drained.  Replicas still
-        follow the windows.
+        tick it is seen and a backlog keeps its CPU until it has drained.  Replicas follow
+        the windows, and with ``surge_panics`` a surge ``instant`` shows.
         """
         stable, panic = self.averages(now)
         has_stable = ~np.isnan(stable)
@@ -274,6 +287,19 @@ class KpaBatch:
             ready_count = pods * size
         want_s = np.maximum(np.ceil(st / tv - _EPS), 0).astype(np.int64)
         want_p = np.maximum(np.ceil(pa / tv - _EPS), 0).astype(np.int64)
+        want_i = np.zeros_like(want_p)
+        surge = np.zeros(self.n, dtype=bool)
+        if instant is not None:
+            want_i = np.where(valid, np.maximum(np.ceil(instant / tv - _EPS), 0), 0)
+            want_i = want_i.astype(np.int64)
+            if self.surge_panics:
+                # a burst after a whole panic window without load: until it fills the window
+                # the zeros before it dilute the average, so a surge seen now (this tick's
+                # want at the panic threshold of the ready capacity) panics at once
+                waking = now - self.woke_at < self.panic_s
+                surge = valid & waking & (want_i / ready_count >= self.threshold)
+                surge &= want_i > want_p
+                want_p = np.where(surge, np.maximum(want_p, want_i), want_p)
         des_s = np.minimum(np.maximum(want_s, max_down), max_up)
         des_p = np.minimum(np.maximum(want_p, max_down), max_up)
 
@@ -308,10 +334,6 @@ class KpaBatch:
 
         # CPU follows the load now (the panic window); the replicas the windows, rate limits
         # and panic keep beyond that are held, and their CPU is only lent spare CPU.
-        want_i = np.zeros_like(want_p)
-        if instant is not None:
-            want_i = np.where(valid, np.maximum(np.ceil(instant / tv - _EPS), 0), 0)
-            want_i = want_i.astype(np.int64)
         load = np.minimum(np.maximum(want_p, want_i), self.max_r)
         zero = desired == 0
         idle_for = now - self.last_active
@@ -351,6 +373,8 @@ class KpaBatch:
             entered_panic=entered & valid,
             left_panic=left & valid,
             held_in_panic=held & valid,
+            surged=surge,
+            woke_for=now - self.woke_at,
             max_panic=max_panic,
             rate_limited=rate_limited & valid,
             idle_for=idle_for,
@@ -377,7 +401,7 @@ class KpaBatch:
             target_value=tv,
             capacity=ready,
         )
-        if tick.entered_panic[i]:
+        if tick.entered_panic[i] and not tick.surged[i]:
             trace.step(
                 "kpa.panic_entered",
                 want_panic=int(tick.want_panic[i]),
@@ -390,12 +414,23 @@ class KpaBatch:
         if rule == PANIC:
             if tick.held_in_panic[i]:
                 trace.step("kpa.panic_hold", replicas=int(tick.replicas[i]))
-            trace.step(
-                "kpa.panic",
-                panic=float(tick.panic[i]),
-                target_value=tv,
-                want=int(tick.want_panic[i]),
-            )
+            if tick.surged[i]:
+                trace.step(
+                    "kpa.surge",
+                    metric=p.metric,
+                    want=int(tick.want_panic[i]),
+                    threshold=p.panic_threshold,
+                    capacity=max(ready, 1.0),
+                    woke_s=float(tick.woke_for[i]),
+                    panic_window_s=p.panic_window_s,
+                )
+            else:
+                trace.step(
+                    "kpa.panic",
+                    panic=float(tick.panic[i]),
+                    target_value=tv,
+                    want=int(tick.want_panic[i]),
+                )
         else:
             trace.step(
                 "kpa.stable",

@@ -444,6 +444,37 @@ def test_cpu_follows_the_instant_load_and_drains_a_backlog() -> None:
     assert backlog["short"].allocated_cores == pytest.approx(0.75)
 
 
+def test_a_burst_after_idleness_panics_the_tick_it_is_seen() -> None:
+    """After a whole panic window without load, the window reads a burst's first second as a
+    sixth of it; the gateway sees it whole.  A tick whose own concurrency then wants twice
+    the ready replicas panics at once.  With load in the window, only the window panics."""
+    whole = {"min": 0.1, "max": 1.0, "request": 1.0}
+    pols = {
+        "long": policy(max_replicas=8, cpu=whole),
+        "short": policy(min_replicas=1, max_replicas=4, cpu=whole),
+    }
+    engine = Engine(pols, BudgetConfig(cpu=8))
+    states: dict[str, ServiceState] = {}
+    tick_loop(engine, range(30), {"long": 500, "short": 0}, states)
+    # 7 in flight on one ready replica of target 10 × 0.7: what it serves, no surge
+    d = tick_loop(engine, range(30, 31), {"long": 500, "short": 7}, states)["short"]
+    assert (d.replicas, d.rule) == (1, "stable")
+    # 20 in flight wants 3 replicas now, over twice the 1 ready; the window alone wants 1
+    d = tick_loop(engine, range(31, 32), {"long": 500, "short": 20}, states)["short"]
+    assert (d.replicas, d.rule) == (3, "panic")
+    assert d.inputs["panic"] < 2 * 7, "the panic window alone would not have panicked"
+    assert "panic at once: this tick's concurrency wants 3 replicas, >= 2× capacity 1" in "\n".join(
+        d.reasons
+    )
+
+    steady = Engine(pols, BudgetConfig(cpu=8))
+    states = {}
+    tick_loop(steady, range(30), {"long": 500, "short": 3}, states)
+    # the same tick after 30 s at 3 in flight: the window (4.8) wants 1 replica, no panic
+    d = tick_loop(steady, range(30, 31), {"long": 500, "short": 14}, states)["short"]
+    assert (d.replicas, d.rule) == (1, "stable")
+
+
 def test_wake_levels_say_when_the_data_plane_should_not_wait_for_the_tick() -> None:
     pols = {
         "long": policy(max_replicas=8),
