@@ -259,7 +259,7 @@ class Engine:
         self.kpa = KpaBatch(
             [pols[i] for i in self.kpa_index],
             adds_need_panic=budget.arbitration != "independent",
-            surge_panics=budget.arbitration != "independent",
+            surge_panics=budget.arbitration != "independent" and budget.enforcement == "share",
         )
         self._is_kpa: BoolArray = np.array([p.mode == "kpa" for p in pols], dtype=bool)
         self.hpa_index = np.array(

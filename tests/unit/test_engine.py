@@ -453,7 +453,7 @@ def test_a_burst_after_idleness_panics_the_tick_it_is_seen() -> None:
         "long": policy(max_replicas=8, cpu=whole),
         "short": policy(min_replicas=1, max_replicas=4, cpu=whole),
     }
-    engine = Engine(pols, BudgetConfig(cpu=8))
+    engine = Engine(pols, BudgetConfig(cpu=8, enforcement="share"))
     states: dict[str, ServiceState] = {}
     tick_loop(engine, range(30), {"long": 500, "short": 0}, states)
     # 7 in flight on one ready replica of target 10 × 0.7: what it serves, no surge
@@ -467,12 +467,25 @@ def test_a_burst_after_idleness_panics_the_tick_it_is_seen() -> None:
         d.reasons
     )
 
-    steady = Engine(pols, BudgetConfig(cpu=8))
+    steady = Engine(pols, BudgetConfig(cpu=8, enforcement="share"))
     states = {}
     tick_loop(steady, range(30), {"long": 500, "short": 3}, states)
     # the same tick after 30 s at 3 in flight: the window (4.8) wants 1 replica, no panic
     d = tick_loop(steady, range(30, 31), {"long": 500, "short": 14}, states)["short"]
     assert (d.replicas, d.rule) == (1, "stable")
+
+    # Under limit a replica's quota is its CPU: one started beyond what the cores fill at
+    # full size would slow the ready ones while it starts, so the window alone panics.
+    for budget in (
+        BudgetConfig(cpu=8, enforcement="limit"),
+        BudgetConfig(cpu=8, enforcement="share", arbitration="independent"),
+    ):
+        states = {}
+        capped = Engine(pols, budget)
+        tick_loop(capped, range(30), {"long": 500, "short": 0}, states)
+        tick_loop(capped, range(30, 31), {"long": 500, "short": 7}, states)
+        d = tick_loop(capped, range(31, 32), {"long": 500, "short": 20}, states)["short"]
+        assert d.rule == "stable", budget
 
 
 def test_wake_levels_say_when_the_data_plane_should_not_wait_for_the_tick() -> None:
