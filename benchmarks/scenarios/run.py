@@ -185,13 +185,19 @@ class ReactiveBound:
 
     name: RunName = "static"
 
-    def __init__(self, policies: Mapping[str, ScalingPolicy]) -> None:
+    def __init__(
+        self, policies: Mapping[str, ScalingPolicy], cores: Mapping[str, float] | None = None
+    ) -> None:
+        """``cores``: CPU per replica per service (default ``cpu.max``)."""
         self.policies = dict(policies)
+        self.cores = (
+            dict(cores) if cores is not None else {s: p.cpu.max for s, p in policies.items()}
+        )
         self.rules: dict[str, Counter[str]] = {s: Counter() for s in policies}
         self.started: set[str] = set()
 
     def initial(self) -> dict[str, Target]:
-        return {s: Target(p.min_replicas, p.cpu.max) for s, p in self.policies.items()}
+        return {s: Target(p.min_replicas, self.cores[s]) for s, p in self.policies.items()}
 
     def decide(
         self,
@@ -206,9 +212,9 @@ class ReactiveBound:
             sig = signals[s]
             if sig.in_flight + sig.queued > 0 or sig.arrivals_total > 0:
                 self.started.add(s)
-                out[s] = Target(p.max_replicas, p.cpu.max)
+                out[s] = Target(p.max_replicas, self.cores[s])
             else:  # armed: the first request ticks at once
-                out[s] = Target(p.min_replicas, p.cpu.max, wake_concurrency=1.0)
+                out[s] = Target(p.min_replicas, self.cores[s], wake_concurrency=1.0)
         return out
 
 
@@ -244,32 +250,15 @@ class ReactiveEntitledBound(ReactiveBound):
     """The reactive entitled bound's controller: :class:`ReactiveBound`'s (``min_replicas``
     until a service's first request, then every replica it may have, started at once and
     kept) on :class:`EntitledBound`'s node (the CPU shared by entitlement, work-conserving,
-    each replica up to ``cpu.max``): start-up and the fairness promise together."""
+    each replica up to ``cpu.max``): start-up and the fairness promise together.  A replica's
+    CPU only reserves room on the node: its service's weight is its entitlement."""
 
     name: RunName = "sluice"
 
     def __init__(self, policies: Mapping[str, ScalingPolicy], budget: float) -> None:
-        super().__init__(policies)
         shares = fair_shares(budget, list(policies.values())).tolist()
-        # a replica's CPU only reserves room on the node: its service's weight is its
-        # entitlement, and every replica of it may use up to cpu.max
-        self.cores = {
-            s: e / p.max_replicas for (s, p), e in zip(policies.items(), shares, strict=True)
-        }
-
-    def initial(self) -> dict[str, Target]:
-        return {s: Target(p.min_replicas, self.cores[s]) for s, p in self.policies.items()}
-
-    def decide(
-        self,
-        now: float,
-        signals: Mapping[str, ServiceSignals],
-        states: Mapping[str, ServiceState],
-    ) -> dict[str, Target]:
-        return {
-            s: Target(t.replicas, self.cores[s], wake_concurrency=t.wake_concurrency)
-            for s, t in super().decide(now, signals, states).items()
-        }
+        cores = {s: e / p.max_replicas for (s, p), e in zip(policies.items(), shares, strict=True)}
+        super().__init__(policies, cores)
 
 
 def p99s(result: RunResult, services: list[str]) -> dict[str, float | None]:
