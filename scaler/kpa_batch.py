@@ -266,7 +266,8 @@ class KpaBatch:
         replicas of replicas that large.  ``instant`` is the metric right now (this tick's snapshot, not a window average):
         CPU follows the larger of its want and the panic window's, so a burst gets CPU the
         tick it is seen and a backlog keeps its CPU until it has drained.  Replicas follow
-        the windows, and with ``surge_panics`` a surge ``instant`` shows.
+        the windows, and with ``surge_panics`` also a burst ``instant`` shows on a service
+        idle for a whole panic window.
         """
         stable, panic = self.averages(now)
         has_stable = ~np.isnan(stable)
@@ -299,7 +300,7 @@ class KpaBatch:
                 waking = now - self.woke_at < self.panic_s
                 surge = valid & waking & (want_i / ready_count >= self.threshold)
                 surge &= want_i > want_p
-                want_p = np.where(surge, np.maximum(want_p, want_i), want_p)
+                want_p = np.where(surge, want_i, want_p)
         des_s = np.minimum(np.maximum(want_s, max_down), max_up)
         des_p = np.minimum(np.maximum(want_p, max_down), max_up)
 
