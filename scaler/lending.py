@@ -6,15 +6,19 @@ decision moves CPU only once a second (or at an early tick).  Bursty services ar
 most of the milliseconds in between: a service serving 16 requests a second at 80 % of its
 CPU has nothing in flight a fifth of the time, in gaps of tens of milliseconds.
 
-The gateway sees those gaps as they happen: a service with no request in flight or queued
-is idle.  After it has been idle for ``budget.lend_after_idle_s``, its replicas keep only
-its floor (the CPU it always keeps), spread over them, and at least ``budget.lend_keep_cores``
-each (by default the kernel's smallest quota: its next request takes the rest back before it
-is forwarded, so a warm replica beyond the floor needs CPU only for what it does on its own);
-the rest of their quota is *lent*: shared by weight among
-the services that are busy, each replica up to its ``cpu.max``.  The owner's next request
-takes it back at once, in place (the borrowers' quotas shrink; their requests slow down and
-none is stopped).
+The gateway sees those gaps as they happen, per service and per replica: a service with
+no request in flight or queued is idle, and so is a ready replica with no request in flight
+(a service spreads its load over its replicas, and at 70 % of their CPU each replica is
+empty for tens of milliseconds at a time).  After it has been idle for
+``budget.lend_after_idle_s``, an idle replica (every replica of an idle service) keeps only
+its share of the service's floor (the CPU it always keeps, spread over its replicas), and
+at least ``budget.lend_keep_cores`` (by default the kernel's smallest quota: its next request
+takes the rest back before it is forwarded, so a warm replica beyond the floor needs CPU
+only for what it does on its own); the rest of its quota is *lent*: shared by weight among
+the services with busy replicas (its own included), each busy replica up to its
+``cpu.max``.  The owner's next request takes it back at once, in place (the borrowers'
+quotas shrink; their requests slow down and none is stopped).  A replica still starting
+never lends: its start-up needs the CPU.
 
 :func:`lend` is the rule; the local platform applies it to the cgroups and the simulator
 to its replicas.  It never hands out more than the idle services hold, so the quotas in force
@@ -25,7 +29,7 @@ not apply.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from scaler.arbiter import water_fill
@@ -57,35 +61,43 @@ def idle_floor(replicas: int, floor_cores: float, keep_cores: float) -> float:
     return max(keep_cores, floor_cores / replicas) if replicas > 0 else keep_cores
 
 
-def lend(holdings: Mapping[str, Holding], idle: Collection[str]) -> dict[str, float]:
-    """The quota per replica in force for every service while the ``idle`` ones lend.
+def kept(holding: Holding) -> float:
+    """The quota an idle replica keeps: its decided CPU, down to its floor."""
+    return min(holding.cores, holding.floor)
 
-    An idle service's replicas keep ``min(cores, floor)``.  What they give up is
-    water-filled by weight over the busy services with replicas, each up to ``replicas ×
-    (ceiling - cores)``, and spread evenly over a borrower's replicas.  Services not lending
-    nor borrowing keep ``cores``.  ``sum(replicas × quota) <= sum(replicas × cores)``.
+
+def lend(holdings: Mapping[str, Holding], idle: Mapping[str, int]) -> dict[str, float]:
+    """The quota in force per busy replica of every service while ``idle[name]`` replicas of
+    each lend (all of them: the service is idle; then the value is what they keep).
+
+    An idle replica keeps :func:`kept`.  What the idle replicas give up is water-filled by
+    weight over the services with busy replicas, each up to ``busy × (ceiling - cores)``, and
+    spread evenly over a borrower's busy replicas.  Services not lending nor borrowing keep
+    ``cores``.  ``sum(busy × quota + idle × kept) <= sum(replicas × cores)``.
     """
     quota = {name: h.cores for name, h in holdings.items()}
+    busy = {name: h.replicas for name, h in holdings.items()}
     pool = 0.0
-    for name in idle:
+    for name, count in idle.items():
         h = holdings.get(name)
-        if h is None or h.replicas == 0:
+        k = min(count, h.replicas) if h is not None else 0
+        if h is None or k <= 0:
             continue
-        keep = min(h.cores, h.floor)
-        pool += h.replicas * (h.cores - keep)
-        quota[name] = keep
+        keep = kept(h)
+        pool += k * (h.cores - keep)
+        busy[name] = h.replicas - k
+        if busy[name] == 0:
+            quota[name] = keep
     if pool <= _EPS:
         return quota
     borrowers = [
-        (name, h)
-        for name, h in holdings.items()
-        if name not in idle and h.replicas > 0 and h.ceiling > h.cores + _EPS
+        (name, h) for name, h in holdings.items() if busy[name] > 0 and h.ceiling > h.cores + _EPS
     ]
     if not borrowers:
         return quota
-    rooms = [h.replicas * (h.ceiling - h.cores) for _, h in borrowers]
+    rooms = [busy[name] * (h.ceiling - h.cores) for name, h in borrowers]
     lent = water_fill(pool, [0.0] * len(rooms), rooms, [h.weight for _, h in borrowers])
     for (name, h), extra in zip(borrowers, lent.tolist(), strict=True):
         if extra > _EPS:
-            quota[name] = min(h.cores + extra / h.replicas, h.ceiling)
+            quota[name] = min(h.cores + extra / busy[name], h.ceiling)
     return quota

@@ -80,11 +80,16 @@ class Endpoint:
 
     def acquire(self) -> None:
         self.in_flight += 1
+        if self.in_flight == 1 and (owner := self._owner) is not None and owner.on_busy:
+            owner.on_busy(self.address, True)  # before the request is sent
 
     def release(self) -> None:
         self.in_flight -= 1
-        if self.in_flight == 0 and self.state is EndpointState.DRAINING and self._owner:
-            self._owner._drained(self)
+        if self.in_flight == 0 and (owner := self._owner) is not None:
+            if owner.on_busy is not None:
+                owner.on_busy(self.address, False)
+            if self.state is EndpointState.DRAINING:
+                owner._drained(self)
 
     def __repr__(self) -> str:
         extra = ", ejected" if self.ejected else ""
@@ -102,7 +107,7 @@ def _state_of(info: EndpointInfo) -> EndpointState:
 class EndpointSet:
     """The endpoints of one service."""
 
-    __slots__ = ("_endpoints", "on_change", "on_drained", "routable", "service")
+    __slots__ = ("_endpoints", "on_busy", "on_change", "on_drained", "routable", "service")
 
     def __init__(self, service: str, on_drained: Callable[[Endpoint], None] | None = None) -> None:
         self.service = service
@@ -112,6 +117,9 @@ class EndpointSet:
         self.on_drained = on_drained
         self.on_change: Callable[[], None] | None = None
         """Called after ``routable`` changed (admission recomputes its slots)."""
+        self.on_busy: Callable[[str, bool], None] | None = None
+        """Called with an endpoint's address when its in-flight count leaves 0 (True, before
+        the request is sent) or comes back to it (False): the local platform's lender."""
 
     def apply(self, update: EndpointUpdate) -> None:
         """Make the set equal to ``update``: new endpoints join, missing ones drain."""

@@ -31,6 +31,8 @@ class Hooks:
     """Services that hold requests while they have no endpoint (scale from zero)."""
     busy: frozenset[str] = frozenset()
     """Services whose busy/idle edges are wanted (CPU lending on ``local``)."""
+    replica_busy: frozenset[str] = frozenset()
+    """Services whose endpoints' busy/idle edges are wanted (CPU lending per replica)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,10 +156,13 @@ class Report:
 
 @dataclass(frozen=True, slots=True)
 class Event:
-    """An admission edge: ``wake`` (early tick), ``hold`` (scale from zero), ``busy``/``idle``."""
+    """An admission edge: ``wake`` (early tick), ``hold`` (scale from zero), ``busy``/``idle``;
+    or an endpoint's (``address``): ``busy``/``idle`` when its in-flight count leaves or
+    returns to 0 in this worker."""
 
     kind: str
     service: str
+    address: str | None = None
 
 
 Message = Start | Update | Collect | Stop | Ready | Report | Event

@@ -97,6 +97,8 @@ class WorkerProcess:
         self.in_flight: dict[tuple[str, str], int] = {}
         self.unmatched = 0
         self.busy: set[str] = set()
+        self.replicas_busy: set[tuple[str, str]] = set()
+        """(service, address) this worker has requests in flight to (its endpoint edges)."""
 
     @property
     def pid(self) -> int | None:
@@ -138,6 +140,8 @@ class Workers:
         self._retired_admission: dict[str, AdmissionState] = {}
         self._retired_unmatched = 0
         self._busy: dict[str, bool] = {}
+        self._replicas_busy: set[tuple[str, str]] = set()
+        """(service, address) with a request in flight in some worker."""
         self._tokens = itertools.count(1)
         self._collecting: dict[int, tuple[set[int], asyncio.Future[None]]] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -199,6 +203,7 @@ class Workers:
             wake_levels={n: v for n, v in self.levels.items() if n in services},
             hold=frozenset(n for n, s in services.items() if s.admission.hold_when_empty),
             busy=frozenset(n for n, s in services.items() if s.admission.on_busy_change),
+            replica_busy=frozenset(n for n, s in services.items() if s.endpoints.on_busy),
         )
         if rearm or hooks != self.hooks:
             self.hooks = hooks
@@ -352,10 +357,13 @@ class Workers:
         names = set(w.stats) | set(w.admission) | w.busy
         w.stats, w.admission, w.in_flight, w.unmatched = {}, {}, {}, 0
         busy, w.busy = w.busy, set()
+        replicas, w.replicas_busy = w.replicas_busy, set()
         for name in names:
             self._merge(name)
         for name in busy:
             self._busy_edge(name)
+        for name, address in replicas:
+            self._replica_edge(name, address)
         for token, (waiting, done) in list(self._collecting.items()):
             waiting.discard(w.index)
             if not waiting and not done.done():
@@ -474,6 +482,13 @@ class Workers:
         elif event.kind == "hold":
             if admission.on_hold is not None:
                 admission.on_hold()
+        elif event.kind in ("busy", "idle") and event.address is not None:
+            key = (name, event.address)
+            if event.kind == "busy":
+                w.replicas_busy.add(key)
+            else:
+                w.replicas_busy.discard(key)
+            self._replica_edge(name, event.address)
         elif event.kind in ("busy", "idle"):
             if event.kind == "busy":
                 w.busy.add(name)
@@ -489,6 +504,20 @@ class Workers:
         service = self.runtime.services.get(name)
         if service is not None and service.admission.on_busy_change is not None:
             service.admission.on_busy_change(busy)
+
+    def _replica_edge(self, name: str, address: str) -> None:
+        """An endpoint is busy while any worker has a request in flight to it."""
+        key = (name, address)
+        busy = any(key in w.replicas_busy for w in self.slots)
+        if (key in self._replicas_busy) == busy:
+            return
+        if busy:
+            self._replicas_busy.add(key)
+        else:
+            self._replicas_busy.discard(key)
+        service = self.runtime.services.get(name)
+        if service is not None and service.endpoints.on_busy is not None:
+            service.endpoints.on_busy(address, busy)
 
     # -- what the main runtime and the admin plane read ---------------------------------
 

@@ -114,6 +114,15 @@ class WorkerLink:
                     self._busy(name, admission.busy)
             elif admission.on_busy_change is not None:
                 admission.watch_busy(None)
+            endpoints = service.endpoints
+            if name in hooks.replica_busy:
+                if endpoints.on_busy is None:
+                    endpoints.on_busy = functools.partial(self._replica_busy, name)
+                    for ep in endpoints.endpoints:
+                        if ep.in_flight:
+                            self._replica_busy(name, ep.address, True)
+            else:
+                endpoints.on_busy = None
 
     def wake(self) -> None:
         """Another worker granted slots to this one's queues (its wake pipe was written)."""
@@ -125,6 +134,9 @@ class WorkerLink:
 
     def _busy(self, service: str, busy: bool) -> None:
         self.channel.send(Event("busy" if busy else "idle", service))
+
+    def _replica_busy(self, service: str, address: str, busy: bool) -> None:
+        self.channel.send(Event("busy" if busy else "idle", service, address))
 
     async def run(self) -> float:
         loop = asyncio.get_running_loop()

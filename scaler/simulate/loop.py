@@ -7,10 +7,12 @@ this loop, not a loop of its own:
   holding ``n`` requests runs at ``x = min(n * request_cores_max, cores)``;
 * **limit with lending** (:class:`Lending`, :mod:`scaler.lending`): as limit, but the quotas
   move between ticks.  A service whose concurrency (in flight + queued) has been 0 for
-  ``lend_after_idle_s`` is marked idle and lends (:func:`scaler.lending.lend`): each busy
-  replica's quota is its decided CPU plus its service's lent share, up to ``cpu.max``.  An
-  arrival for an idle-marked service takes it back before it is dispatched, as the local
-  platform does (reclaim modelled as instant: the platform writes a few cgroup files);
+  ``lend_after_idle_s`` is marked idle and lends, and so does a ready replica with nothing
+  in flight for as long (:func:`scaler.lending.lend`): each busy replica's quota is its
+  decided CPU plus its service's lent share, up to ``cpu.max``.  An arrival for an
+  idle-marked service, or a request dispatched to an idle-marked replica, takes it back
+  before it runs, as the local platform does (reclaim modelled as instant: the platform
+  writes a few cgroup files).  A starting replica never lends;
 * **share**: CPU is shared by weight, work-conserving: a replica is capped only at its
   service's ``cpu.max`` and the node (``budget.cpu``) caps the total; a replica holding ``n >
   0`` requests can use ``d = min(n * request_cores_max, cpu.max)`` cores, and the node's ``B``
@@ -116,7 +118,12 @@ class EventLoop:
         """Lending: since when a service has had no request in flight or queued."""
         self._idle: set[int] = set()
         """Lending: services marked idle (lending all above their floor)."""
-        self._timers: list[tuple[float, int]] = []
+        self._timers: list[tuple[float, int, int, Replica | None]] = []
+        self._tseq = 0
+        self._ridle: list[set[Replica]] = [set() for _ in range(n)]
+        """Lending per replica: each service's ready replicas marked idle."""
+        self._rquiet: dict[Replica, float] = {}
+        """Lending per replica: since when a ready replica has had nothing in flight."""
         self._held: tuple[dict[str, Holding], list[float], list[float]] | None = None
         self.lends = 0
         """Lending: how many times the quotas were recomputed (a cost figure)."""
@@ -288,9 +295,18 @@ class EventLoop:
         whose quota moved (and ``changed``, or every one)."""
         if everyone:
             self._held = None  # a tick: decisions and replicas may have changed
+            for j, m in enumerate(self.models):
+                live = set(m.replicas)
+                self._ridle[j] = {r for r in self._ridle[j] if r in live and r.phase == READY}
         holdings, means, _ = self._holdings()
         self.lends += 1
-        quota = lend(holdings, {self.models[j].name for j in self._idle})
+        idle: dict[str, int] = {}
+        for j, m in enumerate(self.models):
+            if j in self._idle:
+                idle[m.name] = holdings[m.name].replicas
+            elif self._ridle[j]:
+                idle[m.name] = len(self._ridle[j])
+        quota = lend(holdings, idle)
         moved: set[int] = set()
         for j, m in enumerate(self.models):
             extra = 0.0 if j in self._idle else max(quota[m.name] - means[j], 0.0)
@@ -308,13 +324,45 @@ class EventLoop:
         _, _, lendable = self._holdings()
         if lendable[j] > _EPS:
             return False
+        if any(self._ridle[i] and lendable[i] > _EPS for i in range(len(self.models)) if i != j):
+            return False  # replicas of others lend: whether j borrows changes their quotas
         return all(lendable[i] <= _EPS for i in self._idle if i != j)
 
     def _quiet(self, j: int, t: float) -> None:
         """Lending: service ``j`` has nothing in flight or queued from ``t``: arm its idle timer."""
         assert self.lending is not None
         self._quiet_since[j] = t
-        heapq.heappush(self._timers, (t + self.lending.after_idle_s, j))
+        self._tseq += 1
+        heapq.heappush(self._timers, (t + self.lending.after_idle_s, self._tseq, j, None))
+
+    def _replica_quiet(self, r: Replica, j: int, t: float) -> None:
+        """Lending per replica: ready ``r`` has nothing in flight from ``t``: arm its timer."""
+        assert self.lending is not None
+        self._rquiet[r] = t
+        self._tseq += 1
+        heapq.heappush(self._timers, (t + self.lending.after_idle_s, self._tseq, j, r))
+
+    def _replica_wake(self, r: Replica, j: int, t: float) -> None:
+        """Lending per replica: a request goes to ``r`` at ``t``: an idle-marked one takes
+        its quota back before the request runs."""
+        self._rquiet.pop(r, None)
+        if r in self._ridle[j]:
+            self._ridle[j].discard(r)
+            if j not in self._idle:
+                self._relend(t, None)
+
+    def _replica_timer(self, at: float, j: int, r: Replica) -> None:
+        """Lending per replica: ``r``'s idle timer is due at ``at``: mark it idle if it stayed
+        ready and empty."""
+        assert self.lending is not None
+        since = self._rquiet.get(r)
+        if since is None or r.tags or r.phase != READY or since + self.lending.after_idle_s != at:
+            return
+        if r in self._ridle[j]:
+            return
+        self._ridle[j].add(r)
+        if j not in self._idle:
+            self._relend(at, None)
 
     def _wake(self, j: int, t: float) -> None:
         """Lending: a request arrived for service ``j`` at ``t``: it is busy; an idle-marked
@@ -322,6 +370,11 @@ class EventLoop:
         self._quiet_since[j] = None
         if j in self._idle:
             self._idle.discard(j)
+            # every replica's quota back; those the request does not go to lend again after
+            # the hold (as the local platform does)
+            for r in self._ridle[j]:
+                self._replica_quiet(r, j, t)
+            self._ridle[j].clear()
             if not self._lends_nothing(j):
                 self._relend(t, None)
 
@@ -390,6 +443,14 @@ class EventLoop:
             for j in range(len(models)):
                 if conc[j] == 0 and self._quiet_since[j] is None and j not in self._idle:
                     self._quiet(j, t0)
+                for r in models[j].replicas:
+                    if (
+                        r.phase == READY
+                        and not r.tags
+                        and r not in self._rquiet
+                        and r not in self._ridle[j]
+                    ):
+                        self._replica_quiet(r, j, t0)
         timers = self._timers
         self._refill(t0, None, everyone=True)  # weights and replicas may have changed at a tick
         for j, m in enumerate(models):
@@ -428,6 +489,8 @@ class EventLoop:
                     conc[j] -= self._flush(j, [r], tc)  # the freed slot takes the oldest
                 if lending and conc[j] == 0:
                     self._quiet(j, tc)
+                if lending and not r.tags and r.phase == READY:
+                    self._replica_quiet(r, j, tc)
             elif tr < t1 and tr <= ta and tr <= tt:
                 _, j, _, r = starting[s_i]
                 s_i += 1
@@ -438,8 +501,11 @@ class EventLoop:
                     if models[j].queue:
                         conc[j] -= self._flush(j, ready_of[j], tr)
             elif tt < t1 and tt <= ta:
-                _, j = heappop(timers)
-                self._timer(tt, j)
+                _, _, j, quiet = heappop(timers)
+                if quiet is None:
+                    self._timer(tt, j)
+                else:
+                    self._replica_timer(tt, j, quiet)
             elif ta < t1:
                 _, j = arrivals[0]
                 m = models[j]
@@ -459,6 +525,8 @@ class EventLoop:
                 # First come first served: nobody passes a request already waiting.
                 to = None if m.queue else _free(ready, adm.slots_per_replica)
                 if to is not None:
+                    if lending:
+                        self._replica_wake(to, j, ta)
                     to.flow(ta)
                     heapq.heappush(to.tags, (to.v + m.works[i], ta))
                     self._changed(to, j, ta)
@@ -503,6 +571,8 @@ class EventLoop:
             if r is None:
                 break
             arrived, w = queue.popleft()
+            if self.lending is not None:
+                self._replica_wake(r, j, t)
             r.flow(t)
             heapq.heappush(r.tags, (r.v + w, arrived))
             self._changed(r, j, t)

@@ -190,3 +190,129 @@ async def test_an_idle_service_lends_its_quota_and_its_first_request_takes_it_ba
         with contextlib.suppress(asyncio.CancelledError):
             await feeder
         await dataplane.stop(1.0)
+
+
+@needs_cgroups
+async def test_an_idle_replica_of_a_busy_service_lends_and_a_request_sent_to_it_takes_it_back(
+    harness: Harness,
+) -> None:
+    """``api`` runs 2 replicas; one serves a long request, the other nothing: after the hold
+    the idle one keeps api's floor over its replicas and lends the rest, to api's busy
+    replica and to ``batch``'s; the next request for api goes to it (fewest in flight) and
+    its quota is back before the request is sent."""
+    specs = {"api": harness.spec(grace_s=0.5), "batch": harness.spec(grace_s=0.5)}
+    settings = parse_settings(
+        {
+            "platform": "local",
+            "budget": {"cpu": BUDGET, "enforcement": "limit", "lending": True},
+            "services": {
+                name: {
+                    "routes": [{"path": f"/{name}"}],
+                    "replicas": spec.model_dump(mode="json"),
+                    "scaling": {
+                        "min_replicas": 1,
+                        "max_replicas": 2,
+                        "cpu": {"min": CPU_MIN, "max": 1.0},
+                    },
+                }
+                for name, spec in specs.items()
+            },
+        }
+    )
+    runtime = Runtime(settings)
+    runtime.apply_routes(routes_from_settings(settings))
+    pool = harness.pool(specs, drain=runtime.wait_drained, total_cpu_cores=BUDGET)
+    actuator = LocalActuator(pool, {n: s.scaling for n, s in settings.services.items()})
+    dataplane = DataPlane(runtime, [], asyncio.get_running_loop())
+    host, port = await dataplane.start("127.0.0.1", 0)
+
+    async def feed() -> None:
+        async for update in LocalEndpointSource(pool).updates():
+            runtime.apply_endpoints(update)
+
+    decided = 0.5
+    kept = CPU_MIN / 2  # api's floor (1 x cpu.min) over its 2 replicas
+    observed: list[tuple[list[float], float]] = []
+
+    def observe() -> tuple[list[float], float]:
+        api = sorted(cg.read_limit().cores or 0.0 for cg in pool.replica_cgroups("api"))
+        (batch,) = (cg.read_limit().cores or 0.0 for cg in pool.replica_cgroups("batch"))
+        observed.append((api, batch))
+        assert sum(api) + batch <= 3 * decided + EPS, (api, batch)
+        return api, batch
+
+    feeder = asyncio.create_task(feed())
+    lender = None
+    stop = asyncio.Event()
+    try:
+        async with pool, httpx.AsyncClient(base_url=f"http://{host}:{port}", timeout=60) as client:
+            await actuator.apply(
+                {
+                    "api": Decision("api", 1.0, 2, decided, 2 * decided, "stable"),
+                    "batch": decision("batch", decided),
+                }
+            )
+            assert await until(
+                lambda: [len(s.endpoints.routable) for s in runtime.services.values()] == [2, 1]
+            )
+            lender = start_lending(runtime, pool, settings)
+            assert lender is not None
+
+            async def batch_client() -> None:
+                for _ in range(2000):  # bounded; stopped long before
+                    if stop.is_set():
+                        return
+                    r = await client.get("/batch/work?cpu_ms=20")
+                    assert r.status_code == 200
+
+            clients = [asyncio.create_task(batch_client()) for _ in range(3)]
+            long = asyncio.create_task(client.get("/api/work?cpu_ms=3000"))
+
+            def lent() -> bool:
+                api, batch = observe()
+                return abs(api[0] - kept) < EPS and batch > decided + EPS
+
+            assert await until(lent), observed[-5:]
+            api, batch = observe()
+            share = (decided - kept) / 2  # shared equally by api's busy replica and batch's
+            assert api == [pytest.approx(kept, abs=EPS), pytest.approx(decided + share, abs=EPS)]
+            assert batch == pytest.approx(decided + share, abs=EPS)
+            assert lender.idle == set()
+            assert [len(a) for a in lender.idle_replicas.values()] == [1, 0]
+
+            # A request for api goes to the idle replica; its quota is back before it is sent.
+            endpoints = runtime.services["api"].endpoints
+            hook = endpoints.on_busy
+            assert hook is not None
+            at_send: list[tuple[list[float], float]] = []
+
+            def watch(address: str, busy: bool) -> None:
+                was_idle = address in lender.idle_replicas["api"]
+                hook(address, busy)
+                if busy and was_idle:
+                    at_send.append(observe())
+
+            endpoints.on_busy = watch
+            response = await client.get("/api/work?cpu_ms=5")
+            assert response.status_code == 200
+            assert at_send[:1] == [
+                ([pytest.approx(decided, abs=EPS)] * 2, pytest.approx(decided, abs=EPS))
+            ]
+            endpoints.on_busy = hook
+            assert await until(lent), observed[-5:]  # idle again: lent again after the hold
+
+            stop.set()
+            await asyncio.gather(*clients)
+            assert (await long).status_code == 200
+            stop_lending(runtime, lender)
+            lender = None
+            assert observe() == ([pytest.approx(decided)] * 2, pytest.approx(decided))
+            assert endpoints.on_busy is None
+    finally:
+        stop.set()
+        if lender is not None:
+            stop_lending(runtime, lender)
+        feeder.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await feeder
+        await dataplane.stop(1.0)

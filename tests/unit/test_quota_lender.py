@@ -30,6 +30,9 @@ class MemoryPool:
         self.total_cpu_cores: float | None = total_cpu_cores
         self.on_holdings_change: Callable[[], None] | None = None
         self.writes = 0
+        self.serving: dict[str, tuple[str, ...]] = dict.fromkeys(decided, ())
+        """Per service, its ready replicas' addresses (none unless a test says so)."""
+        self.replica_overlays: dict[str, dict[str, float]] = {}
 
     @property
     def services(self) -> list[str]:
@@ -38,9 +41,22 @@ class MemoryPool:
     def cpu_holding(self, service: str) -> tuple[int, float | None]:
         return self.decided[service]
 
-    def set_quota_overlays(self, overlays: Mapping[str, float | None]) -> None:
+    def set_quota_overlays(
+        self,
+        overlays: Mapping[str, float | None],
+        replicas: Mapping[str, Mapping[str, float]] | None = None,
+    ) -> None:
         self.overlays.update(overlays)
+        for name in overlays:
+            self.replica_overlays[name] = dict((replicas or {}).get(name, {}))
         self.writes += 1
+
+    def serving_addresses(self, service: str) -> tuple[str, ...]:
+        return self.serving[service]
+
+    def replica_in_force(self, service: str, address: str) -> float:
+        own = self.replica_overlays.get(service, {}).get(address)
+        return self.in_force(service) if own is None else own
 
     def decide(self, service: str, replicas: int, cores: float) -> None:
         """What the pool does on a decision: record it, let the lender re-apply."""
@@ -53,7 +69,11 @@ class MemoryPool:
         return self.decided[service][1] if overlay is None else overlay
 
     def total_in_force(self) -> float:
-        return sum(r * self.in_force(n) for n, (r, _) in self.decided.items())
+        total = 0.0
+        for n, (r, _) in self.decided.items():
+            own = self.replica_overlays.get(n, {})
+            total += (r - len(own)) * self.in_force(n) + sum(own.values())
+        return total
 
     def total_decided(self) -> float:
         return sum(r * c for r, c in self.decided.values())
@@ -228,3 +248,69 @@ def test_zero_hold_marks_idle_at_the_next_loop_step(loop: SteppedLoop) -> None:
     assert lender.idle == {"reports"}
     with pytest.raises(ValueError, match="hold_s"):
         QuotaLender(pool, {}, -1.0, loop)
+
+
+def test_an_idle_replica_of_a_busy_service_lends_and_its_next_request_takes_it_back(
+    loop: SteppedLoop,
+) -> None:
+    pool = MemoryPool({"api": (2, 0.5), "reports": (1, 1.0)}, total_cpu_cores=2.0)
+    pool.serving = {"api": ("a1", "a2"), "reports": ("r1",)}
+    lender = QuotaLender(
+        pool, {"api": policy(), "reports": policy()}, HOLD_S, loop, keep_cores=KEEP
+    )
+    lender.start()
+    lender.set_replica_busy("api", "a1", True)
+    lender.set_replica_busy("reports", "r1", True)
+    loop.advance(HOLD_S * 2)  # a2 has had no request since the lender started
+    assert lender.idle == set()
+    assert lender.idle_replicas == {"api": {"a2"}, "reports": set()}
+    # a2 keeps api's floor over its 2 replicas (0.1) and lends 0.4: to api's busy replica
+    # and to reports' (room 1.0 and 0.5), 0.2 each.
+    assert pool.replica_in_force("api", "a2") == pytest.approx(0.1)
+    assert pool.replica_in_force("api", "a1") == pytest.approx(0.7)
+    assert pool.in_force("reports") == pytest.approx(1.2)
+    assert pool.total_in_force() == pytest.approx(pool.total_decided())
+    assert lender.lent_cores() == {"api": pytest.approx(-0.2), "reports": pytest.approx(0.2)}
+    # A request sent to a2 takes the quota back before it goes on.
+    lender.set_replica_busy("api", "a2", True)
+    assert lender.idle_replicas["api"] == set()
+    assert pool.replica_in_force("api", "a2") == 0.5
+    assert pool.in_force("api") == 0.5
+    assert pool.in_force("reports") == 1.0
+
+
+def test_a_replica_that_stops_serving_no_longer_lends(loop: SteppedLoop) -> None:
+    pool = MemoryPool({"api": (2, 0.5), "reports": (1, 1.0)}, total_cpu_cores=2.0)
+    pool.serving = {"api": ("a1", "a2"), "reports": ("r1",)}
+    lender = QuotaLender(
+        pool, {"api": policy(), "reports": policy()}, HOLD_S, loop, keep_cores=KEEP
+    )
+    lender.start()
+    lender.set_replica_busy("api", "a1", True)
+    lender.set_replica_busy("reports", "r1", True)
+    loop.advance(HOLD_S * 2)
+    assert pool.in_force("reports") > 1.0
+    pool.serving = {"api": ("a1",), "reports": ("r1",)}
+    pool.decide("api", 1, 0.5)  # a2 is gone
+    assert lender.idle_replicas["api"] == set()
+    assert pool.in_force("reports") == 1.0
+    assert pool.total_in_force() <= pool.total_decided() + 1e-9
+
+
+def test_a_replica_busy_again_within_the_hold_lends_nothing(loop: SteppedLoop) -> None:
+    pool = MemoryPool({"api": (2, 0.5), "reports": (1, 1.0)}, total_cpu_cores=2.0)
+    pool.serving = {"api": ("a1", "a2"), "reports": ("r1",)}
+    lender = QuotaLender(
+        pool, {"api": policy(), "reports": policy()}, HOLD_S, loop, keep_cores=KEEP
+    )
+    lender.start()
+    for address in ("a1", "a2"):
+        lender.set_replica_busy("api", address, True)
+    lender.set_replica_busy("reports", "r1", True)
+    for _ in range(5):
+        lender.set_replica_busy("api", "a2", False)
+        loop.advance(HOLD_S * 0.5)
+        lender.set_replica_busy("api", "a2", True)
+    loop.advance(HOLD_S * 3)
+    assert lender.idle_replicas["api"] == set()
+    assert lender.applies == 0

@@ -1,7 +1,7 @@
 """Limit enforcement with lending in the simulator (``budget.lending``), exactly.
 
-Hand-computed cases (an idle service's quota goes to a busy one after the hold and comes back
-at its next request), the rule's bounds at many instants, and: when nothing is ever lent, the
+Hand-computed cases (an idle service's quota, or an idle replica's, goes to the busy replicas
+after the hold and comes back at its next request), the rule's bounds at many instants, and: when nothing is ever lent, the
 event loop gives what limit enforcement gives each service on its own.
 """
 
@@ -45,6 +45,21 @@ def test_an_idle_service_lends_after_the_hold_and_takes_it_back_at_its_next_requ
     assert a.cpu_seconds_total == pytest.approx(0.05 + 1.9 + 0.2 + 0.6)
     assert a.throttled_seconds_total == pytest.approx(0.5)  # held at its own quota
     assert cpu.lends >= 4
+
+
+def test_an_idle_replica_of_a_busy_service_lends_and_its_next_request_takes_it_back() -> None:
+    a = service("a", requests((0.0, 10.0), (1.0, 0.1)))  # one replica busy, one idle
+    b = service("b", requests((0.0, 10.0)))
+    cpu, _ = on_node(3.0, {a: (2, 0.5), b: (1, 0.5)}, after_idle_s=0.1)
+    cpu.run(2.0)
+    # a's second replica is marked idle at 0.1: it keeps a's floor over its 2 replicas
+    # (0.125) and lends 0.375, shared by a's busy replica and b's (room 0.5 each): 0.1875
+    # each.  a's request at 1.0 goes to it and takes its 0.5 back: 0.1 CPU-s in 0.2 s; it is
+    # marked idle again at 1.3.
+    assert a.latencies == [pytest.approx(0.2)]
+    lent = 0.5 + 0.1875
+    assert b.cpu_seconds_total == pytest.approx(0.1 * 0.5 + 0.9 * lent + 0.3 * 0.5 + 0.7 * lent)
+    assert a.cpu_seconds_total == pytest.approx(b.cpu_seconds_total + 0.1)
 
 
 def test_gaps_shorter_than_the_hold_lend_nothing() -> None:

@@ -3,15 +3,19 @@
 :class:`QuotaLender` is the state machine around the rule :func:`scaler.lending.lend`:
 
 * the gateway tells it when a service becomes busy or idle (``set_busy``; its admission's
-  slots taken + queued leave or return to 0);
+  slots taken + queued leave or return to 0), and when one of its ready replicas does
+  (``set_replica_busy``; the endpoint's requests in flight leave or return to 0);
 * a service idle for ``hold_s`` (``budget.lend_after_idle_s``) is *marked idle* (one timer per
   service at most, from the event loop: ``loop.call_later``) and the overlay is applied: its
   replicas keep its floor (spread over them, at least ``keep_cores`` =
   ``budget.lend_keep_cores`` each: :func:`~scaler.lending.idle_floor`) and the busy services' rise, each replica up to
   ``cpu.max`` (and the budget);
-* a request for a service marked idle unmarks it and re-applies at once, synchronously,
-  before the request goes on: the owner has its decided quota back, the borrowers shrink,
-  nothing is stopped;
+* so is a ready replica idle for ``hold_s`` (one timer per replica at most): it keeps its
+  share of its service's floor and lends the rest, to its busy siblings and to the other
+  services' busy replicas alike (a replica still starting is not routed to: it never lends);
+* a request for a service marked idle, or sent to a replica marked idle, unmarks it and
+  re-applies at once, synchronously, before the request goes on: the owner has its decided
+  quota back, the borrowers shrink, nothing is stopped;
 * every change of the decided CPU or of the replicas (the pool's ``on_holdings_change``)
   re-applies the overlay on top of the new decisions.
 
@@ -28,7 +32,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from scaler.lending import Holding, idle_floor, lend
+from scaler.lending import Holding, idle_floor, kept, lend
 from scaler.policy import ScalingPolicy
 
 log = logging.getLogger(__name__)
@@ -45,7 +49,13 @@ class QuotaPool(Protocol):
 
     def cpu_holding(self, service: str) -> tuple[int, float | None]: ...
 
-    def set_quota_overlays(self, overlays: Mapping[str, float | None]) -> None: ...
+    def set_quota_overlays(
+        self,
+        overlays: Mapping[str, float | None],
+        replicas: Mapping[str, Mapping[str, float]] | None = None,
+    ) -> None: ...
+
+    def serving_addresses(self, service: str) -> tuple[str, ...]: ...
 
 
 class QuotaLender:
@@ -79,6 +89,14 @@ class QuotaLender:
         self._timer_armed = dict.fromkeys(self.policies, False)
         self.idle: set[str] = set()
         """Services marked idle: their quota above their idle floor is lent."""
+        self.idle_replicas: dict[str, set[str]] = {name: set() for name in self.policies}
+        """Per service, the addresses of its ready replicas marked idle (they lend too)."""
+        self._seen: dict[str, set[str]] = {name: set() for name in self.policies}
+        """Per service, the ready replicas' addresses the lender knows of."""
+        self._quiet_since: dict[tuple[str, str], float] = {}
+        """(service, address) -> since when that replica has had nothing in flight."""
+        self._replica_armed: set[tuple[str, str]] = set()
+        self._idle_counts: dict[str, int] = {}
         self.quotas: dict[str, float] = {}
         """The quota per replica in force under the latest overlay (services with a decision)."""
         self.applies = 0
@@ -91,6 +109,7 @@ class QuotaLender:
     def start(self) -> None:
         """Take over the pool's overlays (re-computed on every decision from now on)."""
         self.pool.on_holdings_change = self.apply
+        self._track_replicas()
 
     def stop(self) -> None:
         """Stop lending: every quota back to the decided CPU (pending timers do nothing)."""
@@ -99,8 +118,16 @@ class QuotaLender:
         self.idle.clear()
         for name in self._busy:
             self._busy[name] = True
-        self.pool.set_quota_overlays(dict.fromkeys(self.policies))
+        self._forget_replicas()
+        self.pool.set_quota_overlays(dict.fromkeys(self.policies), {})
         self.quotas = {}
+
+    def _forget_replicas(self) -> None:
+        for name in self.policies:
+            self.idle_replicas[name].clear()
+            self._seen[name].clear()
+        self._quiet_since.clear()
+        self._idle_counts = {}
 
     # -- the gateway's admission hook -------------------------------------------------------
 
@@ -111,14 +138,63 @@ class QuotaLender:
         self._busy[service] = busy
         if busy:
             if service in self.idle:
-                # Reclaim: synchronously, before the request goes on.
+                # Reclaim: synchronously, before the request goes on -- every replica's: the
+                # ones the request does not go to lend again after the hold.
                 self.idle.discard(service)
+                idle = self.idle_replicas[service]
+                for address in idle:
+                    self._replica_quiet((service, address))
+                idle.clear()
                 self._apply_guarded()
             return
         self._idle_since[service] = self._loop.time()
         if not self._timer_armed[service]:
             self._timer_armed[service] = True
             self._loop.call_later(self.hold_s, self._check_idle, service)
+
+    def set_replica_busy(self, service: str, address: str, busy: bool) -> None:
+        """The ready replica of ``service`` at ``address`` has a request in flight (True, called
+        before the request is sent) or none any more (False)."""
+        if service not in self.policies or self.pool.on_holdings_change is None:
+            return
+        key = (service, address)
+        self._seen[service].add(address)
+        if busy:
+            self._quiet_since.pop(key, None)
+            idle = self.idle_replicas[service]
+            if address in idle:
+                idle.discard(address)  # reclaim: synchronously, before the request goes on
+                if service not in self.idle:
+                    self._apply_guarded()
+            return
+        self._replica_quiet(key)
+
+    def _replica_quiet(self, key: tuple[str, str]) -> None:
+        self._quiet_since[key] = self._loop.time()
+        if key not in self._replica_armed:
+            self._replica_armed.add(key)
+            self._loop.call_later(self.hold_s, self._check_replica, key)
+
+    def _check_replica(self, key: tuple[str, str]) -> None:
+        """The hold may be over: mark the replica idle if it has stayed idle and ready."""
+        self._replica_armed.discard(key)
+        since = self._quiet_since.get(key)
+        service, address = key
+        if since is None or self.pool.on_holdings_change is None:
+            return
+        if address in self.idle_replicas[service]:
+            return
+        left_s = since + self.hold_s - self._loop.time()
+        if left_s > 1e-9:
+            self._replica_armed.add(key)
+            self._loop.call_later(left_s, self._check_replica, key)
+            return
+        if address not in self.pool.serving_addresses(service):
+            self._quiet_since.pop(key, None)
+            return
+        self.idle_replicas[service].add(address)
+        if service not in self.idle:
+            self._apply_guarded()
 
     def _check_idle(self, service: str) -> None:
         """The hold may be over: mark ``service`` idle if it has stayed idle all along."""
@@ -142,8 +218,9 @@ class QuotaLender:
         except Exception:
             log.exception("lending between ticks failed: quotas back to the decided CPU")
             self.idle.clear()
+            self._forget_replicas()
             self.quotas = {}
-            self.pool.set_quota_overlays(dict.fromkeys(self.policies))
+            self.pool.set_quota_overlays(dict.fromkeys(self.policies), {})
 
     # -- the overlay ------------------------------------------------------------------------
 
@@ -170,21 +247,53 @@ class QuotaLender:
         differences from the decided CPU to the pool as overlays (it writes the changes)."""
         self.applies += 1
         holdings = self.holdings()
-        quotas = lend(holdings, self.idle)
+        self._track_replicas()
+        counts = {
+            name: h.replicas if name in self.idle else len(self.idle_replicas[name])
+            for name, h in holdings.items()
+        }
+        quotas = lend(holdings, counts)
         self.quotas = quotas
+        self._idle_counts = counts
         overlays: dict[str, float | None] = dict.fromkeys(self.policies)
+        replicas: dict[str, dict[str, float]] = {}
         for name, quota in quotas.items():
-            if abs(quota - holdings[name].cores) > 1e-9:
+            h = holdings[name]
+            if abs(quota - h.cores) > 1e-9:
                 overlays[name] = quota
-        self.pool.set_quota_overlays(overlays)
+            idle = self.idle_replicas[name]
+            if name not in self.idle and idle and 0 < counts[name] < h.replicas:
+                keep = kept(h)
+                if abs(keep - (overlays[name] or h.cores)) > 1e-9:
+                    replicas[name] = dict.fromkeys(idle, keep)
+        self.pool.set_quota_overlays(overlays, replicas)
+
+    def _track_replicas(self) -> None:
+        """Forget replicas no longer ready; a newly ready one that has had no request yet is
+        quiet from now (it lends after the hold if none comes)."""
+        for name in self.policies:
+            serving = set(self.pool.serving_addresses(name))
+            seen = self._seen[name]
+            for address in seen - serving:
+                self._quiet_since.pop((name, address), None)
+            seen &= serving
+            self.idle_replicas[name] &= serving
+            for address in serving - seen:
+                seen.add(address)
+                self._replica_quiet((name, address))
 
     def lent_cores(self) -> dict[str, float]:
         """Per service: cores in force minus decided (negative: lent out; positive: borrowed)."""
         holdings = self.holdings()
-        return {
-            name: round(h.replicas * (self.quotas.get(name, h.cores) - h.cores), 6)
-            for name, h in holdings.items()
-        }
+        out = {}
+        for name, h in holdings.items():
+            idle = min(self._idle_counts.get(name, 0), h.replicas)
+            quota = self.quotas.get(name, h.cores)
+            in_force = (h.replicas - idle) * quota + idle * (
+                kept(h) if idle < h.replicas else quota
+            )
+            out[name] = round(in_force - h.replicas * h.cores, 6)
+        return out
 
 
 __all__ = ["QuotaLender", "QuotaPool"]

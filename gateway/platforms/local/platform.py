@@ -156,7 +156,8 @@ class LocalPlatform:
 def start_lending(gateway: Gateway, pool: LocalPool, settings: Settings) -> QuotaLender | None:
     """With ``budget.enforcement: limit``, ``budget.lending`` and shared arbitration (and
     cgroups in use): a :class:`QuotaLender` on the started ``pool``, told by every service's
-    admission when the service becomes busy or idle.  None when lending does not apply
+    admission when the service becomes busy or idle, and by its endpoints when a replica
+    does.  None when lending does not apply
     (``arbitration: independent`` is the one-autoscaler-per-service baseline: nothing lent)."""
     budget = settings.budget
     if (
@@ -179,6 +180,9 @@ def start_lending(gateway: Gateway, pool: LocalPool, settings: Settings) -> Quot
             admission = service.admission
             admission.watch_busy(functools.partial(lender.set_busy, name))
             lender.set_busy(name, admission.busy)
+            service.endpoints.on_busy = functools.partial(lender.set_replica_busy, name)
+            for ep in service.endpoints.endpoints:
+                lender.set_replica_busy(name, ep.address, ep.in_flight > 0)
     log.info("lending idle CPU between ticks after %gs idle", budget.lend_after_idle_s)
     return lender
 
@@ -189,6 +193,7 @@ def stop_lending(gateway: Gateway, lender: QuotaLender) -> None:
         service = gateway.services.get(name)
         if service is not None:
             service.admission.watch_busy(None)
+            service.endpoints.on_busy = None
     lender.stop()
 
 

@@ -306,17 +306,32 @@ class LocalPool:
         else:
             self._apply_service(svc)
 
-    def set_quota_overlays(self, overlays: Mapping[str, float | None]) -> None:
+    def set_quota_overlays(
+        self,
+        overlays: Mapping[str, float | None],
+        replicas: Mapping[str, Mapping[str, float]] | None = None,
+    ) -> None:
         """Limit enforcement: the quota per replica in force for these services instead of
-        their decided CPU (None: back to the decided CPU); every replica's quota is written
-        at once, the shrinking ones first, so the quotas in force never add up to more than
-        before or after.  Quotas stay capped at the budget.  Ignored under ``share``."""
+        their decided CPU (None: back to the decided CPU), and for some of their replicas
+        (``replicas``: service -> replica address -> quota; an idle replica's) another one;
+        every replica's quota is written at once, the shrinking ones first, so the quotas in
+        force never add up to more than before or after.  Quotas stay capped at the budget.
+        Ignored under ``share``."""
+        replicas = replicas or {}
         for name, cores in overlays.items():
-            if cores is not None and cores <= 0:
-                raise ValueError(f"{name}: quota overlay must be > 0 cores, got {cores}")
-            self._service(name).quota_overlay = cores
+            own = replicas.get(name, {})
+            for cores_ in (cores, *own.values()):
+                if cores_ is not None and cores_ <= 0:
+                    raise ValueError(f"{name}: quota overlay must be > 0 cores, got {cores_}")
+            svc = self._service(name)
+            svc.quota_overlay = cores
+            svc.replica_overlays = dict(own)
         if self.enforcement == "limit":
             self._apply_quotas()
+
+    def serving_addresses(self, service: str) -> tuple[str, ...]:
+        """The addresses of ``service``'s ready replicas (those the gateway routes to)."""
+        return self._service(service).published
 
     def cpu_holding(self, service: str) -> tuple[int, float | None]:
         """(replicas whose cgroup holds a quota, decided CPU per replica) of ``service``."""
@@ -409,10 +424,9 @@ class LocalPool:
         svc.group_ok = True
 
     def _apply_service(self, svc: ServiceEntry) -> None:
-        quota = self.quota_cores(svc)
         for slot in svc.slots:
             if slot.cgroup is not None:
-                self._write_cpu(slot, svc, quota)
+                self._write_cpu(slot, svc, self.slot_quota_cores(svc, slot))
 
     def _apply_quotas(self) -> None:
         """Limit enforcement: write every replica quota that differs from what should be in
@@ -420,8 +434,8 @@ class LocalPool:
         inf = float("inf")
         writes: list[tuple[float, Slot, ServiceEntry, float | None]] = []
         for svc in self._services.values():
-            target = self.quota_cores(svc)
             for slot in svc.slots:
+                target = self.slot_quota_cores(svc, slot)
                 if slot.cgroup is None or (slot.quota_written and slot.quota_cores == target):
                     continue
                 now = slot.quota_cores if slot.quota_written else None
@@ -442,6 +456,7 @@ class LocalPool:
             log.exception("lending between ticks failed: quotas back to the decided CPU")
             for svc in self._services.values():
                 svc.quota_overlay = None
+                svc.replica_overlays = {}
         self._apply_quotas()
 
     def _service(self, service: str) -> ServiceEntry:
@@ -466,6 +481,15 @@ class LocalPool:
         if self.total_cpu_cores is not None:
             return min(svc.quota_overlay, self.total_cpu_cores)
         return svc.quota_overlay
+
+    def slot_quota_cores(self, svc: ServiceEntry, slot: Slot) -> float | None:
+        """The quota that should be in force for one replica: its own overlay (an idle
+        replica lending, limit enforcement), else its service's (:meth:`quota_cores`)."""
+        if self.enforcement == "limit" and svc.replica_overlays and slot.process is not None:
+            own = svc.replica_overlays.get(slot.process.address)
+            if own is not None and slot.phase is ReplicaPhase.READY:
+                return own if self.total_cpu_cores is None else min(own, self.total_cpu_cores)
+        return self.quota_cores(svc)
 
     def _write_memory(self, slot: Slot, svc: ServiceEntry) -> None:
         """Write ``memory_max``/``memory_high`` to the slot's cgroup (once, when it is made)."""
@@ -633,6 +657,10 @@ class LocalPool:
         update = PoolUpdate(svc.name, addresses)
         for sub in self._subscribers:
             sub.push(update)
+        # A replica that lent and is no longer ready goes back to its service's quota; a new
+        # ready one may lend: the lender re-counts them.
+        svc.replica_overlays = {a: q for a, q in svc.replica_overlays.items() if a in addresses}
+        self._holdings_changed()
 
     # ---- reconciliation ----------------------------------------------------------------------
 

@@ -155,6 +155,9 @@ class ServiceEntry:
         self.quota_overlay: float | None = None
         """Limit enforcement with lending: the quota per replica in force instead of
         ``cpu_cores`` (None = the decided CPU)."""
+        self.replica_overlays: dict[str, float] = {}
+        """Limit enforcement with lending: per replica address, the quota in force of a ready
+        replica that lends (idle), instead of ``quota_overlay``."""
         self.slots: list[Slot] = []
         self.next_index = 0
         self.restarts_total = 0
