@@ -565,6 +565,17 @@ class BudgetConfig(_Model):
             "lends at ticks only."
         ),
     )
+    lend_replicas: bool = Field(
+        default=False,
+        description=(
+            "limit enforcement with lending: also lend the quota of a ready replica that has "
+            "had no request in flight for lend_after_idle_s (its share of its service's floor "
+            "kept), to its busy siblings and the other services' busy replicas, not only a "
+            "whole idle service's; the request sent to it takes it back. More CPU for "
+            "long-lived services at a cost to short-lived ones' latency: off by default "
+            "(docs/local-demo.md, lending per replica)."
+        ),
+    )
     lend_after_idle_s: float = Field(
         default=0.02,
         ge=0,

@@ -2,7 +2,7 @@
 
     python benchmarks/scenarios/run.py [--jobs N] [--only SUBSTRING ...] [--dir DIR ...]
                                        [--out FILE] [--table FILE] [--enforcement limit|share]
-                                       [--baseline-enforcement limit|share]
+                                       [--baseline-enforcement limit|share] [--lend-replicas]
 
 Each directory here holding ``config.yaml`` (a Sluice config, as a user writes it: KPA/HPA
 defaults, no per-scenario knobs) and ``workload.yaml`` (``sluice simulate``'s format) is a
@@ -420,6 +420,7 @@ def run_scenario(
     enforcement: str | None,
     baseline_enforcement: str = BASELINE_ENFORCEMENT,
     seed_offset: int = 0,
+    lend_replicas: bool = False,
 ) -> dict[str, Any]:
     """Every run of one scenario, its bounds, and its figures (JSON-ready); ``seed_offset``
     draws the arrivals from the workload's seed plus that (the same description, other
@@ -431,6 +432,8 @@ def run_scenario(
     budget: BudgetConfig = settings.budget
     if enforcement is not None:
         budget = budget.model_copy(update={"enforcement": enforcement})
+    if lend_replicas:
+        budget = budget.model_copy(update={"lend_replicas": True})
     budget = budget.resolved(None)
     baseline = budget.model_copy(update={"enforcement": baseline_enforcement})
     workload = load_workload(path / "workload.yaml")
@@ -951,6 +954,12 @@ def main() -> int:
         "pods of Guaranteed QoS; share: no CPU limit, idle CPU used by weight)",
     )
     ap.add_argument(
+        "--lend-replicas",
+        action="store_true",
+        help="Sluice's run with budget.lend_replicas: true (under limit: idle replicas of a "
+        "busy service lend too; the option is off by default)",
+    )
+    ap.add_argument(
         "--seeds",
         type=int,
         default=0,
@@ -977,7 +986,14 @@ def main() -> int:
     jobs = [(d, k) for k in range(args.seeds + 1) for d in dirs]
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         futures = {
-            pool.submit(run_scenario, str(d), args.enforcement, args.baseline_enforcement, k): k
+            pool.submit(
+                run_scenario,
+                str(d),
+                args.enforcement,
+                args.baseline_enforcement,
+                k,
+                args.lend_replicas,
+            ): k
             for d, k in jobs
         }
         for done, fut in enumerate(as_completed(futures), 1):

@@ -79,6 +79,8 @@ class Lending:
     weights: Mapping[str, float]
     keep_cores: float = 0.01
     """``budget.lend_keep_cores``: the least an idle replica keeps (:func:`idle_floor`)."""
+    replicas: bool = False
+    """``budget.lend_replicas``: idle ready replicas of a busy service lend too."""
 
 
 Rule = Literal["limit", "share"]
@@ -338,6 +340,8 @@ class EventLoop:
     def _replica_quiet(self, r: Replica, j: int, t: float) -> None:
         """Lending per replica: ready ``r`` has nothing in flight from ``t``: arm its timer."""
         assert self.lending is not None
+        if not self.lending.replicas:
+            return
         self._rquiet[r] = t
         self._tseq += 1
         heapq.heappush(self._timers, (t + self.lending.after_idle_s, self._tseq, j, r))

@@ -229,6 +229,7 @@ def run(
             {s: policies[s].floor_cores for s in scenario.services},
             {s: policies[s].weight for s in scenario.services},
             keep_cores=budget.lend_keep_cores,
+            replicas=budget.lend_replicas,
         )
     loop = EventLoop(
         budget.fixed_cores(),

@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
 
 import httpx
 import pytest
@@ -23,7 +25,7 @@ from gateway.platforms.local.discovery import LocalEndpointSource
 from gateway.platforms.local.platform import lending_report, start_lending, stop_lending
 from gateway.platforms.local.pool import LocalPool
 from gateway.runtime import Runtime
-from gateway.settings import parse_settings
+from gateway.settings import Settings, parse_settings
 from scaler.decision import Decision
 from tests.support.localpool import Harness, needs_cgroups, run_harness, until
 
@@ -58,30 +60,49 @@ def quota(pool: LocalPool, service: str) -> float:
     return cores
 
 
-@needs_cgroups
-async def test_an_idle_service_lends_its_quota_and_its_first_request_takes_it_back(
-    harness: Harness,
-) -> None:
-    specs = {"busy": harness.spec(grace_s=0.5), "idle": harness.spec(grace_s=0.5)}
-    settings = parse_settings(
+def lending_settings(
+    specs: dict[str, Any], max_replicas: int, cpu_max: dict[str, float], **budget: Any
+) -> Settings:
+    """Two services on the local platform under ``limit`` with lending (and ``budget``)."""
+    return parse_settings(
         {
             "platform": "local",
-            "budget": {"cpu": BUDGET, "enforcement": "limit", "lending": True},
+            "budget": {"cpu": BUDGET, "enforcement": "limit", "lending": True, **budget},
             "services": {
                 name: {
                     "routes": [{"path": f"/{name}"}],
                     "replicas": spec.model_dump(mode="json"),
                     "scaling": {
                         "min_replicas": 1,
-                        "max_replicas": 1,
-                        "cpu": {"min": CPU_MIN, "max": 1.5 if name == "busy" else 1.0},
+                        "max_replicas": max_replicas,
+                        "cpu": {"min": CPU_MIN, "max": cpu_max[name]},
                     },
                 }
                 for name, spec in specs.items()
             },
         }
     )
-    assert settings.budget.lend_after_idle_s == pytest.approx(0.02)  # the default
+
+
+@dataclass
+class Gateway:
+    """The real data plane in this process, fed by the local pool's endpoints."""
+
+    runtime: Runtime
+    pool: LocalPool
+    actuator: LocalActuator
+    dataplane: DataPlane
+    base_url: str
+    feeder: asyncio.Task[None]
+
+    async def close(self) -> None:
+        self.feeder.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.feeder
+        await self.dataplane.stop(1.0)
+
+
+async def open_gateway(harness: Harness, settings: Settings, specs: dict[str, Any]) -> Gateway:
     runtime = Runtime(settings)
     runtime.apply_routes(routes_from_settings(settings))
     pool = harness.pool(specs, drain=runtime.wait_drained, total_cpu_cores=BUDGET)
@@ -93,6 +114,20 @@ async def test_an_idle_service_lends_its_quota_and_its_first_request_takes_it_ba
         async for update in LocalEndpointSource(pool).updates():
             runtime.apply_endpoints(update)
 
+    feeder = asyncio.create_task(feed())
+    return Gateway(runtime, pool, actuator, dataplane, f"http://{host}:{port}", feeder)
+
+
+@needs_cgroups
+async def test_an_idle_service_lends_its_quota_and_its_first_request_takes_it_back(
+    harness: Harness,
+) -> None:
+    specs = {"busy": harness.spec(grace_s=0.5), "idle": harness.spec(grace_s=0.5)}
+    settings = lending_settings(specs, 1, {"busy": 1.5, "idle": 1.0})
+    assert settings.budget.lend_after_idle_s == pytest.approx(0.02)  # the default
+    gw = await open_gateway(harness, settings, specs)
+    runtime, pool, actuator = gw.runtime, gw.pool, gw.actuator
+
     observed: list[tuple[float, float]] = []
 
     def observe() -> tuple[float, float]:
@@ -102,12 +137,11 @@ async def test_an_idle_service_lends_its_quota_and_its_first_request_takes_it_ba
         assert busy + idle <= BUSY_DECIDED + IDLE_DECIDED + EPS <= BUDGET + EPS, (busy, idle)
         return busy, idle
 
-    feeder = asyncio.create_task(feed())
     lender = None
     stop = asyncio.Event()
     statuses: list[int] = []
     try:
-        async with pool, httpx.AsyncClient(base_url=f"http://{host}:{port}", timeout=60) as client:
+        async with pool, httpx.AsyncClient(base_url=gw.base_url, timeout=60) as client:
             await actuator.apply(
                 {"busy": decision("busy", BUSY_DECIDED), "idle": decision("idle", IDLE_DECIDED)}
             )
@@ -186,10 +220,7 @@ async def test_an_idle_service_lends_its_quota_and_its_first_request_takes_it_ba
         stop.set()
         if lender is not None:
             stop_lending(runtime, lender)
-        feeder.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await feeder
-        await dataplane.stop(1.0)
+        await gw.close()
 
 
 @needs_cgroups
@@ -201,34 +232,9 @@ async def test_an_idle_replica_of_a_busy_service_lends_and_a_request_sent_to_it_
     replica and to ``batch``'s; the next request for api goes to it (fewest in flight) and
     its quota is back before the request is sent."""
     specs = {"api": harness.spec(grace_s=0.5), "batch": harness.spec(grace_s=0.5)}
-    settings = parse_settings(
-        {
-            "platform": "local",
-            "budget": {"cpu": BUDGET, "enforcement": "limit", "lending": True},
-            "services": {
-                name: {
-                    "routes": [{"path": f"/{name}"}],
-                    "replicas": spec.model_dump(mode="json"),
-                    "scaling": {
-                        "min_replicas": 1,
-                        "max_replicas": 2,
-                        "cpu": {"min": CPU_MIN, "max": 1.0},
-                    },
-                }
-                for name, spec in specs.items()
-            },
-        }
-    )
-    runtime = Runtime(settings)
-    runtime.apply_routes(routes_from_settings(settings))
-    pool = harness.pool(specs, drain=runtime.wait_drained, total_cpu_cores=BUDGET)
-    actuator = LocalActuator(pool, {n: s.scaling for n, s in settings.services.items()})
-    dataplane = DataPlane(runtime, [], asyncio.get_running_loop())
-    host, port = await dataplane.start("127.0.0.1", 0)
-
-    async def feed() -> None:
-        async for update in LocalEndpointSource(pool).updates():
-            runtime.apply_endpoints(update)
+    settings = lending_settings(specs, 2, {"api": 1.0, "batch": 1.0}, lend_replicas=True)
+    gw = await open_gateway(harness, settings, specs)
+    runtime, pool, actuator = gw.runtime, gw.pool, gw.actuator
 
     decided = 0.5
     kept = CPU_MIN / 2  # api's floor (1 x cpu.min) over its 2 replicas
@@ -241,11 +247,10 @@ async def test_an_idle_replica_of_a_busy_service_lends_and_a_request_sent_to_it_
         assert sum(api) + batch <= 3 * decided + EPS, (api, batch)
         return api, batch
 
-    feeder = asyncio.create_task(feed())
     lender = None
     stop = asyncio.Event()
     try:
-        async with pool, httpx.AsyncClient(base_url=f"http://{host}:{port}", timeout=60) as client:
+        async with pool, httpx.AsyncClient(base_url=gw.base_url, timeout=60) as client:
             await actuator.apply(
                 {
                     "api": Decision("api", 1.0, 2, decided, 2 * decided, "stable"),
@@ -312,7 +317,4 @@ async def test_an_idle_replica_of_a_busy_service_lends_and_a_request_sent_to_it_
         stop.set()
         if lender is not None:
             stop_lending(runtime, lender)
-        feeder.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await feeder
-        await dataplane.stop(1.0)
+        await gw.close()

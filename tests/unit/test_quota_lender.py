@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator, Mapping
 import pytest
 
 from gateway.platforms.local.lender import QuotaLender
+from gateway.settings import parse_settings
 from scaler.lending import idle_floor
 from scaler.policy import ScalingPolicy
 from tests.support.stepped_loop import SteppedLoop
@@ -250,17 +251,24 @@ def test_zero_hold_marks_idle_at_the_next_loop_step(loop: SteppedLoop) -> None:
         QuotaLender(pool, {}, -1.0, loop)
 
 
-def test_an_idle_replica_of_a_busy_service_lends_and_its_next_request_takes_it_back(
-    loop: SteppedLoop,
-) -> None:
+def two_replicas(loop: SteppedLoop) -> tuple[MemoryPool, QuotaLender]:
+    """api on replicas a1 (busy) and a2 (no request yet), reports on r1 (busy), lending per
+    replica."""
     pool = MemoryPool({"api": (2, 0.5), "reports": (1, 1.0)}, total_cpu_cores=2.0)
     pool.serving = {"api": ("a1", "a2"), "reports": ("r1",)}
     lender = QuotaLender(
-        pool, {"api": policy(), "reports": policy()}, HOLD_S, loop, keep_cores=KEEP
+        pool, {"api": policy(), "reports": policy()}, HOLD_S, loop, keep_cores=KEEP, replicas=True
     )
     lender.start()
     lender.set_replica_busy("api", "a1", True)
     lender.set_replica_busy("reports", "r1", True)
+    return pool, lender
+
+
+def test_an_idle_replica_of_a_busy_service_lends_and_its_next_request_takes_it_back(
+    loop: SteppedLoop,
+) -> None:
+    pool, lender = two_replicas(loop)
     loop.advance(HOLD_S * 2)  # a2 has had no request since the lender started
     assert lender.idle == set()
     assert lender.idle_replicas == {"api": {"a2"}, "reports": set()}
@@ -280,14 +288,7 @@ def test_an_idle_replica_of_a_busy_service_lends_and_its_next_request_takes_it_b
 
 
 def test_a_replica_that_stops_serving_no_longer_lends(loop: SteppedLoop) -> None:
-    pool = MemoryPool({"api": (2, 0.5), "reports": (1, 1.0)}, total_cpu_cores=2.0)
-    pool.serving = {"api": ("a1", "a2"), "reports": ("r1",)}
-    lender = QuotaLender(
-        pool, {"api": policy(), "reports": policy()}, HOLD_S, loop, keep_cores=KEEP
-    )
-    lender.start()
-    lender.set_replica_busy("api", "a1", True)
-    lender.set_replica_busy("reports", "r1", True)
+    pool, lender = two_replicas(loop)
     loop.advance(HOLD_S * 2)
     assert pool.in_force("reports") > 1.0
     pool.serving = {"api": ("a1",), "reports": ("r1",)}
@@ -298,19 +299,25 @@ def test_a_replica_that_stops_serving_no_longer_lends(loop: SteppedLoop) -> None
 
 
 def test_a_replica_busy_again_within_the_hold_lends_nothing(loop: SteppedLoop) -> None:
-    pool = MemoryPool({"api": (2, 0.5), "reports": (1, 1.0)}, total_cpu_cores=2.0)
-    pool.serving = {"api": ("a1", "a2"), "reports": ("r1",)}
-    lender = QuotaLender(
-        pool, {"api": policy(), "reports": policy()}, HOLD_S, loop, keep_cores=KEEP
-    )
-    lender.start()
-    for address in ("a1", "a2"):
-        lender.set_replica_busy("api", address, True)
-    lender.set_replica_busy("reports", "r1", True)
+    _, lender = two_replicas(loop)
+    lender.set_replica_busy("api", "a2", True)
     for _ in range(5):
         lender.set_replica_busy("api", "a2", False)
         loop.advance(HOLD_S * 0.5)
         lender.set_replica_busy("api", "a2", True)
     loop.advance(HOLD_S * 3)
     assert lender.idle_replicas["api"] == set()
+    assert lender.applies == 0
+
+
+def test_lending_per_replica_is_off_unless_asked(loop: SteppedLoop) -> None:
+    settings = parse_settings({"budget": {"cpu": 2, "enforcement": "limit"}, "services": {}})
+    assert settings.budget.lend_replicas is False
+    pool = MemoryPool({"api": (2, 0.5), "reports": (1, 1.0)}, total_cpu_cores=2.0)
+    pool.serving = {"api": ("a1", "a2"), "reports": ("r1",)}
+    lender = QuotaLender(pool, {"api": policy(), "reports": policy()}, HOLD_S, loop)
+    lender.start()
+    lender.set_replica_busy("api", "a1", True)
+    loop.advance(HOLD_S * 3)
+    assert lender.idle_replicas == {"api": set(), "reports": set()}
     assert lender.applies == 0

@@ -26,10 +26,13 @@ def on_node(
     *,
     after_idle_s: float,
     floor: float = 0.25,
+    replicas: bool = False,
 ) -> tuple[EventLoop, Node]:
     node = placed(capacity, targets)
     models = node.services
-    lending = Lending(after_idle_s, dict.fromkeys(models, floor), dict.fromkeys(models, 1.0))
+    lending = Lending(
+        after_idle_s, dict.fromkeys(models, floor), dict.fromkeys(models, 1.0), replicas=replicas
+    )
     return EventLoop(capacity, models, rule="limit", lending=lending), node
 
 
@@ -50,7 +53,7 @@ def test_an_idle_service_lends_after_the_hold_and_takes_it_back_at_its_next_requ
 def test_an_idle_replica_of_a_busy_service_lends_and_its_next_request_takes_it_back() -> None:
     a = service("a", requests((0.0, 10.0), (1.0, 0.1)))  # one replica busy, one idle
     b = service("b", requests((0.0, 10.0)))
-    cpu, _ = on_node(3.0, {a: (2, 0.5), b: (1, 0.5)}, after_idle_s=0.1)
+    cpu, _ = on_node(3.0, {a: (2, 0.5), b: (1, 0.5)}, after_idle_s=0.1, replicas=True)
     cpu.run(2.0)
     # a's second replica is marked idle at 0.1: it keeps a's floor over its 2 replicas
     # (0.125) and lends 0.375, shared by a's busy replica and b's (room 0.5 each): 0.1875
@@ -131,13 +134,21 @@ def test_never_lending_is_limit_enforcement_service_by_service(seed: int) -> Non
         )
 
 
+@pytest.mark.parametrize("replicas", [False, True])
 @pytest.mark.parametrize("seed", range(5))
-def test_at_every_instant_the_quotas_in_force_fit_what_the_decisions_hold(seed: int) -> None:
+def test_at_every_instant_the_quotas_in_force_fit_what_the_decisions_hold(
+    seed: int, replicas: bool
+) -> None:
     rng = random.Random(100 + seed)
     arrivals = {n: random_arrivals(rng, rng.uniform(1, 15), 20.0) for n in ("a", "b", "c")}
     ms = {n: service(n, arrivals[n], cores_max=1.0) for n in arrivals}
     shape = {"a": (2, 0.5), "b": (1, 0.75), "c": (2, 0.25)}
-    cpu, _ = on_node(3.0, {ms[n]: shape[n] for n in ms}, after_idle_s=rng.choice([0.0, 0.02]))
+    cpu, _ = on_node(
+        3.0,
+        {ms[n]: shape[n] for n in ms},
+        after_idle_s=rng.choice([0.0, 0.02]),
+        replicas=replicas,
+    )
     held = sum(r * c for r, c in shape.values())
     t = 0.0
     lent_some = False
@@ -152,3 +163,15 @@ def test_at_every_instant_the_quotas_in_force_fit_what_the_decisions_hold(seed: 
     assert lent_some
     for m in ms.values():
         assert m.completions_total + m.concurrency == m.arrivals_total  # nothing lost
+
+
+def test_without_lending_per_replica_an_idle_replica_of_a_busy_service_lends_nothing() -> None:
+    a = service("a", requests((0.0, 10.0), (1.0, 0.1)))
+    b = service("b", requests((0.0, 10.0)))
+    node = placed(3.0, {a: (2, 0.5), b: (1, 0.5)})
+    models = node.services
+    lending = Lending(0.1, dict.fromkeys(models, 0.25), dict.fromkeys(models, 1.0), replicas=False)
+    cpu = EventLoop(3.0, models, rule="limit", lending=lending)
+    cpu.run(2.0)
+    assert b.cpu_seconds_total == pytest.approx(2.0 * 0.5)  # budget.lend_replicas: false
+    assert a.latencies == [pytest.approx(0.2)]

@@ -75,6 +75,8 @@ class QuotaLender:
         hold_s: float,
         loop: asyncio.AbstractEventLoop,
         keep_cores: float = 0.01,
+        *,
+        replicas: bool = False,
     ) -> None:
         if hold_s < 0:
             raise ValueError(f"hold_s must be >= 0, got {hold_s!r}")
@@ -83,6 +85,8 @@ class QuotaLender:
         self.hold_s = hold_s
         self.keep_cores = keep_cores
         """What each replica of an idle service keeps (``budget.lend_keep_cores``)."""
+        self.replicas = replicas
+        """Idle ready replicas of a busy service lend too (``budget.lend_replicas``)."""
         self._loop = loop
         self._busy = dict.fromkeys(self.policies, True)
         self._idle_since = dict.fromkeys(self.policies, 0.0)
@@ -155,7 +159,9 @@ class QuotaLender:
     def set_replica_busy(self, service: str, address: str, busy: bool) -> None:
         """The ready replica of ``service`` at ``address`` has a request in flight (True, called
         before the request is sent) or none any more (False)."""
-        if service not in self.policies or self.pool.on_holdings_change is None:
+        if not self.replicas or service not in self.policies:
+            return
+        if self.pool.on_holdings_change is None:
             return
         key = (service, address)
         self._seen[service].add(address)
@@ -271,6 +277,8 @@ class QuotaLender:
     def _track_replicas(self) -> None:
         """Forget replicas no longer ready; a newly ready one that has had no request yet is
         quiet from now (it lends after the hold if none comes)."""
+        if not self.replicas:
+            return
         for name in self.policies:
             serving = set(self.pool.serving_addresses(name))
             seen = self._seen[name]

@@ -173,6 +173,7 @@ def start_lending(gateway: Gateway, pool: LocalPool, settings: Settings) -> Quot
         budget.lend_after_idle_s,
         asyncio.get_running_loop(),
         keep_cores=budget.lend_keep_cores,
+        replicas=budget.lend_replicas,
     )
     lender.start()
     for name, service in gateway.services.items():
@@ -180,10 +181,15 @@ def start_lending(gateway: Gateway, pool: LocalPool, settings: Settings) -> Quot
             admission = service.admission
             admission.watch_busy(functools.partial(lender.set_busy, name))
             lender.set_busy(name, admission.busy)
-            service.endpoints.on_busy = functools.partial(lender.set_replica_busy, name)
-            for ep in service.endpoints.endpoints:
-                lender.set_replica_busy(name, ep.address, ep.in_flight > 0)
-    log.info("lending idle CPU between ticks after %gs idle", budget.lend_after_idle_s)
+            if lender.replicas:
+                service.endpoints.on_busy = functools.partial(lender.set_replica_busy, name)
+                for ep in service.endpoints.endpoints:
+                    lender.set_replica_busy(name, ep.address, ep.in_flight > 0)
+    log.info(
+        "lending idle CPU between ticks after %gs idle (%s)",
+        budget.lend_after_idle_s,
+        "services and replicas" if lender.replicas else "whole services only",
+    )
     return lender
 
 
@@ -254,6 +260,12 @@ def lending_report(
         "lending": lender is not None,
         "lend_after_idle_s": settings.budget.lend_after_idle_s,
         "lend_keep_cores": settings.budget.lend_keep_cores,
+        "lend_replicas": lender.replicas if lender is not None else False,
+        "idle_replicas": (
+            {n: sorted(a) for n, a in lender.idle_replicas.items() if a}
+            if lender is not None
+            else {}
+        ),
         "idle": sorted(lender.idle) if lender is not None else [],
         "lent_cores": lender.lent_cores() if lender is not None else {},
         "quota_in_force_cores": quotas_in_force(pool),
