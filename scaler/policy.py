@@ -566,14 +566,13 @@ class BudgetConfig(_Model):
         ),
     )
     lend_replicas: bool = Field(
-        default=False,
+        default=True,
         description=(
             "limit enforcement with lending: also lend the quota of a ready replica that has "
             "had no request in flight for lend_after_idle_s (its share of its service's floor "
             "kept), to its busy siblings and the other services' busy replicas, not only a "
-            "whole idle service's; the request sent to it takes it back. More CPU for "
-            "long-lived services at a cost to short-lived ones' latency: off by default "
-            "(docs/local-demo.md, lending per replica)."
+            "whole idle service's; the request sent to it takes it back. false: only whole "
+            "idle services lend (docs/local-demo.md, lending per replica)."
         ),
     )
     lend_after_idle_s: float = Field(

@@ -2,7 +2,8 @@
 
     python benchmarks/scenarios/run.py [--jobs N] [--only SUBSTRING ...] [--dir DIR ...]
                                        [--out FILE] [--table FILE] [--enforcement limit|share]
-                                       [--baseline-enforcement limit|share] [--lend-replicas]
+                                       [--baseline-enforcement limit|share]
+                                       [--lend-replicas on|off]
 
 Each directory here holding ``config.yaml`` (a Sluice config, as a user writes it: KPA/HPA
 defaults, no per-scenario knobs) and ``workload.yaml`` (``sluice simulate``'s format) is a
@@ -420,7 +421,7 @@ def run_scenario(
     enforcement: str | None,
     baseline_enforcement: str = BASELINE_ENFORCEMENT,
     seed_offset: int = 0,
-    lend_replicas: bool = False,
+    lend_replicas: bool | None = None,
 ) -> dict[str, Any]:
     """Every run of one scenario, its bounds, and its figures (JSON-ready); ``seed_offset``
     draws the arrivals from the workload's seed plus that (the same description, other
@@ -432,8 +433,8 @@ def run_scenario(
     budget: BudgetConfig = settings.budget
     if enforcement is not None:
         budget = budget.model_copy(update={"enforcement": enforcement})
-    if lend_replicas:
-        budget = budget.model_copy(update={"lend_replicas": True})
+    if lend_replicas is not None:
+        budget = budget.model_copy(update={"lend_replicas": lend_replicas})
     budget = budget.resolved(None)
     baseline = budget.model_copy(update={"enforcement": baseline_enforcement})
     workload = load_workload(path / "workload.yaml")
@@ -955,9 +956,10 @@ def main() -> int:
     )
     ap.add_argument(
         "--lend-replicas",
-        action="store_true",
-        help="Sluice's run with budget.lend_replicas: true (under limit: idle replicas of a "
-        "busy service lend too; the option is off by default)",
+        choices=["on", "off"],
+        default=None,
+        help="Sluice's run with budget.lend_replicas on or off (under limit: idle replicas of "
+        "a busy service lend too; default: each config's, on unless it says otherwise)",
     )
     ap.add_argument(
         "--seeds",
@@ -992,7 +994,7 @@ def main() -> int:
                 args.enforcement,
                 args.baseline_enforcement,
                 k,
-                args.lend_replicas,
+                None if args.lend_replicas is None else args.lend_replicas == "on",
             ): k
             for d, k in jobs
         }

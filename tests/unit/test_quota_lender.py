@@ -310,9 +310,11 @@ def test_a_replica_busy_again_within_the_hold_lends_nothing(loop: SteppedLoop) -
     assert lender.applies == 0
 
 
-def test_lending_per_replica_is_off_unless_asked(loop: SteppedLoop) -> None:
+def test_lending_per_replica_is_on_by_default_and_can_be_turned_off(loop: SteppedLoop) -> None:
     settings = parse_settings({"budget": {"cpu": 2, "enforcement": "limit"}, "services": {}})
-    assert settings.budget.lend_replicas is False
+    assert settings.budget.lend_replicas is True
+    off = {"budget": {"cpu": 2, "enforcement": "limit", "lend_replicas": False}, "services": {}}
+    assert parse_settings(off).budget.lend_replicas is False
     pool = MemoryPool({"api": (2, 0.5), "reports": (1, 1.0)}, total_cpu_cores=2.0)
     pool.serving = {"api": ("a1", "a2"), "reports": ("r1",)}
     lender = QuotaLender(pool, {"api": policy(), "reports": policy()}, HOLD_S, loop)
