@@ -104,6 +104,14 @@ def _state_of(info: EndpointInfo) -> EndpointState:
     return EndpointState.NOT_READY
 
 
+class BusyHook(Protocol):
+    """``on_busy(address, busy, held=False)``: an endpoint's in-flight count left 0 (busy) or
+    came back to it; ``held`` (only from the worker relay): it has been idle for the
+    lender's hold already."""
+
+    def __call__(self, address: str, busy: bool, held: bool = False, /) -> None: ...
+
+
 class EndpointSet:
     """The endpoints of one service."""
 
@@ -117,7 +125,7 @@ class EndpointSet:
         self.on_drained = on_drained
         self.on_change: Callable[[], None] | None = None
         """Called after ``routable`` changed (admission recomputes its slots)."""
-        self.on_busy: Callable[[str, bool], None] | None = None
+        self.on_busy: BusyHook | None = None
         """Called with an endpoint's address when its in-flight count leaves 0 (True, before
         the request is sent) or comes back to it (False): the local platform's lender."""
 

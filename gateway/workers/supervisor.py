@@ -488,7 +488,8 @@ class Workers:
                 w.replicas_busy.add(key)
             else:
                 w.replicas_busy.discard(key)
-            self._replica_edge(name, event.address)
+            # a worker reports an endpoint idle once it has been idle there for the hold
+            self._replica_edge(name, event.address, held=event.kind == "idle")
         elif event.kind in ("busy", "idle"):
             if event.kind == "busy":
                 w.busy.add(name)
@@ -505,8 +506,10 @@ class Workers:
         if service is not None and service.admission.on_busy_change is not None:
             service.admission.on_busy_change(busy)
 
-    def _replica_edge(self, name: str, address: str) -> None:
-        """An endpoint is busy while any worker has a request in flight to it."""
+    def _replica_edge(self, name: str, address: str, *, held: bool = False) -> None:
+        """An endpoint is busy while any worker has a request in flight to it (as far as the
+        workers report: each one only around gaps of ``budget.lend_after_idle_s``); ``held``:
+        an idle edge whose hold has passed already."""
         key = (name, address)
         busy = any(key in w.replicas_busy for w in self.slots)
         if (key in self._replicas_busy) == busy:
@@ -517,7 +520,7 @@ class Workers:
             self._replicas_busy.discard(key)
         service = self.runtime.services.get(name)
         if service is not None and service.endpoints.on_busy is not None:
-            service.endpoints.on_busy(address, busy)
+            service.endpoints.on_busy(address, busy, held)
 
     # -- what the main runtime and the admin plane read ---------------------------------
 

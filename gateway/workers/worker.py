@@ -64,6 +64,10 @@ class WorkerLink:
         self._sent: dict[str, tuple[int, ...]] = {}
         self._reporter: asyncio.TimerHandle | None = None
         self._last_report_s = -math.inf
+        self._reported_busy: set[tuple[str, str]] = set()
+        """Endpoints (service, address) this worker last reported busy to the main process."""
+        self._quiet_since: dict[tuple[str, str], float] = {}
+        self._quiet_armed: set[tuple[str, str]] = set()
         self.apply_hooks()
 
     def __repr__(self) -> str:
@@ -121,8 +125,11 @@ class WorkerLink:
                     for ep in endpoints.endpoints:
                         if ep.in_flight:
                             self._replica_busy(name, ep.address, True)
-            else:
+            elif endpoints.on_busy is not None:
                 endpoints.on_busy = None
+                for key in [k for k in self._reported_busy if k[0] == name]:
+                    self._reported_busy.discard(key)
+                    self._quiet_since.pop(key, None)
 
     def wake(self) -> None:
         """Another worker granted slots to this one's queues (its wake pipe was written)."""
@@ -135,8 +142,42 @@ class WorkerLink:
     def _busy(self, service: str, busy: bool) -> None:
         self.channel.send(Event("busy" if busy else "idle", service))
 
-    def _replica_busy(self, service: str, address: str, busy: bool) -> None:
-        self.channel.send(Event("busy" if busy else "idle", service, address))
+    def _replica_busy(self, service: str, address: str, busy: bool, held: bool = False) -> None:
+        """An endpoint's in-flight count in this worker left 0 (``busy``) or came back to it.
+
+        Relayed only around gaps the lender acts on: ``idle`` once the endpoint has stayed
+        idle here for ``budget.lend_after_idle_s`` (the main process then lends at once), and
+        ``busy`` only after such an ``idle``, so a replica whose gaps are shorter sends
+        nothing per request.  ``held`` is for the main process's side of the hook."""
+        key = (service, address)
+        if busy:
+            self._quiet_since.pop(key, None)
+            if key not in self._reported_busy:
+                self._reported_busy.add(key)
+                self.channel.send(Event("busy", service, address))
+            return
+        loop = asyncio.get_running_loop()
+        self._quiet_since[key] = loop.time()
+        if key not in self._quiet_armed:
+            self._quiet_armed.add(key)
+            loop.call_later(self.runtime.settings.budget.lend_after_idle_s, self._quiet, key)
+
+    def _quiet(self, key: tuple[str, str]) -> None:
+        """The hold may be over for ``key``: report it idle if it stayed idle all along."""
+        self._quiet_armed.discard(key)
+        since = self._quiet_since.get(key)
+        if since is None:
+            return
+        loop = asyncio.get_running_loop()
+        left_s = since + self.runtime.settings.budget.lend_after_idle_s - loop.time()
+        if left_s > 1e-9:
+            self._quiet_armed.add(key)
+            loop.call_later(left_s, self._quiet, key)
+            return
+        del self._quiet_since[key]
+        if key in self._reported_busy:
+            self._reported_busy.discard(key)
+            self.channel.send(Event("idle", key[0], key[1]))
 
     async def run(self) -> float:
         loop = asyncio.get_running_loop()

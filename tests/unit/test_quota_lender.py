@@ -323,3 +323,13 @@ def test_lending_per_replica_is_on_by_default_and_can_be_turned_off(loop: Steppe
     loop.advance(HOLD_S * 3)
     assert lender.idle_replicas == {"api": set(), "reports": set()}
     assert lender.applies == 0
+
+
+def test_an_idle_edge_relayed_after_its_hold_lends_at_once(loop: SteppedLoop) -> None:
+    """Worker processes report an endpoint idle once it has been idle there for the hold:
+    the main process marks it idle without waiting a second hold."""
+    pool, lender = two_replicas(loop)
+    lender.set_replica_busy("api", "a2", True)
+    lender.set_replica_busy("api", "a2", False, True)
+    assert lender.idle_replicas["api"] == {"a2"}
+    assert pool.replica_in_force("api", "a2") == pytest.approx(0.1)

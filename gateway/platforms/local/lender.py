@@ -156,9 +156,12 @@ class QuotaLender:
             self._timer_armed[service] = True
             self._loop.call_later(self.hold_s, self._check_idle, service)
 
-    def set_replica_busy(self, service: str, address: str, busy: bool) -> None:
+    def set_replica_busy(
+        self, service: str, address: str, busy: bool, held: bool = False, /
+    ) -> None:
         """The ready replica of ``service`` at ``address`` has a request in flight (True, called
-        before the request is sent) or none any more (False)."""
+        before the request is sent) or none any more (False; ``held``: for the hold already,
+        as the worker processes report it: marked idle at once)."""
         if not self.replicas or service not in self.policies:
             return
         if self.pool.on_holdings_change is None:
@@ -172,6 +175,10 @@ class QuotaLender:
                 idle.discard(address)  # reclaim: synchronously, before the request goes on
                 if service not in self.idle:
                     self._apply_guarded()
+            return
+        if held:
+            self._quiet_since[key] = self._loop.time() - self.hold_s
+            self._check_replica(key)
             return
         self._replica_quiet(key)
 
