@@ -35,6 +35,30 @@ def test_borrowers_share_by_weight_up_to_their_ceiling() -> None:
     assert math.isclose(quota["heavy"], 2.0)  # takes the rest, up to its own ceiling
 
 
+def test_a_service_the_decision_cut_borrows_first() -> None:
+    # idle lends 2 cores; cut's decision left it 1.5 short, full got all it asked for
+    holdings = {
+        "idle": Holding(2, 1.0, 0.0, 1.0),
+        "cut": Holding(2, 1.0, 0.25, 2.0, unmet=1.5),
+        "full": Holding(2, 1.0, 0.25, 2.0),
+    }
+    quota = lend(holdings, {"idle": holdings["idle"].replicas})
+    # cut takes its 1.5 first; then the water level rises to 0.5: full gets 0.5, cut (at
+    # 1.5 already, above the level) nothing more.  Spread over two busy replicas each.
+    assert math.isclose(quota["cut"], 1.0 + 1.5 / 2)
+    assert math.isclose(quota["full"], 1.0 + 0.5 / 2)
+    # without the unmet figure they share equally
+    even = lend({**holdings, "cut": Holding(2, 1.0, 0.25, 2.0)}, {"idle": 2})
+    assert math.isclose(even["cut"], 1.5)
+    assert math.isclose(even["full"], 1.5)
+
+
+def test_unmet_demand_beyond_the_ceiling_borrows_only_up_to_it() -> None:
+    holdings = {"idle": Holding(1, 2.0, 0.0, 2.0), "cut": Holding(1, 1.0, 0.25, 1.25, unmet=5.0)}
+    quota = lend(holdings, {"idle": 1})
+    assert math.isclose(quota["cut"], 1.25)
+
+
 def test_what_nobody_can_take_stays_unlent() -> None:
     holdings = {"a": Holding(1, 1.0, 0.25, 1.0), "b": Holding(1, 0.5, 0.25, 0.6)}
     quota = lend(holdings, {"a": holdings["a"].replicas})
@@ -47,14 +71,15 @@ def test_a_service_without_replicas_neither_lends_nor_borrows() -> None:
 
 
 _holding = st.builds(
-    lambda replicas, floor, extra, room, weight: Holding(
-        replicas, floor + extra, floor, floor + extra + room, weight
+    lambda replicas, floor, extra, room, weight, unmet: Holding(
+        replicas, floor + extra, floor, floor + extra + room, weight, unmet
     ),
     st.integers(0, 5),
     st.floats(0.0, 1.0),
     st.floats(0.0, 2.0),
     st.floats(0.0, 2.0),
     st.floats(0.1, 10.0),
+    st.one_of(st.just(0.0), st.floats(0.0, 20.0), st.sampled_from([math.nan, math.inf, -1.0])),
 )
 
 
