@@ -114,7 +114,7 @@ class EventLoop:
         self.lending = lending
         self.unmet: dict[str, float] = {}
         """Lending: per service, the CPU its latest decision's demand did not get
-        (``Decision.unmet_cores``): what it borrows first.  Set at ticks."""
+        (``Decision.unmet_cores``): a cut service borrows first.  Set at ticks."""
         self.clock = 0.0
         n = len(self.models)
         self._extra = [0.0] * n

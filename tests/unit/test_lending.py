@@ -43,20 +43,25 @@ def test_a_service_the_decision_cut_borrows_first() -> None:
         "full": Holding(2, 1.0, 0.25, 2.0),
     }
     quota = lend(holdings, {"idle": holdings["idle"].replicas})
-    # cut takes its 1.5 first; then the water level rises to 0.5: full gets 0.5, cut (at
-    # 1.5 already, above the level) nothing more.  Spread over two busy replicas each.
-    assert math.isclose(quota["cut"], 1.0 + 1.5 / 2)
-    assert math.isclose(quota["full"], 1.0 + 0.5 / 2)
-    # without the unmet figure they share equally
-    even = lend({**holdings, "cut": Holding(2, 1.0, 0.25, 2.0)}, {"idle": 2})
-    assert math.isclose(even["cut"], 1.5)
-    assert math.isclose(even["full"], 1.5)
+    # cut takes all it can (2 cores over its two busy replicas, up to cpu.max)
+    assert math.isclose(quota["cut"], 2.0)
+    assert quota["full"] == 1.0
+    # nobody cut (or by less than the kernel's smallest quota): shared by weight
+    for unmet in (0.0, 0.005, math.nan):
+        even = lend({**holdings, "cut": Holding(2, 1.0, 0.25, 2.0, unmet=unmet)}, {"idle": 2})
+        assert math.isclose(even["cut"], 1.5)
+        assert math.isclose(even["full"], 1.5)
 
 
-def test_unmet_demand_beyond_the_ceiling_borrows_only_up_to_it() -> None:
-    holdings = {"idle": Holding(1, 2.0, 0.0, 2.0), "cut": Holding(1, 1.0, 0.25, 1.25, unmet=5.0)}
+def test_what_the_cut_services_cannot_take_goes_to_the_others() -> None:
+    holdings = {
+        "idle": Holding(1, 2.0, 0.0, 2.0),
+        "cut": Holding(1, 1.0, 0.25, 1.5, unmet=5.0),  # room 0.5
+        "full": Holding(1, 1.0, 0.25, 3.0),
+    }
     quota = lend(holdings, {"idle": 1})
-    assert math.isclose(quota["cut"], 1.25)
+    assert math.isclose(quota["cut"], 1.5)
+    assert math.isclose(quota["full"], 2.5)
 
 
 def test_what_nobody_can_take_stays_unlent() -> None:

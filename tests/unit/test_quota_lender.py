@@ -197,13 +197,14 @@ def test_a_service_its_decision_left_short_borrows_first(loop: SteppedLoop) -> N
     # idle's 2 x (0.5 - 0.1) = 0.8, shared equally while nobody is short
     assert pool.in_force("cut") == pytest.approx(0.9)
     assert pool.in_force("full") == pytest.approx(0.9)
-    # the next tick's decisions: cut asked for 0.6 more than it got; NaN counts as none
+    # the next tick's decisions: cut asked for 0.6 more than it got (it borrows first, up to
+    # its cpu.max); NaN counts as none
     applies = lender.applies
     lender.set_unmet({"cut": 0.6, "full": math.nan, "elsewhere": 1.0})
     assert lender.applies == applies + 1
     assert lender.unmet == {"cut": 0.6}
-    assert pool.in_force("cut") == pytest.approx(0.5 + 0.6)
-    assert pool.in_force("full") == pytest.approx(0.5 + 0.2)
+    assert pool.in_force("cut") == pytest.approx(0.5 + 0.8)
+    assert pool.in_force("full") == pytest.approx(0.5)
     assert pool.total_in_force() <= pool.total_decided() + 1e-9
     # the same figures again: nothing to re-apply; none short: an equal split again
     lender.set_unmet({"cut": 0.6})

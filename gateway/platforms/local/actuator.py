@@ -49,7 +49,7 @@ class LocalActuator:
         self._unknown_logged: set[str] = set()
         self.on_unmet: Callable[[Mapping[str, float]], None] | None = None
         """Told every decision's ``unmet_cores`` before the decisions are applied (the
-        lender: what the arbiter could not give a service is lent to it first)."""
+        lender: a service the arbiter cut borrows before the others)."""
         policies = policies or {}
         if pool.total_cpu_cores is not None:
             pool.set_entitlements(

@@ -106,7 +106,7 @@ class QuotaLender:
         """The quota per replica in force under the latest overlay (services with a decision)."""
         self.unmet: dict[str, float] = {}
         """Per service, the CPU its latest decision could not give it (``Decision.unmet_cores``):
-        lent to it first."""
+        a service cut this way borrows before the others."""
         self.applies = 0
         """How many times the overlay was re-computed (for tests and operators)."""
 

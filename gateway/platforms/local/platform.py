@@ -185,7 +185,7 @@ def start_lending(
     )
     lender.start()
     if actuator is not None:
-        actuator.on_unmet = lender.set_unmet  # what a decision could not give is lent first
+        actuator.on_unmet = lender.set_unmet  # a service the decision cut borrows first
     for name, service in gateway.services.items():
         if name in lender.policies:
             admission = service.admission
