@@ -147,8 +147,7 @@ class Decision:
     queued) reaches this: the load this decision cannot absorb (inf: never)."""
     unmet_cores: float = 0.0
     """CPU this service's demand asked for that the arbiter did not give it (0: it got all
-    it asked for).  Lending between ticks serves a service cut this way before the others
-    (:func:`scaler.lending.lend`)."""
+    it asked for): how far the arbiter cut it, for operators and dashboards."""
     explanation: _LazyExplanation = _LazyExplanation()
     """Why, as data: rule, inputs, steps, clamps (value, bound, bound's name) and flows
     (lent / borrowed / reclaimed / given back, with whom).  Built on first read."""

@@ -15,12 +15,8 @@ its share of the service's floor (the CPU it always keeps, spread over its repli
 at least ``budget.lend_keep_cores`` (by default the kernel's smallest quota: its next request
 takes the rest back before it is forwarded, so a warm replica beyond the floor needs CPU
 only for what it does on its own); the rest of its quota is *lent*: shared by weight among
-the services with busy replicas (its own included) whose latest decision cut them (it could
-not give them the CPU their demand asked for: ``Decision.unmet_cores``; their work is the
-work that waits), each busy replica up to its ``cpu.max``; what they cannot take goes, the
-same way, to the other services with busy replicas.  Shared by weight among all of them, a
-cut service would get only its weight's part, and services that had all they asked for
-would take the rest into replicas whose requests cannot use it.  The owner's next request takes it back at once, in place (the borrowers'
+the services with busy replicas (its own included), each busy replica up to its
+``cpu.max``.  The owner's next request takes it back at once, in place (the borrowers'
 quotas shrink; their requests slow down and none is stopped).  A replica still starting
 never lends: its start-up needs the CPU.
 
@@ -39,8 +35,6 @@ from dataclasses import dataclass
 from scaler.arbiter import water_fill
 
 _EPS = 1e-9
-_CUT_CORES = 0.01
-"""A decision that left more than this unmet (the kernel's smallest quota) cut the service."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,9 +51,6 @@ class Holding:
     """The most a borrowing replica may have (``cpu.max``)."""
     weight: float = 1.0
     """The service's ``weight``: its share of what is lent."""
-    unmet: float = 0.0
-    """CPU its latest decision's demand asked for and the arbiter did not give
-    (``Decision.unmet_cores``): above 0.01 cores the service was cut and borrows first."""
 
 
 def idle_floor(replicas: int, floor_cores: float, keep_cores: float) -> float:
@@ -80,10 +71,8 @@ def lend(holdings: Mapping[str, Holding], idle: Mapping[str, int]) -> dict[str, 
     each lend (all of them: the service is idle; then the value is what they keep).
 
     An idle replica keeps :func:`kept`.  What the idle replicas give up is water-filled by
-    weight over the services with busy replicas whose decision cut them (``unmet`` above
-    0.01 cores), each up to ``busy × (ceiling - cores)``; what they cannot take, likewise
-    over the other services with busy replicas.  A borrower's share is spread evenly over
-    its busy replicas.  Services not lending nor borrowing keep
+    weight over the services with busy replicas, each up to ``busy × (ceiling - cores)``, and
+    spread evenly over a borrower's busy replicas.  Services not lending nor borrowing keep
     ``cores``.  ``sum(busy × quota + idle × kept) <= sum(replicas × cores)``.
     """
     quota = {name: h.cores for name, h in holdings.items()}
@@ -106,16 +95,9 @@ def lend(holdings: Mapping[str, Holding], idle: Mapping[str, int]) -> dict[str, 
     ]
     if not borrowers:
         return quota
-    # The services the decisions cut borrow first; the others take what they cannot.
-    cut = [(name, h) for name, h in borrowers if h.unmet > _CUT_CORES]  # NaN: not cut
-    rest = [(name, h) for name, h in borrowers if not h.unmet > _CUT_CORES]
-    for group in (cut, rest):
-        if not group or pool <= _EPS:
-            continue
-        rooms = [busy[name] * (h.ceiling - h.cores) for name, h in group]
-        lent = water_fill(pool, [0.0] * len(rooms), rooms, [h.weight for _, h in group])
-        for (name, h), extra in zip(group, lent.tolist(), strict=True):
-            if extra > _EPS:
-                quota[name] = min(h.cores + extra / busy[name], h.ceiling)
-        pool -= float(lent.sum())
+    rooms = [busy[name] * (h.ceiling - h.cores) for name, h in borrowers]
+    lent = water_fill(pool, [0.0] * len(rooms), rooms, [h.weight for _, h in borrowers])
+    for (name, h), extra in zip(borrowers, lent.tolist(), strict=True):
+        if extra > _EPS:
+            quota[name] = min(h.cores + extra / busy[name], h.ceiling)
     return quota

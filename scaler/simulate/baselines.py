@@ -36,9 +36,6 @@ class Target:
     cpu_per_replica_cores: float
     wake_concurrency: float = math.inf
     """Tick early when the service's concurrency reaches this (``Decision.wake_concurrency``)."""
-    unmet_cores: float = 0.0
-    """CPU its demand asked for and the arbiter did not give (``Decision.unmet_cores``):
-    lending serves it first."""
 
 
 class Controller(Protocol):
@@ -89,9 +86,7 @@ class EngineController:
                 counts = rules[service] = Counter()
             counts[d.rule] += 1
             if not d.frozen:
-                out[service] = Target(
-                    d.replicas, d.cpu_per_replica_cores, d.wake_concurrency, d.unmet_cores
-                )
+                out[service] = Target(d.replicas, d.cpu_per_replica_cores, d.wake_concurrency)
         return out
 
 

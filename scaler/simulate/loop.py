@@ -112,9 +112,6 @@ class EventLoop:
         self.capacity_cores = capacity_cores
         self.models = list(models.values())
         self.lending = lending
-        self.unmet: dict[str, float] = {}
-        """Lending: per service, the CPU its latest decision's demand did not get
-        (``Decision.unmet_cores``): a cut service borrows first.  Set at ticks."""
         self.clock = 0.0
         n = len(self.models)
         self._extra = [0.0] * n
@@ -290,12 +287,7 @@ class EventLoop:
                 means.append(mean)
                 lendable.append(len(held) * max(mean - floor, 0.0))
                 holdings[m.name] = Holding(
-                    len(held),
-                    mean,
-                    floor,
-                    max(m.cores_max, mean),
-                    self.lending.weights[m.name],
-                    self.unmet.get(m.name, 0.0),
+                    len(held), mean, floor, max(m.cores_max, mean), self.lending.weights[m.name]
                 )
             self._held = (holdings, means, lendable)
         return self._held

@@ -259,11 +259,9 @@ def run(
         signals = {s: m.signals(now) for s, m in models.items()}
         states = {s: m.state() for s, m in models.items()}
         levels.clear()
-        loop.unmet.clear()  # a frozen service (no target) asked for nothing it did not get
         for s, target in ctl.decide(now, signals, states).items():
             if s in models:
                 models[s].set_target(target.replicas, target.cpu_per_replica_cores, claims)
-                loop.unmet[s] = target.unmet_cores
                 if budget.early_ticks and target.wake_concurrency < math.inf:
                     levels[s] = target.wake_concurrency
         node.schedule(now)

@@ -42,7 +42,7 @@ async def harness() -> AsyncIterator[Harness]:
         yield h
 
 
-def decision(service: str, cores: float, unmet: float = 0.0) -> Decision:
+def decision(service: str, cores: float) -> Decision:
     return Decision(
         service=service,
         at=1.0,
@@ -50,7 +50,6 @@ def decision(service: str, cores: float, unmet: float = 0.0) -> Decision:
         cpu_per_replica_cores=cores,
         allocated_cores=cores,
         rule="stable",
-        unmet_cores=unmet,
     )
 
 
@@ -149,17 +148,9 @@ async def test_an_idle_service_lends_its_quota_and_its_first_request_takes_it_ba
             assert await until(
                 lambda: all(len(s.endpoints.routable) == 1 for s in runtime.services.values())
             )
-            lender = start_lending(runtime, pool, settings, actuator=actuator)
+            lender = start_lending(runtime, pool, settings)
             assert lender is not None
             assert observe() == (pytest.approx(BUSY_DECIDED), pytest.approx(IDLE_DECIDED))
-            # Every tick's decisions tell the lender what each service's demand did not get.
-            await actuator.apply(
-                {
-                    "busy": decision("busy", BUSY_DECIDED, unmet=0.3),
-                    "idle": decision("idle", IDLE_DECIDED),
-                }
-            )
-            assert lender.unmet == {"busy": pytest.approx(0.3)}
 
             async def busy_client() -> None:
                 for _ in range(2000):  # bounded; stopped long before
@@ -221,11 +212,10 @@ async def test_an_idle_service_lends_its_quota_and_its_first_request_takes_it_ba
             await asyncio.gather(*clients)
             assert statuses and set(statuses) == {200}, statuses[-10:]
             # Stopping the lender puts every quota back to the decided CPU.
-            stop_lending(runtime, lender, actuator=actuator)
+            stop_lending(runtime, lender)
             lender = None
             assert observe() == (pytest.approx(BUSY_DECIDED), pytest.approx(IDLE_DECIDED))
             assert runtime.services["idle"].admission.on_busy_change is None
-            assert actuator.on_unmet is None
     finally:
         stop.set()
         if lender is not None:

@@ -35,35 +35,6 @@ def test_borrowers_share_by_weight_up_to_their_ceiling() -> None:
     assert math.isclose(quota["heavy"], 2.0)  # takes the rest, up to its own ceiling
 
 
-def test_a_service_the_decision_cut_borrows_first() -> None:
-    # idle lends 2 cores; cut's decision left it 1.5 short, full got all it asked for
-    holdings = {
-        "idle": Holding(2, 1.0, 0.0, 1.0),
-        "cut": Holding(2, 1.0, 0.25, 2.0, unmet=1.5),
-        "full": Holding(2, 1.0, 0.25, 2.0),
-    }
-    quota = lend(holdings, {"idle": holdings["idle"].replicas})
-    # cut takes all it can (2 cores over its two busy replicas, up to cpu.max)
-    assert math.isclose(quota["cut"], 2.0)
-    assert quota["full"] == 1.0
-    # nobody cut (or by less than the kernel's smallest quota): shared by weight
-    for unmet in (0.0, 0.005, math.nan):
-        even = lend({**holdings, "cut": Holding(2, 1.0, 0.25, 2.0, unmet=unmet)}, {"idle": 2})
-        assert math.isclose(even["cut"], 1.5)
-        assert math.isclose(even["full"], 1.5)
-
-
-def test_what_the_cut_services_cannot_take_goes_to_the_others() -> None:
-    holdings = {
-        "idle": Holding(1, 2.0, 0.0, 2.0),
-        "cut": Holding(1, 1.0, 0.25, 1.5, unmet=5.0),  # room 0.5
-        "full": Holding(1, 1.0, 0.25, 3.0),
-    }
-    quota = lend(holdings, {"idle": 1})
-    assert math.isclose(quota["cut"], 1.5)
-    assert math.isclose(quota["full"], 2.5)
-
-
 def test_what_nobody_can_take_stays_unlent() -> None:
     holdings = {"a": Holding(1, 1.0, 0.25, 1.0), "b": Holding(1, 0.5, 0.25, 0.6)}
     quota = lend(holdings, {"a": holdings["a"].replicas})
@@ -76,15 +47,14 @@ def test_a_service_without_replicas_neither_lends_nor_borrows() -> None:
 
 
 _holding = st.builds(
-    lambda replicas, floor, extra, room, weight, unmet: Holding(
-        replicas, floor + extra, floor, floor + extra + room, weight, unmet
+    lambda replicas, floor, extra, room, weight: Holding(
+        replicas, floor + extra, floor, floor + extra + room, weight
     ),
     st.integers(0, 5),
     st.floats(0.0, 1.0),
     st.floats(0.0, 2.0),
     st.floats(0.0, 2.0),
     st.floats(0.1, 10.0),
-    st.one_of(st.just(0.0), st.floats(0.0, 20.0), st.sampled_from([math.nan, math.inf, -1.0])),
 )
 
 

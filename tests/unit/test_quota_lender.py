@@ -7,7 +7,6 @@ stepped loop clock.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator, Mapping
 
 import pytest
@@ -185,32 +184,6 @@ def test_two_idle_services_and_a_weighted_split(loop: SteppedLoop) -> None:
     assert pool.in_force("a") == pytest.approx(0.1)
     assert pool.in_force("b") == pytest.approx(1.5)  # capped at its cpu.max
     assert pool.total_in_force() <= pool.total_decided() + 1e-9
-
-
-def test_a_service_its_decision_left_short_borrows_first(loop: SteppedLoop) -> None:
-    pool = MemoryPool({"idle": (2, 0.5), "cut": (1, 0.5), "full": (1, 0.5)}, total_cpu_cores=2.0)
-    policies = {"idle": policy(), "cut": policy(), "full": policy()}
-    lender = QuotaLender(pool, policies, HOLD_S, loop, keep_cores=KEEP)
-    lender.start()
-    lender.set_busy("idle", False)
-    loop.advance(HOLD_S * 2)
-    # idle's 2 x (0.5 - 0.1) = 0.8, shared equally while nobody is short
-    assert pool.in_force("cut") == pytest.approx(0.9)
-    assert pool.in_force("full") == pytest.approx(0.9)
-    # the next tick's decisions: cut asked for 0.6 more than it got (it borrows first, up to
-    # its cpu.max); NaN counts as none
-    applies = lender.applies
-    lender.set_unmet({"cut": 0.6, "full": math.nan, "elsewhere": 1.0})
-    assert lender.applies == applies + 1
-    assert lender.unmet == {"cut": 0.6}
-    assert pool.in_force("cut") == pytest.approx(0.5 + 0.8)
-    assert pool.in_force("full") == pytest.approx(0.5)
-    assert pool.total_in_force() <= pool.total_decided() + 1e-9
-    # the same figures again: nothing to re-apply; none short: an equal split again
-    lender.set_unmet({"cut": 0.6})
-    assert lender.applies == applies + 1
-    lender.set_unmet({"cut": 0.0})
-    assert pool.in_force("cut") == pytest.approx(0.9)
 
 
 def test_an_idle_service_keeps_its_floor_over_its_replicas_and_lends_the_rest(

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 from gateway.platforms.local.pool import CpuTotals, LocalPool
 from scaler.arbiter import fair_shares
@@ -47,9 +47,6 @@ class LocalActuator:
     def __init__(self, pool: LocalPool, policies: Mapping[str, ScalingPolicy] | None = None):
         self.pool = pool
         self._unknown_logged: set[str] = set()
-        self.on_unmet: Callable[[Mapping[str, float]], None] | None = None
-        """Told every decision's ``unmet_cores`` before the decisions are applied (the
-        lender: a service the arbiter cut borrows before the others)."""
         policies = policies or {}
         if pool.total_cpu_cores is not None:
             pool.set_entitlements(
@@ -70,10 +67,6 @@ class LocalActuator:
     async def apply(self, decisions: Mapping[str, Decision]) -> None:
         """Shrinking CPU first, then growing it: reclaimed CPU is freed before it is lent
         (limit enforcement; with share only the replica counts change cgroups)."""
-        if self.on_unmet is not None:
-            self.on_unmet(
-                {n: d.unmet_cores for n, d in decisions.items() if n in self.pool.services}
-            )
         todo: list[tuple[str, Decision]] = []
         for name, decision in decisions.items():
             if name not in self.pool.services:

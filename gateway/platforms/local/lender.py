@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
@@ -104,9 +103,6 @@ class QuotaLender:
         self._idle_counts: dict[str, int] = {}
         self.quotas: dict[str, float] = {}
         """The quota per replica in force under the latest overlay (services with a decision)."""
-        self.unmet: dict[str, float] = {}
-        """Per service, the CPU its latest decision could not give it (``Decision.unmet_cores``):
-        a service cut this way borrows before the others."""
         self.applies = 0
         """How many times the overlay was re-computed (for tests and operators)."""
 
@@ -256,23 +252,8 @@ class QuotaLender:
                 floor=idle_floor(replicas, policy.floor_cores, self.keep_cores),
                 ceiling=max(ceiling, cores),
                 weight=policy.weight,
-                unmet=self.unmet.get(name, 0.0),
             )
         return out
-
-    def set_unmet(self, unmet: Mapping[str, float]) -> None:
-        """A tick's ``Decision.unmet_cores`` per service (the actuator calls this before it
-        applies the decisions); re-applies the overlay when they changed.  A figure that is
-        not finite and positive counts as none."""
-        figures = {
-            name: float(cores)
-            for name, cores in unmet.items()
-            if name in self.policies and math.isfinite(cores) and cores > 0
-        }
-        if figures == self.unmet:
-            return
-        self.unmet = figures
-        self.apply()
 
     def apply(self) -> None:
         """Re-compute the quotas in force from the decided CPU and the idle marks; hand the

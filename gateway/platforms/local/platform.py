@@ -30,7 +30,7 @@ from gateway.dataplane.updates import (
     routes_from_settings,
 )
 from gateway.platforms import Gateway
-from gateway.platforms.local.actuator import LocalActuator, entitlements
+from gateway.platforms.local.actuator import entitlements
 from gateway.platforms.local.discovery import LocalParts, local_parts
 from gateway.platforms.local.lender import QuotaLender
 from gateway.platforms.local.pool import LocalPool
@@ -134,9 +134,7 @@ class LocalPlatform:
         for name, service in self._gateway.services.items():
             service.admission.hold_at_zero(functools.partial(self._wake_for, name))
         await self.parts.pool.start()
-        self.lender = start_lending(
-            self._gateway, self.parts.pool, self._settings, actuator=self.actuator
-        )
+        self.lender = start_lending(self._gateway, self.parts.pool, self._settings)
 
     def _wake_for(self, service: str) -> None:
         """A request is held for ``service`` (no ready replica): tick now, unless the scaler
@@ -149,19 +147,13 @@ class LocalPlatform:
 
     async def stop(self) -> None:
         if self.lender is not None:
-            stop_lending(self._gateway, self.lender, actuator=self.actuator)
+            stop_lending(self._gateway, self.lender)
             self.lender = None
         # The data plane has stopped taking requests: replicas stop without waiting to drain.
         await self.parts.pool.close(drain=False)
 
 
-def start_lending(
-    gateway: Gateway,
-    pool: LocalPool,
-    settings: Settings,
-    *,
-    actuator: LocalActuator | None = None,
-) -> QuotaLender | None:
+def start_lending(gateway: Gateway, pool: LocalPool, settings: Settings) -> QuotaLender | None:
     """With ``budget.enforcement: limit``, ``budget.lending`` and shared arbitration (and
     cgroups in use): a :class:`QuotaLender` on the started ``pool``, told by every service's
     admission when the service becomes busy or idle, and by its endpoints when a replica
@@ -184,8 +176,6 @@ def start_lending(
         replicas=budget.lend_replicas,
     )
     lender.start()
-    if actuator is not None:
-        actuator.on_unmet = lender.set_unmet  # a service the decision cut borrows first
     for name, service in gateway.services.items():
         if name in lender.policies:
             admission = service.admission
@@ -203,12 +193,8 @@ def start_lending(
     return lender
 
 
-def stop_lending(
-    gateway: Gateway, lender: QuotaLender, *, actuator: LocalActuator | None = None
-) -> None:
-    """Unhook the admissions (and the actuator) and put every quota back to the decided CPU."""
-    if actuator is not None and actuator.on_unmet == lender.set_unmet:
-        actuator.on_unmet = None
+def stop_lending(gateway: Gateway, lender: QuotaLender) -> None:
+    """Unhook the admissions and put every quota back to the decided CPU."""
     for name in lender.policies:
         service = gateway.services.get(name)
         if service is not None:
