@@ -145,9 +145,6 @@ class Decision:
     wake_concurrency: float = math.inf
     """Wake the scaler before the next tick when the service's concurrency (in flight +
     queued) reaches this: the load this decision cannot absorb (inf: never)."""
-    unmet_cores: float = 0.0
-    """CPU this service's demand asked for that the arbiter did not give it (0: it got all
-    it asked for): how far the arbiter cut it, for operators and dashboards."""
     explanation: _LazyExplanation = _LazyExplanation()
     """Why, as data: rule, inputs, steps, clamps (value, bound, bound's name) and flows
     (lent / borrowed / reclaimed / given back, with whom).  Built on first read."""
@@ -165,7 +162,6 @@ class Decision:
         source: ExplanationSource,
         index: int,
         wake_concurrency: float = math.inf,
-        unmet_cores: float = 0.0,
     ) -> Decision:
         """Build a decision whose explanation ``source`` builds on first use (the
         engine's fast path: one dict, no per-field frozen-dataclass ``__setattr__``)."""
@@ -182,7 +178,6 @@ class Decision:
                 "rule": rule,
                 "frozen": frozen,
                 "wake_concurrency": wake_concurrency,
-                "unmet_cores": unmet_cores,
                 "_source": source,
                 "_index": index,
             },

@@ -542,7 +542,6 @@ class Engine:
             rules,
             frozen.tolist(),
             wake.tolist(),
-            np.maximum(demand - allocated, 0.0).tolist(),
         )
 
     def decisions(  # noqa: PLR0917 - the tick's columns, positional like Decision.explained
@@ -555,14 +554,13 @@ class Engine:
         rules: list[str],
         frozen: list[bool],
         wake: list[float],
-        unmet: list[float],
     ) -> dict[str, Decision]:
         """One decision per service from the tick's columns (reasons rendered from ``view``)."""
         new = object.__new__
         put = object.__setattr__
         out: dict[str, Decision] = {}
-        for i, (name, r, c, a, rule, fz, w, u) in enumerate(
-            zip(self.names, replicas, cpu, allocated, rules, frozen, wake, unmet, strict=True)
+        for i, (name, r, c, a, rule, fz, w) in enumerate(
+            zip(self.names, replicas, cpu, allocated, rules, frozen, wake, strict=True)
         ):
             # Decision.explained, inlined: this loop is the tick's largest Python cost.
             decision = new(Decision)
@@ -578,7 +576,6 @@ class Engine:
                     "rule": rule,
                     "frozen": fz,
                     "wake_concurrency": w,
-                    "unmet_cores": u,
                     "_source": view,
                     "_index": i,
                 },

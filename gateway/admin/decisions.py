@@ -46,7 +46,6 @@ def decision_json(d: Decision) -> dict[str, Any]:
             "rule": d.rule,
             "frozen": d.frozen,
             "wake_concurrency": d.wake_concurrency,
-            "unmet_cores": d.unmet_cores,
             "reasons": list(d.reasons),
             "inputs": explanation["inputs"],
             "explanation": explanation,

@@ -186,11 +186,6 @@ def check_tick(
                 assert d.explanation.flow_cores("taken_for_floors") > 0, (
                     f"{name} shed {held} -> {d.replicas} replicas without saying why: {d.reasons}"
                 )
-        # what the decision could not give: never negative nor NaN, exactly the demand left
-        assert math.isfinite(d.unmet_cores) and d.unmet_cores >= 0.0, f"{name}: {d.unmet_cores}"
-        assert d.unmet_cores == pytest.approx(
-            max(d.inputs["demand_cores"] - d.allocated_cores, 0.0), abs=1e-9
-        )
         if budget.arbitration == "shared":
             demand = d.inputs["demand_cores"]
             cores = d.inputs["allocation_cores"]
