@@ -22,10 +22,11 @@
 size (``cpu.request``), first come first served in config order: running replicas are kept,
 new ones start only while the budget has room, nothing is ever reclaimed.
 
-:func:`water_fill` is the one water-fill (the engine, the lending rule and the simulator
-call it); :func:`arbitrate_arrays` is the shared arbitration on per-service arrays and
-:func:`size_arrays` gives each service's recommended replicas its allocation as
-``(replicas, cpu per replica)``.
+:func:`water_fill` is the one water-fill of Sluice's decisions (the engine and the lending
+rule call it; the simulator's node shares CPU by the kernel's rule, its own);
+:func:`arbitrate_arrays` is the shared arbitration on per-service arrays and
+:func:`size_arrays` gives each service's recommended replicas its allocation as ``(replicas,
+cpu per replica)``.
 """
 
 from __future__ import annotations
@@ -120,9 +121,9 @@ def water_fill(
 ) -> FloatArray:
     """Weighted max-min fair allocation: ``clamp(λ·w, low, high)`` summing to at most ``budget``.
 
-    The one water-fill of Sluice: the engine's arbitration, the lending rule and the
-    simulator's CPU sharing call it.  ``lows`` must fit the budget and each ``low <= high``
-    (when they do not fit, everyone gets their low).  One sort, one cumulative sum.
+    The one water-fill of Sluice's decisions: the engine's arbitration and the lending rule
+    call it.  ``lows`` must fit the budget and each ``low <= high`` (when they do not fit,
+    everyone gets their low).  One sort, one cumulative sum.
     """
     lows = np.asarray(lows, dtype=np.float64)
     highs = np.asarray(highs, dtype=np.float64)

@@ -16,8 +16,8 @@ this loop, not a loop of its own:
 * **share**: CPU is shared by weight, work-conserving: a replica is capped only at its
   service's ``cpu.max`` and the node (``budget.cpu``) caps the total; a replica holding ``n >
   0`` requests can use ``d = min(n * request_cores_max, cpu.max)`` cores, and the node's ``B``
-  cores go to the busy replicas by weighted max-min water-filling
-  (:func:`scaler.arbiter.water_fill`): ``x = min(d, lambda * w)`` with ``sum x = min(B, sum
+  cores go to the busy replicas by weighted max-min water-filling (:func:`water_fill`, the
+  kernel's rule): ``x = min(d, lambda * w)`` with ``sum x = min(B, sum
   d)``.  The weights are either each replica's decided CPU (``w = cores``: cgroup
   ``cpu.weight`` per replica, Kubernetes requests -- the baselines), or, with
   ``entitlements`` (Sluice's local platform), two levels: each service's entitlement (its fair
@@ -41,7 +41,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from scaler.arbiter import water_fill as arbiter_water_fill
 from scaler.lending import Holding, idle_floor, lend
 from scaler.simulate.model import (
     DRAINING,
@@ -58,14 +57,36 @@ _EPS = 1e-9
 def water_fill(
     capacity_cores: float, demands: Sequence[float], weights: Sequence[float]
 ) -> list[float]:
-    """Share enforcement's rates: the arbiter's water-filling (:func:`scaler.arbiter.water_fill`)
-    with no floor, each replica up to its demand: ``x_i = min(d_i, lambda * w_i)``,
-    ``sum x = min(capacity, sum d)``.  ``weights`` must be > 0."""
-    if math.fsum(demands) <= capacity_cores:
+    """Share enforcement's rates, as the kernel shares a node by ``cpu.weight``: weighted
+    max-min fair with no floor, each replica up to its demand, ``x_i = min(d_i, lambda * w_i)``
+    and ``sum x = min(capacity, sum d)``.  ``weights`` must be > 0.
+
+    The kernel's rule, not Sluice's arbiter (:func:`scaler.arbiter.water_fill`, the same
+    maths with floors on numpy arrays): a change to how Sluice arbitrates must not change
+    the node it is measured on, and this runs on a handful of busy replicas at every
+    arrival and completion of an oversubscribed node, where numpy's per-call cost was
+    most of a share run's time (``benchmarks/scenarios``, docs/simulate.md).  Demands
+    in ascending order of ``d / w`` are met whole while the level the rest would share
+    reaches them; the others get the level."""
+    total = math.fsum(demands)
+    if total <= capacity_cores:
         return list(demands)
-    out: list[float] = arbiter_water_fill(
-        capacity_cores, [0.0] * len(demands), demands, weights
-    ).tolist()
+    n = len(demands)
+    order = sorted(range(n), key=lambda i: demands[i] / weights[i])
+    left = capacity_cores
+    weight = math.fsum(weights)
+    out = [0.0] * n
+    for k, i in enumerate(order):
+        d, w = demands[i], weights[i]
+        if d * weight <= left * w:  # d / w <= the level left / weight: met whole
+            out[i] = d
+            left -= d
+            weight -= w
+            continue
+        level = max(left, 0.0) / weight
+        for i2 in order[k:]:
+            out[i2] = level * weights[i2]
+        break
     return out
 
 
