@@ -62,12 +62,11 @@ def water_fill(
     and ``sum x = min(capacity, sum d)``.  ``weights`` must be > 0.
 
     The kernel's rule, not Sluice's arbiter (:func:`scaler.arbiter.water_fill`, the same
-    maths with floors on numpy arrays): a change to how Sluice arbitrates must not change
-    the node it is measured on, and this runs on a handful of busy replicas at every
-    arrival and completion of an oversubscribed node, where numpy's per-call cost was
-    most of a share run's time (``benchmarks/scenarios``, docs/simulate.md).  Demands
-    in ascending order of ``d / w`` are met whole while the level the rest would share
-    reaches them; the others get the level."""
+    maths with floors, on numpy arrays): a change to how Sluice arbitrates must not change
+    the node it is measured on.  Plain Python: it runs on a handful of busy replicas at
+    every arrival and completion of an oversubscribed node, where numpy's cost per call
+    would be most of a run's time.  Demands in ascending order of ``d / w`` are met whole
+    while the level the rest would share reaches them; the others get the level."""
     total = math.fsum(demands)
     if total <= capacity_cores:
         return list(demands)
@@ -83,8 +82,9 @@ def water_fill(
             left -= d
             weight -= w
             continue
-        level = max(left, 0.0) / weight
-        for i2 in order[k:]:
+        rest = order[k:]
+        level = max(left, 0.0) / math.fsum(weights[i2] for i2 in rest)
+        for i2 in rest:
             out[i2] = level * weights[i2]
         break
     return out
