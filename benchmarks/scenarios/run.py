@@ -3,7 +3,7 @@
     python benchmarks/scenarios/run.py [--jobs N] [--only SUBSTRING ...] [--dir DIR ...]
                                        [--out FILE] [--table FILE] [--enforcement limit|share]
                                        [--baseline-enforcement limit|share]
-                                       [--lend-replicas on|off]
+                                       [--lending on|off] [--lend-replicas on|off]
 
 Each directory here holding ``config.yaml`` (a Sluice config, as a user writes it: KPA/HPA
 defaults, no per-scenario knobs) and ``workload.yaml`` (``sluice simulate``'s format) is a
@@ -416,12 +416,22 @@ def summarise(scenario: Scenario, result: RunResult, budget: float) -> dict[str,
     }
 
 
+def _lending_mode(budget: BudgetConfig) -> str | None:
+    """How Sluice's run lends under ``limit`` (None under share: the kernel lends)."""
+    if budget.enforcement != "limit":
+        return None
+    if not budget.lending:
+        return "at ticks only"
+    return "between ticks" + ("" if budget.lend_replicas else ", whole idle services only")
+
+
 def run_scenario(
     directory: str,
     enforcement: str | None,
     baseline_enforcement: str = BASELINE_ENFORCEMENT,
     seed_offset: int = 0,
     lend_replicas: bool | None = None,
+    lending: bool | None = None,
 ) -> dict[str, Any]:
     """Every run of one scenario, its bounds, and its figures (JSON-ready); ``seed_offset``
     draws the arrivals from the workload's seed plus that (the same description, other
@@ -435,6 +445,8 @@ def run_scenario(
         budget = budget.model_copy(update={"enforcement": enforcement})
     if lend_replicas is not None:
         budget = budget.model_copy(update={"lend_replicas": lend_replicas})
+    if lending is not None:
+        budget = budget.model_copy(update={"lending": lending})
     budget = budget.resolved(None)
     baseline = budget.model_copy(update={"enforcement": baseline_enforcement})
     workload = load_workload(path / "workload.yaml")
@@ -483,6 +495,7 @@ def run_scenario(
         "seed": seed,
         "budget_cores": cores,
         "enforcement": budget.enforcement,
+        "lending": _lending_mode(budget),
         "baseline_enforcement": baseline.enforcement,
         "duration_s": scenario.duration_s,
         "services": {
@@ -890,8 +903,13 @@ def print_results(results: list[dict[str, Any]], console: Console) -> None:
 
 def print_verdict(results: list[dict[str, Any]], console: Console) -> None:
     ok = [sc for sc in results if not failed(sc["verdict"])]
-    models = sorted({(sc["enforcement"], sc["baseline_enforcement"]) for sc in results})
-    nodes = ", ".join(f"Sluice on {own}, baselines on {base}" for own, base in models)
+    models = sorted(
+        {(sc["enforcement"], sc.get("lending") or "", sc["baseline_enforcement"]) for sc in results}
+    )
+    nodes = ", ".join(
+        f"Sluice on {own}{f' (lending {lend})' if lend else ''}, baselines on {base}"
+        for own, lend, base in models
+    )
     console.print(
         f"[bold]verdict[/] ({nodes}): {len(ok)} of {len(results)} scenarios meet every goal "
         "of issue #14"
@@ -955,6 +973,14 @@ def main() -> int:
         "pods of Guaranteed QoS; share: no CPU limit, idle CPU used by weight)",
     )
     ap.add_argument(
+        "--lending",
+        choices=["on", "off"],
+        default=None,
+        help="Sluice's run with budget.lending on or off (under limit: idle quota lent between "
+        "ticks; off: lent at ticks only, as on the Kubernetes platform; default: each "
+        "config's, on unless it says otherwise)",
+    )
+    ap.add_argument(
         "--lend-replicas",
         choices=["on", "off"],
         default=None,
@@ -995,6 +1021,7 @@ def main() -> int:
                 args.baseline_enforcement,
                 k,
                 None if args.lend_replicas is None else args.lend_replicas == "on",
+                None if args.lending is None else args.lending == "on",
             ): k
             for d, k in jobs
         }

@@ -106,3 +106,39 @@ def test_seeds_run_every_scenario_on_more_random_arrivals(tmp_path: Path) -> Non
     )  # fmt: skip
     assert bad.returncode == 2
     assert "--seeds -1: must be 0 or more" in bad.stderr
+
+
+def test_limit_with_lending_at_ticks_only_is_named_in_the_verdict_and_the_json(
+    tmp_path: Path,
+) -> None:
+    # --lending off: the Kubernetes platform's limit (quota lent by the decisions only).
+    write_two_apis(tmp_path)
+    run = [sys.executable, str(ROOT / "benchmarks" / "scenarios" / "run.py"), "--jobs", "1"]
+    modes = {}
+    for lending in ("on", "off"):
+        out = tmp_path / f"suite-{lending}.json"
+        done = subprocess.run(
+            [*run, "--dir", str(tmp_path / "mine"), "--enforcement", "limit",
+             "--lending", lending, "--out", str(out)],
+            cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        (sc,) = json.loads(out.read_text())["scenarios"]
+        modes[lending] = sc["lending"]
+        assert f"Sluice on limit (lending {sc['lending']}), baselines on limit" in done.stdout
+    assert modes == {"on": "between ticks", "off": "at ticks only"}
+
+    share = tmp_path / "suite-share.json"
+    done = subprocess.run(
+        [*run, "--dir", str(tmp_path / "mine"), "--lending", "off", "--out", str(share)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(share.read_text())["scenarios"][0]["lending"] is None
+    assert "verdict (Sluice on share, baselines on limit)" in done.stdout
+
+    bad = subprocess.run(
+        [*run, "--lending", "sometimes"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "--lending" in bad.stderr
