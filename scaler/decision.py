@@ -34,6 +34,11 @@ class ServiceState:
     """The hard cap per replica in force (cgroup quota; Kubernetes limits), when the platform
     reports it: equal to ``cpu_per_replica_cores`` with ``limit`` enforcement, the service's
     ``cpu.max`` (at most the budget) with ``share``.  None = not reported, or unlimited."""
+    cpu_capped: bool = False
+    """True when the platform holds this service's replicas at their decided CPU although
+    ``budget.enforcement`` is ``share`` (Kubernetes pods of Guaranteed QoS: their CPU request
+    must stay equal to their limit): they cannot use idle CPU, so the engine decides for this
+    service as under ``limit``."""
 
 
 class ExplanationSource(Protocol):

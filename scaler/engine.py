@@ -332,6 +332,12 @@ class Engine:
         )
         cur_cpu = np.where(np.isfinite(cur_cpu) & (cur_cpu > 0), cur_cpu, self.cpu_ref)
         blocked = np.array([s is not None and s.resize_blocked for s in sts], dtype=bool)
+        # Under share, each service whose replicas can use idle CPU (a platform may hold some
+        # at their decided CPU: Kubernetes pods of Guaranteed QoS); the others decide as
+        # under limit.
+        weighted = np.zeros(n, dtype=bool)
+        if self.share:
+            weighted = ~np.array([s is not None and s.cpu_capped for s in sts], dtype=bool)
         observed = _Observed.of(sigs)
         at = observed.at
         invalid = observed.invalid
@@ -358,7 +364,13 @@ class Engine:
         if len(ki):
             self.kpa.observe(now, value[ki], fresh[ki])
             kpa_tick = self.kpa.recommend(
-                now, capacity[ki], cur_r[ki], active[ki], value[ki], size=self._size[ki]
+                now,
+                capacity[ki],
+                cur_r[ki],
+                active[ki],
+                value[ki],
+                size=self._size[ki],
+                surging=weighted[ki] if self.share else None,
             )
             wanted[ki] = kpa_tick.replicas
             load[ki] = kpa_tick.load
@@ -433,7 +445,7 @@ class Engine:
             # Under share a replica's decided CPU is a weight: the replicas a service keeps
             # serving keep cpu.min each (floors permitting) instead of being removed for
             # another service's burst -- the kernel already gives that burst its entitlement.
-            hold = np.where(frozen, hold, np.minimum(run, cur_r) * self.cpu_min)
+            hold = np.where(frozen | ~weighted, hold, np.minimum(run, cur_r) * self.cpu_min)
         # CPU the replicas could use beyond the load's demand: served from spare CPU only.
         soft = np.where(frozen, demand, np.minimum(run * self.cpu_max, self.cap))
         soft = np.maximum(soft, demand)
@@ -477,13 +489,19 @@ class Engine:
                 # share the serving replicas' CPU while it starts.
                 claimed=np.maximum(np.maximum(self.fair, self._granted), cur_r * self.unit),
                 usable=(
-                    self._usable(now, previous, frozen, (cur_r, ready)) if self.share else None
+                    np.where(weighted, self._usable(now, previous, frozen, (cur_r, ready)), 0.0)
+                    if self.share
+                    else None
                 ),
                 # Under share a service's weight is its cores however many replicas share them:
                 # one replica more than they fill takes nobody's entitlement, it only lets the
                 # service use what the others leave idle -- once its ready replicas have been
                 # full for a panic window (a cold start's backlog has drained by then).
-                one_more=((now - self._full_since >= self._panic_s - _EPS) if self.share else None),
+                one_more=(
+                    weighted & (now - self._full_since >= self._panic_s - _EPS)
+                    if self.share
+                    else None
+                ),
             )
             pending = {}
             split_note = np.where((split_note == 0) & (replicas == run), run_note, split_note)
@@ -528,6 +546,9 @@ class Engine:
             throttled=self._thr_rate.copy(),
             wake=wake,
             metrics=verdicts,
+            capped=frozenset(np.flatnonzero(self.share & ~weighted).tolist())
+            if self.share
+            else frozenset(),
         )
         rules = rule_names(
             kpa_tick, self.kpa_index, frozen_code, n, hpa=hpa_tick, hpa_index=self.hpa_index

@@ -130,6 +130,9 @@ class TickView:
     wake: Floats
     metrics: dict[int, MetricsVerdict] = field(default_factory=dict)
     """Per service with ``scaling.metrics``: each metric's answer and the one taken."""
+    capped: frozenset[int] = frozenset()
+    """Under share, the services the platform holds at their decided CPU (decided as under
+    limit)."""
     rules: list[str] = field(default_factory=list)
     """The rule that fired, per service (the decisions' ``rule``)."""
     _flows: dict[str, tuple[str, ...]] | None = None
@@ -222,6 +225,8 @@ class TickView:
 
     def _arbiter_parts(self, i: int, trace: Trace) -> None:
         e = self.engine
+        if i in self.capped:
+            trace.step("enforcement.capped")
         r, cpu = int(self.replicas[i]), float(self.cpu[i])
         a, ideal = float(self.cores[i]), float(self.ideal[i])
         fair, prev, demand = float(e.fair[i]), float(self.previous[i]), float(self.demand[i])

@@ -219,6 +219,10 @@ TEMPLATES: dict[str, str] = {
         "{cores:.2f} cores"
     ),
     "split.squeezed": "squeezed: shrinking CPU per replica in place, keeping {replicas} replicas",
+    "enforcement.capped": (
+        "decided as under limit: the platform holds its replicas at their decided CPU (pods "
+        "of Guaranteed QoS: requests = limits), so they cannot use idle CPU"
+    ),
     "split.resize_blocked": "resize blocked: CPU stays {cpu:.2f}, scaling replicas instead",
     "split.resize_blocked_cut": (
         "resize blocked, but {replicas} replicas need CPU cut to {cpu:.2f} to fit"

@@ -259,11 +259,13 @@ class KpaBatch:
         instant: FloatArray | None = None,
         *,
         size: FloatArray | None = None,
+        surging: BoolArray | None = None,
     ) -> KpaTick:
         """Replicas wanted for every service; state changes only where ``active`` is set.
 
         ``size`` (optional): reference replicas per replica, when ``ready`` is in reference
-        replicas of replicas that large.  ``instant`` is the metric right now (this tick's snapshot, not a window average):
+        replicas of replicas that large.  ``surging`` (optional, with ``surge_panics``): the
+        services the surge rule applies to (default: all).  ``instant`` is the metric right now (this tick's snapshot, not a window average):
         CPU follows the larger of its want and the panic window's, so a burst gets CPU the
         tick it is seen and a backlog keeps its CPU until it has drained.  Replicas follow
         the windows, and with ``surge_panics`` also a burst ``instant`` shows on a service
@@ -299,6 +301,8 @@ class KpaBatch:
                 # want at the panic threshold of the ready capacity) panics at once
                 waking = now - self.woke_at < self.panic_s
                 surge = valid & waking & (want_i / ready_count >= self.threshold)
+                if surging is not None:
+                    surge &= surging
                 surge &= want_i > want_p
                 want_p = np.where(surge, want_i, want_p)
         des_s = np.minimum(np.maximum(want_s, max_down), max_up)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 
@@ -487,6 +488,18 @@ def test_a_burst_after_idleness_panics_the_tick_it_is_seen() -> None:
         d = tick_loop(capped, range(31, 32), {"long": 500, "short": 20}, states)["short"]
         assert d.rule == "stable", budget
 
+    # Under share, a service whose replicas the platform holds at their decided CPU
+    # (Kubernetes pods of Guaranteed QoS) is decided as under limit: no surge.
+    held = Engine(pols, BudgetConfig(cpu=8, enforcement="share"))
+    states = {}
+    for t in range(32):
+        if "short" in states:
+            states["short"] = dataclasses.replace(states["short"], cpu_capped=True)
+        load = {"long": 500, "short": 0 if t < 30 else (7 if t == 30 else 20)}
+        d = tick_loop(held, range(t, t + 1), load, states)["short"]
+    assert d.rule == "stable"
+    assert "decided as under limit" in " ".join(d.reasons)
+
 
 def test_wake_levels_say_when_the_data_plane_should_not_wait_for_the_tick() -> None:
     pols = {
@@ -634,11 +647,13 @@ def _cpu_bound_backlog(
     cpu: float = 8,
     max_replicas: int = 4,
     starting: int = 0,
+    capped: bool = False,
 ) -> list[Decision]:
     """A CPU-bound service with a backlog (3 replicas of 2 cores, all full) beside a service
     allocated more than it uses (headroom; ``auth``: its requests in flight and the cores it
     uses): by default 1.15 of the 8 cores sit idle.  ``starting``: render also has this many
-    replicas starting, and no replica past the first 3 ever becomes ready."""
+    replicas starting, and no replica past the first 3 ever becomes ready.  ``capped``: the
+    platform reports render's replicas held at their decided CPU (``cpu_capped``)."""
     engine = Engine(
         {
             "render": policy(
@@ -667,6 +682,8 @@ def _cpu_bound_backlog(
                 "auth", float(t), in_flight=auth[0], cpu_seconds_total=used["auth"]
             ),
         }
+        if capped:
+            states["render"] = dataclasses.replace(states["render"], cpu_capped=True)
         d = engine.tick(float(t), signals, states)
         states = applied(d)  # decided replicas are ready at once (unless ``starting``)
         r = d["render"]
@@ -674,6 +691,25 @@ def _cpu_bound_backlog(
             states["render"] = ServiceState("render", r.replicas, 3, r.cpu_per_replica_cores)
         out.append(r)
     return out
+
+
+def test_under_share_a_service_held_at_its_decided_cpu_is_decided_as_under_limit() -> None:
+    # Kubernetes pods of Guaranteed QoS keep requests = limits under share: render's replicas
+    # cannot use idle CPU, so starting one into idle CPU (or one more than its cores fill)
+    # would only thin the others' caps.  Its decisions are limit's, and say why; auth, whose
+    # replicas are weighted, keeps share's.
+    capped = _cpu_bound_backlog("share", 20, capped=True)
+    limit = _cpu_bound_backlog("limit", 20)
+    assert [d.replicas for d in capped] == [d.replicas for d in limit]
+    assert [d.cpu_per_replica_cores for d in capped] == pytest.approx(
+        [d.cpu_per_replica_cores for d in limit]
+    )
+    assert {d.replicas for d in capped} == {3}
+    assert "decided as under limit" in " ".join(capped[-1].reasons)
+    assert any(s.kind == "enforcement.capped" for s in capped[-1].explanation.steps)
+    weighted = _cpu_bound_backlog("share", 20)
+    assert weighted[-1].replicas == 4
+    assert not any(s.kind == "enforcement.capped" for s in weighted[-1].explanation.steps)
 
 
 def test_under_share_a_cpu_bound_backlog_adds_a_replica_into_idle_cpu() -> None:
