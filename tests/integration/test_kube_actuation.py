@@ -85,6 +85,7 @@ async def test_scale_and_resize_applied_only_when_status_shows_it(fake: FakeKube
         state = (await act.current())["shop/web"]
         assert state.cpu_per_replica_cores == 1.0
         assert not state.resize_blocked
+        assert not state.cpu_capped  # limit: every service is decided as under limit anyway
 
         (scaled,) = events(fake, "Scaled")
         assert scaled["involvedObject"] == {
@@ -244,6 +245,7 @@ async def test_share_sets_requests_to_the_decision_and_limits_to_cpu_max(fake: F
         state = (await act.current())["shop/web"]
         assert (state.cpu_per_replica_cores, state.cpu_cap_per_replica_cores) == (0.4, 1.5)
         assert not state.resize_blocked and act.limited == {}
+        assert not state.cpu_capped  # Burstable: the engine decides for it as under share
         # Reclaimed: only the request moves.
         await act.apply({"shop/web": decision(2, 0.1)})
         assert cpu_of(fake, "web-1")["requests"]["cpu"] == "100m"
@@ -292,6 +294,8 @@ async def test_share_on_guaranteed_pods_keeps_limits_equal_to_requests_and_says_
         fake.kubelet_resize("shop", "web-1")
         state = (await act.current())["shop/web"]
         assert (state.cpu_per_replica_cores, state.cpu_cap_per_replica_cores) == (0.3, 0.3)
+        # held at its decided CPU: the engine decides for the service as under limit
+        assert state.cpu_capped
         # Replaced by Burstable pods (web-2: cpu requests = limits but no memory limit, so
         # Burstable): the old pod's reason goes, the new pods get request + cpu.max.
         fake.remove("pods", "shop", "web-1")
@@ -304,6 +308,7 @@ async def test_share_on_guaranteed_pods_keeps_limits_equal_to_requests_and_says_
                 "requests": {"cpu": "300m"},
                 "limits": {"cpu": "2000m"},
             }
+        assert not (await act.current())["shop/web"].cpu_capped
     finally:
         await api.close()
 

@@ -539,5 +539,9 @@ class KubernetesActuator:
                     else None
                 ),
                 resize_blocked=bool(blocked),
+                # share: a Guaranteed pod keeps requests = limits = the decided CPU, so it
+                # cannot use idle CPU; the engine then decides for the service as under limit.
+                cpu_capped=self.enforcement == "share"
+                and any(p.spec and qos_class(p.spec) == "Guaranteed" for p in pods),
             )
         return out
