@@ -1095,13 +1095,15 @@ def resolve_enforcement(
 ) -> Settings:
     """``budget.enforcement: auto`` decided for this machine: ``share`` on local and static
     when the budget is every CPU the replicas can use (``machine_cores``, default: this
-    process's cpuset and cgroup quota), else ``limit``; ``limit`` on kubernetes (a pod's QoS
-    class is fixed at its creation).  Settings with an explicit enforcement come back as is."""
+    process's cpuset and cgroup quota), else ``limit``; ``share`` on kubernetes (the budget
+    bounds the pods' requests, which the kubelet turns into the kernel's weights; a service
+    whose pods are Guaranteed keeps requests = limits and is decided as under limit).
+    Settings with an explicit enforcement come back as is."""
     budget = settings.budget
     if budget.enforcement != "auto":
         return settings
     if settings.platform == "kubernetes":
-        rule: Enforcement = "limit"
+        rule: Enforcement = "share"
     else:
         if machine_cores is None:
             from gateway.platforms.machine import machine_cpu

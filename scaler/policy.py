@@ -547,10 +547,11 @@ class BudgetConfig(_Model):
             "(CFS quota; Kubernetes limits = requests); idle CPU is lent by the next decision "
             "and, with lending, between ticks. auto (default): share where the kernel keeps "
             "the guarantee exact -- on local and static when the budget is the whole machine "
-            "(no cap below the CPUs the replicas can run on), and in sluice simulate (the "
-            "node is the budget); limit otherwise (a budget below the machine's CPUs is a "
-            "parent quota that throttles every replica alike) and on kubernetes (a pod's QoS "
-            "class is fixed when it is created)."
+            "(no cap below the CPUs the replicas can run on), on kubernetes (the budget bounds "
+            "the pods' requests, the kernel's weights; a service whose pods are Guaranteed "
+            "keeps requests = limits and is decided as under limit), and in sluice simulate "
+            "(the node is the budget); limit otherwise (a budget below the machine's CPUs is a "
+            "parent quota that throttles every replica alike)."
         ),
     )
     lending: bool = Field(

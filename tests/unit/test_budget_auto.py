@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from gateway.platforms.kubernetes.capacity import cluster_budget, cluster_figures
 from gateway.platforms.kubernetes.model import node_from_json, pod_cpu_request, pod_from_json
 from gateway.platforms.machine import MachineCpu, auto_budget, cgroup_quota
-from gateway.settings import parse_settings
+from gateway.settings import parse_settings, resolve_enforcement
 from scaler.engine import Engine
 from scaler.policy import BudgetConfig, BudgetCpu, KeyedValueError, ScalingPolicy, within_floors
 from scaler.signals import ServiceSignals
@@ -178,3 +178,20 @@ def test_engine_takes_a_new_budget_keeping_its_windows_and_names_it() -> None:
         engine.set_cpu(BudgetCpu(0.1, "auto: too small"))
     with pytest.raises(ValueError, match=r"budget\.cpu is auto"):
         Engine(pols, BudgetConfig(cpu="auto"))
+
+
+def test_enforcement_auto_is_share_on_kubernetes_and_follows_the_machine_elsewhere() -> None:
+    # Kubernetes: the budget bounds the pods' requests (the kernel's weights); a service whose
+    # pods are Guaranteed is held at requests = limits and decided as under limit (its state's
+    # cpu_capped, tests/unit/test_engine.py).  Local/static: share only when the budget is
+    # every CPU the replicas can run on.
+    kube = parse_settings({"platform": "kubernetes", "budget": {"cpu": 4}})
+    assert kube.budget.enforcement == "auto"
+    assert resolve_enforcement(kube).budget.enforcement == "share"
+    limit = parse_settings({"platform": "kubernetes", "budget": {"cpu": 4, "enforcement": "limit"}})
+    assert resolve_enforcement(limit).budget.enforcement == "limit"
+    static = parse_settings(
+        {"budget": {"cpu": 4}, "services": {"api": {"endpoints": ["127.0.0.1:9001"]}}}
+    )
+    assert resolve_enforcement(static, lambda: 4.0).budget.enforcement == "share"
+    assert resolve_enforcement(static, lambda: 8.0).budget.enforcement == "limit"
