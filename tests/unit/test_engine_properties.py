@@ -3,7 +3,8 @@
 Everything is drawn by hypothesis through strategies (policies, budgets, and each service's
 workload as a list of segments: how long, what load, what the signals look like -- fine,
 missing, stale, NaN, infinite, negative -- whether CPU is measured, whether readiness lags,
-whether resizes are blocked), so a failure shrinks to a small readable case.  Invariants on
+whether resizes are blocked, whether the platform holds the replicas at their decided CPU
+under share), so a failure shrinks to a small readable case.  Invariants on
 every tick: no exception; bounds; budget never exceeded; floors; fair shares reached in one
 tick; a frozen service never scales down on missing, stale or refused data (unless other
 services' floors need its CPU); refused figures freeze only their service.
@@ -92,6 +93,9 @@ class Segment:
     """In-place resizes are refused."""
     bad_field: str = "auto"
     """Which figure is NaN / infinite / negative when the quality says so."""
+    capped: bool = False
+    """The platform holds the replicas at their decided CPU (``cpu_capped``: Kubernetes pods
+    of Guaranteed QoS under share)."""
 
 
 segments = st.builds(
@@ -102,6 +106,7 @@ segments = st.builds(
     lagging=st.booleans(),
     blocked=st.booleans(),
     bad_field=st.sampled_from(BAD_FIELDS),
+    capped=st.booleans(),
 )
 
 
@@ -271,7 +276,12 @@ def run_closed_loop(scenario: Scenario) -> None:
         blocked = {name for name in states if segs[name].blocked}
         states = {
             name: ServiceState(
-                name, s.replicas, s.ready_replicas, s.cpu_per_replica_cores, name in blocked
+                name,
+                s.replicas,
+                s.ready_replicas,
+                s.cpu_per_replica_cores,
+                name in blocked,
+                cpu_capped=segs[name].capped,
             )
             for name, s in states.items()
         }
