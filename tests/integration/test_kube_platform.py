@@ -15,7 +15,7 @@ import pytest
 from gateway.platforms.kubernetes.api import KubeApi
 from gateway.platforms.kubernetes.model import Workload, format_cpu
 from gateway.platforms.kubernetes.platform import KubernetesControl
-from gateway.settings import Settings, parse_settings
+from gateway.settings import Settings, parse_settings, resolve_enforcement
 from scaler.engine import Engine
 from scaler.loop import ScalerLoop
 from scaler.signals import ServiceSignals
@@ -71,7 +71,7 @@ async def test_leader_scales_from_merged_signals_and_the_other_takes_over(fake: 
     }
     fake.put(pod("web-1", "web", guaranteed))
     fake.put(endpoint_slice("web-1", "web", [("10.0.0.1", {"ready": True})], [("http", 8080)]))
-    budget = settings("gw-a").budget
+    budget = resolve_enforcement(settings("gw-a")).budget  # as the gateway resolves it
     with SignalPeer() as peer_a, SignalPeer() as peer_b:
         for name, peer in (("sluice-a", peer_a), ("sluice-b", peer_b)):
             fake.put(
@@ -139,6 +139,12 @@ async def test_leader_scales_from_merged_signals_and_the_other_takes_over(fake: 
                 assert limits["cpu"] == format_cpu(decision.cpu_per_replica_cores)
                 scaled = [e for e in fake.list("events") if e["reason"] == "Scaled"]
                 assert scaled and decision.rule in scaled[-1]["message"]
+                # enforcement: auto is share on kubernetes; web-1 is Guaranteed, so it keeps
+                # requests = limits (said once in a ResizeLimited Event) and its service is
+                # reported capped: the engine decides for it as under limit
+                assert leader.actuator.enforcement == "share"
+                assert any(e["reason"] == "ResizeLimited" for e in fake.list("events"))
+                assert (await leader.actuator.current())["shop/web"].cpu_capped
 
                 # the leader goes away (releases the Lease): the other takes over and actuates
                 await stacks.pop(id(leader)).aclose()
