@@ -138,3 +138,62 @@ async def test_a_cpu_utilization_policy_scales_on_pod_metrics(
     assert lists and {(c.verb, c.resource, c.namespace) for c in lists} == {
         ("list", "pods", "shop")
     }
+
+
+async def test_the_hpa_shorthand_metric_cpu_is_measured_from_pod_metrics_too(
+    fake: FakeKube,
+) -> None:
+    # mode: hpa, metric: cpu (what sluice.io/mode + sluice.io/metric annotations write) is the
+    # same CPU utilisation as a cpu_utilization entry: polled, not left missing for good.
+    policy = {
+        "mode": "hpa",
+        "metric": "cpu",
+        "target": 50,
+        "min_replicas": 1,
+        "max_replicas": 6,
+        "cpu": {"min": 0.5, "max": 0.5},
+    }
+    fake.put(
+        ingress(
+            "web",
+            [("shop.test", "/", "Prefix", "web", 80)],
+            annotations={"sluice.io/scaling": json.dumps(policy)},
+        )
+    )
+    fake.put(deployment("web", 2))
+    for i in range(2):
+        fake.put(pod(f"web-{i}", "web", RES))
+    fake.put(endpoint_slice("web-1", "web", [("10.0.0.1", {"ready": True})], [("http", 8080)]))
+    fake.pod_cpu = {("shop", "web-0"): {"app": "450m"}, ("shop", "web-1"): {"app": "450m"}}
+    fake.metrics_server = "up"
+
+    def own(at: float) -> dict[str, ServiceSignals]:
+        return {"shop/web": ServiceSignals("shop/web", at, rps=1.0)}
+
+    async with (
+        httpx.AsyncClient() as http,
+        KubernetesControl(
+            settings(), http, api=KubeApi.connect(host=fake.url), own_signals=own
+        ) as control,
+    ):
+        await until(
+            lambda: control.elector.is_leader() and "shop/web" in control.discovery.policies()
+        )
+        assert control.cpu_metric_services() == ["shop/web"]
+        loop = ScalerLoop(
+            Engine(control.discovery.policies(), settings().budget),
+            control.signals,
+            control.actuator,
+        )
+
+        def replicas() -> int:
+            return int((fake.get("deployments", "shop", "web") or {})["spec"]["replicas"])
+
+        # 450m used of 500m held per pod = 90 % against 50 % -> 4 pods
+        for _ in range(200):
+            decision = (await loop.tick())["shop/web"]
+            if replicas() == 4:
+                break
+            await asyncio.sleep(0.05)
+        assert replicas() == 4, decision
+        assert control.pod_metrics.report()["services"]["shop/web"]["measured_pods"] == 2

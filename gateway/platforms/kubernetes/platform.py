@@ -112,11 +112,12 @@ class KubernetesControl:
         return {name: p.cpu.max for name, p in self.discovery.policies().items()}
 
     def cpu_metric_services(self) -> list[str]:
-        """The services with a ``cpu_utilization`` metric."""
+        """The services scaled on CPU utilisation: a ``cpu_utilization`` entry in
+        ``scaling.metrics``, or ``mode: hpa`` with the one-metric shorthand ``metric: cpu``."""
         return [
             name
             for name, p in self.discovery.policies().items()
-            if any(m.type == "cpu_utilization" for m in p.metrics)
+            if p.metric == "cpu" or any(m.type == "cpu_utilization" for m in p.metrics)
         ]
 
     async def signals(self, now: float | None = None) -> dict[str, ServiceSignals]:
