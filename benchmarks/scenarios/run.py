@@ -3,6 +3,7 @@
     python benchmarks/scenarios/run.py [--jobs N] [--only SUBSTRING ...] [--dir DIR ...]
                                        [--out FILE] [--table FILE] [--enforcement limit|share]
                                        [--baseline-enforcement limit|share]
+                                       [--platform local|kubernetes]
                                        [--lending on|off] [--lend-replicas on|off]
 
 Each directory here holding ``config.yaml`` (a Sluice config, as a user writes it: KPA/HPA
@@ -416,6 +417,16 @@ def summarise(scenario: Scenario, result: RunResult, budget: float) -> dict[str,
     }
 
 
+def cpu_metric_services(policies: Mapping[str, ScalingPolicy]) -> list[str]:
+    """The services whose CPU the Kubernetes platform measures (``metric: cpu``, or a
+    ``cpu_utilization`` entry in ``scaling.metrics``: PodMetrics are polled for them)."""
+    return [
+        name
+        for name, p in policies.items()
+        if p.metric == "cpu" or any(m.type == "cpu_utilization" for m in p.metrics)
+    ]
+
+
 def _lending_mode(budget: BudgetConfig) -> str | None:
     """How Sluice's run lends under ``limit`` (None under share: the kernel lends)."""
     if budget.enforcement != "limit":
@@ -432,6 +443,7 @@ def run_scenario(
     seed_offset: int = 0,
     lend_replicas: bool | None = None,
     lending: bool | None = None,
+    platform: str = "local",
 ) -> dict[str, Any]:
     """Every run of one scenario, its bounds, and its figures (JSON-ready); ``seed_offset``
     draws the arrivals from the workload's seed plus that (the same description, other
@@ -447,6 +459,9 @@ def run_scenario(
         budget = budget.model_copy(update={"lend_replicas": lend_replicas})
     if lending is not None:
         budget = budget.model_copy(update={"lending": lending})
+    if platform == "kubernetes":
+        # quota handed on at ticks only (pods are resized through the API server)
+        budget = budget.model_copy(update={"lending": False})
     budget = budget.resolved(None)
     baseline = budget.model_copy(update={"enforcement": baseline_enforcement})
     workload = load_workload(path / "workload.yaml")
@@ -454,6 +469,9 @@ def run_scenario(
     scenario = build_scenario(
         workload, policies, seed=seed, admission=simulated_admission(settings)
     )
+    if platform == "kubernetes":
+        # CPU measured only where PodMetrics are polled: services scaled on CPU utilisation
+        scenario = replace(scenario, cpu_measured=frozenset(cpu_metric_services(policies)))
     cores = budget.cpu
     runs: dict[str, dict[str, Any]] = {}
     for name in ("sluice", "independent", "static"):
@@ -494,6 +512,7 @@ def run_scenario(
         "name": path.name,
         "seed": seed,
         "budget_cores": cores,
+        "platform": platform,
         "enforcement": budget.enforcement,
         "lending": _lending_mode(budget),
         "baseline_enforcement": baseline.enforcement,
@@ -904,11 +923,20 @@ def print_results(results: list[dict[str, Any]], console: Console) -> None:
 def print_verdict(results: list[dict[str, Any]], console: Console) -> None:
     ok = [sc for sc in results if not failed(sc["verdict"])]
     models = sorted(
-        {(sc["enforcement"], sc.get("lending") or "", sc["baseline_enforcement"]) for sc in results}
+        {
+            (
+                sc["enforcement"],
+                sc.get("lending") or "",
+                sc["baseline_enforcement"],
+                sc.get("platform", "local"),
+            )
+            for sc in results
+        }
     )
     nodes = ", ".join(
+        f"{'as on Kubernetes: ' if platform == 'kubernetes' else ''}"
         f"Sluice on {own}{f' (lending {lend})' if lend else ''}, baselines on {base}"
-        for own, lend, base in models
+        for own, lend, base, platform in models
     )
     console.print(
         f"[bold]verdict[/] ({nodes}): {len(ok)} of {len(results)} scenarios meet every goal "
@@ -973,6 +1001,15 @@ def main() -> int:
         "pods of Guaranteed QoS; share: no CPU limit, idle CPU used by weight)",
     )
     ap.add_argument(
+        "--platform",
+        choices=["local", "kubernetes"],
+        default="local",
+        help="what the platform measures and how fast it moves quota: local (every service's "
+        "CPU measured from its cgroups; under limit, idle quota lent between ticks) or "
+        "kubernetes (CPU measured only for services scaled on CPU utilisation, from "
+        "PodMetrics; under limit, idle quota handed on at ticks only)",
+    )
+    ap.add_argument(
         "--lending",
         choices=["on", "off"],
         default=None,
@@ -1022,6 +1059,7 @@ def main() -> int:
                 k,
                 None if args.lend_replicas is None else args.lend_replicas == "on",
                 None if args.lending is None else args.lending == "on",
+                args.platform,
             ): k
             for d, k in jobs
         }

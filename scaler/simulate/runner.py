@@ -19,6 +19,7 @@ something rescales).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ import numpy as np
 
 from scaler.arbiter import fair_shares
 from scaler.policy import BudgetConfig, Enforcement, ScalingPolicy
+from scaler.signals import ServiceSignals
 from scaler.simulate.arrivals import Arrivals, FloatArray, draw_arrivals, offered_per_tick
 from scaler.simulate.baselines import Controller, RunName, make_controller
 from scaler.simulate.early import next_early_tick
@@ -69,6 +71,10 @@ class Scenario:
     seed: int
     admission: dict[str, Admission] = field(default_factory=dict)
     """The gateway's admission control per service (missing: :data:`UNBOUNDED`)."""
+    cpu_measured: frozenset[str] | None = None
+    """The services whose CPU use the platform measures (None: every one, as the local
+    platform's cgroups do; on Kubernetes only those scaled on CPU utilisation, from
+    PodMetrics).  The others' signals carry no CPU figures."""
 
     @property
     def ticks(self) -> int:
@@ -79,6 +85,11 @@ class Scenario:
         offered = np.array([self.offered_cores[s] for s in self.services])
         busy = (offered > 0).sum(axis=0)
         return np.asarray((busy >= 2) & (offered.sum(axis=0) > budget_cores))
+
+
+def unmeasured(signals: ServiceSignals) -> ServiceSignals:
+    """``signals`` as a platform that does not measure the service's CPU reports them."""
+    return dataclasses.replace(signals, cpu_seconds_total=None, cpu_throttled_seconds_total=None)
 
 
 def build_scenario(
@@ -247,6 +258,7 @@ def run(
             if r.phase != PENDING:
                 r.phase, r.ready_at = READY, 0.0
 
+    measured = scenario.cpu_measured
     gap = budget.early_tick_gap_s
     levels: dict[str, float] = {}
     """Armed wake levels (finite ones, early ticks on), from each service's latest decision."""
@@ -257,6 +269,8 @@ def run(
         for m in models.values():
             m.clock = now
         signals = {s: m.signals(now) for s, m in models.items()}
+        if measured is not None:
+            signals = {s: sig if s in measured else unmeasured(sig) for s, sig in signals.items()}
         states = {s: m.state() for s, m in models.items()}
         levels.clear()
         for s, target in ctl.decide(now, signals, states).items():
