@@ -201,6 +201,14 @@ def admission_not_modelled(settings: Settings) -> list[str]:
                 "answers 503 (no-endpoints) at once on platform kubernetes; the model holds "
                 "requests in limits.queue, as platform local does"
             )
+    if settings.platform == "kubernetes":
+        lines.append(
+            "platform: kubernetes: the model measures every service's CPU and, under "
+            "budget.enforcement: limit, lends idle quota between ticks, as platform local "
+            "does; on kubernetes only services scaled on CPU utilisation are measured and "
+            "quota moves at ticks only (python benchmarks/scenarios/run.py --platform "
+            "kubernetes --dir DIR models that)"
+        )
     return lines
 
 

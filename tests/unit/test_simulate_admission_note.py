@@ -44,6 +44,9 @@ def test_on_kubernetes_a_service_at_zero_gets_503_at_once(tmp_path: Path) -> Non
     kube = settings(tmp_path).model_copy(update={"platform": "kubernetes"})
     (zero,) = (line for line in admission_not_modelled(kube) if "services.hook" in line)
     assert "503 (no-endpoints) at once on platform kubernetes" in zero
+    (platform,) = (line for line in admission_not_modelled(kube) if line.startswith("platform"))
+    assert "only services scaled on CPU utilisation are measured" in platform
+    assert "--platform kubernetes" in platform
 
 
 def test_the_shipped_seed_config_has_nothing_to_say(
