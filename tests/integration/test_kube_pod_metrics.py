@@ -6,9 +6,10 @@ hold; a Ready pod metrics-server has not measured yet does not count as idle."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
@@ -17,6 +18,7 @@ import pytest
 from gateway.platforms.kubernetes.api import KubeApi
 from gateway.platforms.kubernetes.platform import KubernetesControl
 from gateway.settings import Settings, parse_settings
+from scaler.decision import Decision
 from scaler.engine import Engine
 from scaler.loop import ScalerLoop
 from scaler.signals import ServiceSignals
@@ -55,27 +57,31 @@ def settings() -> Settings:
     )
 
 
-async def until(pred: Any) -> None:
-    async with asyncio.timeout(TIMEOUT_S):
-        while not pred():
-            await asyncio.sleep(0.05)
-
-
-async def test_a_cpu_utilization_policy_scales_on_pod_metrics(
-    fake: FakeKube, caplog: pytest.LogCaptureFixture
-) -> None:
+def put_web(fake: FakeKube, policy: dict[str, Any]) -> None:
+    """An Ingress for shop/web with ``policy`` in its annotation, a Deployment of 2 pods."""
     fake.put(
         ingress(
             "web",
             [("shop.test", "/", "Prefix", "web", 80)],
-            annotations={"sluice.io/scaling": json.dumps(POLICY)},
+            annotations={"sluice.io/scaling": json.dumps(policy)},
         )
     )
     fake.put(deployment("web", 2))
     for i in range(2):
         fake.put(pod(f"web-{i}", "web", RES))
     fake.put(endpoint_slice("web-1", "web", [("10.0.0.1", {"ready": True})], [("http", 8080)]))
-    caplog.set_level(logging.INFO, "gateway.platforms.kubernetes.pod_metrics")
+
+
+async def until(pred: Any) -> None:
+    async with asyncio.timeout(TIMEOUT_S):
+        while not pred():
+            await asyncio.sleep(0.05)
+
+
+@contextlib.asynccontextmanager
+async def leading(fake: FakeKube) -> AsyncIterator[tuple[KubernetesControl, ScalerLoop]]:
+    """A gateway's Kubernetes control, once it leads and knows shop/web, and its scaler loop
+    (its own signals: shop/web at 1 req/s)."""
 
     def own(at: float) -> dict[str, ServiceSignals]:
         return {"shop/web": ServiceSignals("shop/web", at, rps=1.0)}
@@ -89,21 +95,38 @@ async def test_a_cpu_utilization_policy_scales_on_pod_metrics(
         await until(
             lambda: control.elector.is_leader() and "shop/web" in control.discovery.policies()
         )
-        loop = ScalerLoop(
-            Engine(control.discovery.policies(), settings().budget),
-            control.signals,
-            control.actuator,
-        )
+        engine = Engine(control.discovery.policies(), settings().budget)
+        yield control, ScalerLoop(engine, control.signals, control.actuator)
 
-        def replicas() -> int:
-            return int((fake.get("deployments", "shop", "web") or {})["spec"]["replicas"])
 
+def web_replicas(fake: FakeKube) -> int:
+    return int((fake.get("deployments", "shop", "web") or {})["spec"]["replicas"])
+
+
+async def tick_until(fake: FakeKube, loop: ScalerLoop, replicas: int) -> Decision:
+    """Tick until shop/web's Deployment asks for ``replicas`` (at most 200 ticks)."""
+    for _ in range(200):
+        decision = (await loop.tick())["shop/web"]
+        if web_replicas(fake) == replicas:
+            break
+        await asyncio.sleep(0.05)
+    assert web_replicas(fake) == replicas, decision
+    return decision
+
+
+async def test_a_cpu_utilization_policy_scales_on_pod_metrics(
+    fake: FakeKube, caplog: pytest.LogCaptureFixture
+) -> None:
+    put_web(fake, POLICY)
+    caplog.set_level(logging.INFO, "gateway.platforms.kubernetes.pod_metrics")
+
+    async with leading(fake) as (control, loop):
         # metrics.k8s.io not served (no metrics-server): the metric is missing, never scales
         await until(lambda: control.pod_metrics.polls >= 2)
         for _ in range(3):
             decision = (await loop.tick())["shop/web"]
             await asyncio.sleep(0.05)
-        assert decision.replicas == 2 and replicas() == 2
+        assert decision.replicas == 2 and web_replicas(fake) == 2
         assert any("cpu_utilization has no data" in r for r in decision.reasons), decision
         said = [r for r in caplog.records if "metrics.k8s.io API is not served" in r.message]
         assert len(said) == 1
@@ -112,12 +135,7 @@ async def test_a_cpu_utilization_policy_scales_on_pod_metrics(
         # metrics-server up: 450m used of 500m held per pod = 90 % against 50 % -> 4 pods
         fake.pod_cpu = {("shop", "web-0"): {"app": "450m"}, ("shop", "web-1"): {"app": "450m"}}
         fake.metrics_server = "up"
-        for _ in range(200):
-            decision = (await loop.tick())["shop/web"]
-            if replicas() == 4:
-                break
-            await asyncio.sleep(0.05)
-        assert replicas() == 4, decision
+        decision = await tick_until(fake, loop, 4)
         assert decision.inputs["metric.cpu_utilization"] == pytest.approx(90.0, abs=1.0)
         assert any("answers again" in r.message for r in caplog.records)
 
@@ -131,7 +149,7 @@ async def test_a_cpu_utilization_policy_scales_on_pod_metrics(
             decision = (await loop.tick())["shop/web"]
         report = control.pod_metrics.report()["services"]["shop/web"]
         assert report == {"cores": pytest.approx(1.8), "measured_pods": 2, "ready_pods": 4}
-        assert decision.replicas >= 4 and replicas() >= 4
+        assert decision.replicas >= 4 and web_replicas(fake) >= 4
 
     # one list per namespace per poll, with the workload's selector (one workload there)
     lists = [c for c in fake.requests if c.api_group == "metrics.k8s.io"]
@@ -153,47 +171,14 @@ async def test_the_hpa_shorthand_metric_cpu_is_measured_from_pod_metrics_too(
         "max_replicas": 6,
         "cpu": {"min": 0.5, "max": 0.5},
     }
-    fake.put(
-        ingress(
-            "web",
-            [("shop.test", "/", "Prefix", "web", 80)],
-            annotations={"sluice.io/scaling": json.dumps(policy)},
-        )
-    )
-    fake.put(deployment("web", 2))
-    for i in range(2):
-        fake.put(pod(f"web-{i}", "web", RES))
-    fake.put(endpoint_slice("web-1", "web", [("10.0.0.1", {"ready": True})], [("http", 8080)]))
+    put_web(fake, policy)
     fake.pod_cpu = {("shop", "web-0"): {"app": "450m"}, ("shop", "web-1"): {"app": "450m"}}
     fake.metrics_server = "up"
 
-    def own(at: float) -> dict[str, ServiceSignals]:
-        return {"shop/web": ServiceSignals("shop/web", at, rps=1.0)}
-
-    async with (
-        httpx.AsyncClient() as http,
-        KubernetesControl(
-            settings(), http, api=KubeApi.connect(host=fake.url), own_signals=own
-        ) as control,
-    ):
-        await until(
-            lambda: control.elector.is_leader() and "shop/web" in control.discovery.policies()
-        )
+    async with leading(fake) as (control, loop):
         assert control.cpu_metric_services() == ["shop/web"]
-        loop = ScalerLoop(
-            Engine(control.discovery.policies(), settings().budget),
-            control.signals,
-            control.actuator,
-        )
-
-        def replicas() -> int:
-            return int((fake.get("deployments", "shop", "web") or {})["spec"]["replicas"])
 
         # 450m used of 500m held per pod = 90 % against 50 % -> 4 pods
-        for _ in range(200):
-            decision = (await loop.tick())["shop/web"]
-            if replicas() == 4:
-                break
-            await asyncio.sleep(0.05)
-        assert replicas() == 4, decision
+        decision = await tick_until(fake, loop, 4)
+        assert decision.inputs["cpu_used_cores"] == pytest.approx(0.9, abs=0.05)  # 2 × 450m
         assert control.pod_metrics.report()["services"]["shop/web"]["measured_pods"] == 2

@@ -225,37 +225,24 @@ def test_a_service_whose_cpu_the_platform_does_not_measure_gets_no_cpu_figures()
     # Scenario.cpu_measured (as on Kubernetes: only services scaled on CPU utilisation are
     # measured): the others' signals carry no CPU, so the engine sizes them from their
     # concurrency; the measured ones keep their cgroup-like counters.
-    from collections.abc import Mapping
     from dataclasses import replace
 
-    from scaler.decision import ServiceState
-    from scaler.signals import ServiceSignals
-    from scaler.simulate.baselines import Target, make_controller
+    from scaler.simulate.baselines import make_controller
 
     scenario = build_scenario(parse_workload(BURSTY), POLICIES)
     measured = sorted(scenario.services)[:1]
     seen: dict[str, set[bool]] = {s: set() for s in scenario.services}
-    inner = make_controller("sluice", POLICIES, BUDGET)
+    ctl = make_controller("sluice", POLICIES, BUDGET)
+    decide = ctl.decide
 
-    class Recording:
-        name = inner.name
-        rules = inner.rules
+    def recording(now, signals, states):  # type: ignore[no-untyped-def]
+        for s, sig in signals.items():
+            seen[s].add(sig.cpu_seconds_total is not None)
+        return decide(now, signals, states)
 
-        def initial(self) -> dict[str, Target]:
-            return inner.initial()
-
-        def decide(
-            self,
-            now: float,
-            signals: Mapping[str, ServiceSignals],
-            states: Mapping[str, ServiceState],
-        ) -> dict[str, Target]:
-            for s, sig in signals.items():
-                seen[s].add(sig.cpu_seconds_total is not None)
-            return inner.decide(now, signals, states)
-
+    ctl.decide = recording  # type: ignore[method-assign]
     one = replace(scenario, cpu_measured=frozenset(measured))
-    result = run(one, "sluice", POLICIES, BUDGET, controller=Recording())
+    result = run(one, "sluice", POLICIES, BUDGET, controller=ctl)
     for s in scenario.services:
         assert seen[s] == {s in measured}, s
         # what the run reports is still the CPU the model used
