@@ -546,9 +546,7 @@ class Engine:
             throttled=self._thr_rate.copy(),
             wake=wake,
             metrics=verdicts,
-            capped=frozenset(np.flatnonzero(self.share & ~weighted).tolist())
-            if self.share
-            else frozenset(),
+            capped=frozenset(np.flatnonzero(~weighted).tolist()) if self.share else frozenset(),
         )
         rules = rule_names(
             kpa_tick, self.kpa_index, frozen_code, n, hpa=hpa_tick, hpa_index=self.hpa_index

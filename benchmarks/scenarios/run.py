@@ -417,16 +417,6 @@ def summarise(scenario: Scenario, result: RunResult, budget: float) -> dict[str,
     }
 
 
-def cpu_metric_services(policies: Mapping[str, ScalingPolicy]) -> list[str]:
-    """The services whose CPU the Kubernetes platform measures (``metric: cpu``, or a
-    ``cpu_utilization`` entry in ``scaling.metrics``: PodMetrics are polled for them)."""
-    return [
-        name
-        for name, p in policies.items()
-        if p.metric == "cpu" or any(m.type == "cpu_utilization" for m in p.metrics)
-    ]
-
-
 def _lending_mode(budget: BudgetConfig) -> str | None:
     """How Sluice's run lends under ``limit`` (None under share: the kernel lends)."""
     if budget.enforcement != "limit":
@@ -471,7 +461,8 @@ def run_scenario(
     )
     if platform == "kubernetes":
         # CPU measured only where PodMetrics are polled: services scaled on CPU utilisation
-        scenario = replace(scenario, cpu_measured=frozenset(cpu_metric_services(policies)))
+        measured = frozenset(n for n, p in policies.items() if p.scales_on_cpu)
+        scenario = replace(scenario, cpu_measured=measured)
     cores = budget.cpu
     runs: dict[str, dict[str, Any]] = {}
     for name in ("sluice", "independent", "static"):

@@ -114,11 +114,7 @@ class KubernetesControl:
     def cpu_metric_services(self) -> list[str]:
         """The services scaled on CPU utilisation: a ``cpu_utilization`` entry in
         ``scaling.metrics``, or ``mode: hpa`` with the one-metric shorthand ``metric: cpu``."""
-        return [
-            name
-            for name, p in self.discovery.policies().items()
-            if p.metric == "cpu" or any(m.type == "cpu_utilization" for m in p.metrics)
-        ]
+        return [name for name, p in self.discovery.policies().items() if p.scales_on_cpu]
 
     async def signals(self, now: float | None = None) -> dict[str, ServiceSignals]:
         """Signals merged from every gateway replica when leading, with the CPU metrics.k8s.io
