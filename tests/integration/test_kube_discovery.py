@@ -356,6 +356,42 @@ async def test_only_the_leader_records_an_ingress_problem_once_and_repeats_aggre
         await api_b.close()
 
 
+async def test_a_caller_returns_only_once_a_concurrent_callers_recording_is_done(
+    fake: FakeKube,
+) -> None:
+    # the discovery's own watch tasks report too: a caller that found the problem already
+    # claimed by one of them must not return before that one's Event is written
+    bad = ingress(
+        "bad", [("bad.test", "/", "Prefix", "bad", 80)], annotations={"sluice.io/colour": "red"}
+    )
+    fake.put(bad)
+    api = KubeApi.connect(host=fake.url)
+    leading = False
+    try:
+        async with KubernetesDiscovery(api, settings()) as d:
+            d.is_leader = lambda: leading
+            await next_matching(d.routes(), lambda u: True)
+            await d.report_problems()
+            assert fake.list("events") == []
+            real, started = api.create_event, asyncio.Event()
+
+            async def slow_create_event(*args: Any, **kwargs: Any) -> None:
+                started.set()
+                await asyncio.sleep(0.2)
+                await real(*args, **kwargs)
+
+            api.create_event = slow_create_event  # type: ignore[method-assign]
+            leading = True
+            first = asyncio.create_task(d.report_problems())
+            await started.wait()
+            await d.report_problems()
+            assert [e["reason"] for e in fake.list("events")] == ["InvalidIngress"]
+            await first
+            assert len(fake.list("events")) == 1
+    finally:
+        await api.close()
+
+
 async def test_tls_fallbacks_are_recorded_by_the_leader_once_and_again_when_back(
     fake: FakeKube, tmp_path: Path
 ) -> None:

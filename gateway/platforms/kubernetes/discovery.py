@@ -132,6 +132,9 @@ class KubernetesDiscovery:
         self._tls_reported: set[tuple[str, str, str]] = set()
         """TLS problems recorded (forgotten once solved: a recurrence is reported again)."""
         self._problems: tuple[tuple[Problem, ...], Mapping[str, Ingress]] = ((), {})
+        self._recording = asyncio.Lock()
+        """Held while problems are recorded: a caller returns once every problem in force when
+        it was called has been recorded, by it or by a concurrent caller."""
         self.is_leader: Callable[[], bool] = lambda: True
         """Only the leader records InvalidIngress Events (the platform sets its elector's)."""
         self._version = 0
@@ -345,32 +348,40 @@ class KubernetesDiscovery:
         does not repeat it; a TLS problem solved and back is reported again), and only on the
         leader; a replica that becomes leader records what was not recorded yet on its next
         call."""
+        # forget solved TLS problems now, not after waiting for a concurrent caller: a problem
+        # solved and back while that caller records is still reported again
+        _, tls, by_key = self._current_problems()
+        self._tls_reported &= {_ident(p, by_key) for p in tls}
+        async with self._recording:
+            if not self.is_leader():
+                return
+            problems, tls, by_key = self._current_problems()
+            for p in (*problems, *tls):
+                seen = self._tls_reported if p in tls else self._reported
+                if _ident(p, by_key) in seen:
+                    continue
+                seen.add(_ident(p, by_key))
+                log.warning("ingress %s: %s", p.ingress, p.message)
+                if (ing := by_key.get(p.ingress)) is None:
+                    continue
+                ref = ObjectRef(
+                    "Ingress",
+                    "networking.k8s.io/v1",
+                    ing.meta.namespace,
+                    ing.meta.name,
+                    ing.meta.uid,
+                )
+                try:
+                    await self.api.create_event(ref, "Warning", p.reason, p.message)
+                except KubeError as e:
+                    log.warning("cannot record an event on ingress %s: %s", p.ingress, e)
+
+    def _current_problems(
+        self,
+    ) -> tuple[tuple[Problem, ...], tuple[Problem, ...], Mapping[str, Ingress]]:
+        """The Ingress problems, the TLS problems, and the Ingresses by key."""
         problems, by_key = self._problems
-        tls = self.tls.resolution.problems if self.tls is not None else ()
-
-        def ident(p: Problem) -> tuple[str, str, str]:
-            ing = by_key.get(p.ingress)
-            return (p.ingress, ing.meta.uid if ing else "", p.message)
-
-        self._tls_reported &= {ident(p) for p in tls}
-        if not self.is_leader():
-            return
-        for p in (*problems, *tls):
-            ing = by_key.get(p.ingress)
-            seen = self._tls_reported if p in tls else self._reported
-            if ident(p) in seen:
-                continue
-            seen.add(ident(p))
-            log.warning("ingress %s: %s", p.ingress, p.message)
-            if ing is None:
-                continue
-            ref = ObjectRef(
-                "Ingress", "networking.k8s.io/v1", ing.meta.namespace, ing.meta.name, ing.meta.uid
-            )
-            try:
-                await self.api.create_event(ref, "Warning", p.reason, p.message)
-            except KubeError as e:
-                log.warning("cannot record an event on ingress %s: %s", p.ingress, e)
+        return problems, self.tls.resolution.problems if self.tls is not None else (), by_key
 
     async def _status_addresses(self) -> list[str]:
         if self.config.status_addresses:
@@ -402,3 +413,10 @@ class KubernetesDiscovery:
                 await self.api.patch_ingress_status(ing.meta.namespace, ing.meta.name, addresses)
             except KubeError as e:
                 log.warning("ingress %s: cannot write status.loadBalancer: %s", ing.meta.key, e)
+
+
+def _ident(p: Problem, by_key: Mapping[str, Ingress]) -> tuple[str, str, str]:
+    """A problem as remembered: (Ingress, its uid, message); a new Ingress of the same name is
+    reported afresh."""
+    ing = by_key.get(p.ingress)
+    return (p.ingress, ing.meta.uid if ing else "", p.message)
