@@ -75,6 +75,10 @@ class Scenario:
     """The services whose CPU use the platform measures (None: every one, as the local
     platform's cgroups do; on Kubernetes only those scaled on CPU utilisation, from
     PodMetrics).  The others' signals carry no CPU figures."""
+    cpu_window_s: float = 0.0
+    """0: a measured service's CPU figure is exact at every tick (cgroup counters).  > 0: it
+    is what metrics.k8s.io serves, polled every ``cpu_window_s``
+    (:class:`MetricsServerCpu`): late, averaged, and without throttling figures."""
 
     @property
     def ticks(self) -> int:
@@ -90,6 +94,62 @@ class Scenario:
 def unmeasured(signals: ServiceSignals) -> ServiceSignals:
     """``signals`` as a platform that does not measure the service's CPU reports them."""
     return dataclasses.replace(signals, cpu_seconds_total=None, cpu_throttled_seconds_total=None)
+
+
+class MetricsServerCpu:
+    """CPU figures as a gateway polling metrics.k8s.io PodMetrics every ``window_s`` sees them.
+
+    metrics-server scrapes each kubelet every ``window_s`` and serves the mean use between
+    its last two scrapes; the poll falls, on average, half a window after a scrape.  So the
+    figure the poll at ``k * window_s`` brings is the mean use over
+    ``[(k - 1.5) * window_s, (k - 0.5) * window_s]``, in force until the next poll, and none
+    before a full window has been scraped.  The gateway integrates the figure in force into
+    the monotonic counter the scaler takes its rate from, as :class:`CpuCounter` does on
+    the platform; throttling is not reported (PodMetrics have no such figure)."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self._times: list[float] = []
+        self._totals: dict[str, list[float]] = {}
+        self._polled = -1  # the last poll's index k
+        self._figure: dict[str, float] = {}
+        self._counter: dict[str, float] = {}
+        self._at = 0.0
+
+    def signals(
+        self, now: float, signals: Mapping[str, ServiceSignals]
+    ) -> dict[str, ServiceSignals]:
+        """``signals`` (true CPU counters) as the platform reports them at ``now``."""
+        self._times.append(now)
+        for s, sig in signals.items():
+            total = sig.cpu_seconds_total
+            self._totals.setdefault(s, []).append(math.nan if total is None else total)
+        w = self.window_s
+        while (self._polled + 1) * w <= now + 1e-9:
+            self._polled += 1
+            poll_at = self._polled * w
+            self._integrate(poll_at)
+            lo, hi = poll_at - 1.5 * w, poll_at - 0.5 * w
+            self._figure = {}
+            if lo >= -1e-9:
+                for s, totals in self._totals.items():
+                    a, b = np.interp([lo, hi], self._times, totals)
+                    if math.isfinite(a) and math.isfinite(b):
+                        self._figure[s] = max(0.0, (b - a) / w)
+        self._integrate(now)
+        return {
+            s: dataclasses.replace(
+                sig,
+                cpu_seconds_total=self._counter.get(s) if s in self._figure else None,
+                cpu_throttled_seconds_total=None,
+            )
+            for s, sig in signals.items()
+        }
+
+    def _integrate(self, to: float) -> None:
+        for s, figure in self._figure.items():
+            self._counter[s] = self._counter.get(s, 1.0) + figure * max(0.0, to - self._at)
+        self._at = max(self._at, to)
 
 
 def build_scenario(
@@ -259,6 +319,7 @@ def run(
                 r.phase, r.ready_at = READY, 0.0
 
     measured = scenario.cpu_measured
+    metrics_server = MetricsServerCpu(scenario.cpu_window_s) if scenario.cpu_window_s > 0 else None
     gap = budget.early_tick_gap_s
     levels: dict[str, float] = {}
     """Armed wake levels (finite ones, early ticks on), from each service's latest decision."""
@@ -269,6 +330,8 @@ def run(
         for m in models.values():
             m.clock = now
         signals = {s: m.signals(now) for s, m in models.items()}
+        if metrics_server is not None:
+            signals = metrics_server.signals(now, signals)
         if measured is not None:
             signals = {s: sig if s in measured else unmeasured(sig) for s, sig in signals.items()}
         states = {s: m.state() for s, m in models.items()}

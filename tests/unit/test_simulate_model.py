@@ -247,3 +247,34 @@ def test_a_service_whose_cpu_the_platform_does_not_measure_gets_no_cpu_figures()
         assert seen[s] == {s in measured}, s
         # what the run reports is still the CPU the model used
         assert result.cpu_seconds[s] > 0
+
+
+def test_metrics_server_cpu_is_late_averaged_and_held_between_polls() -> None:
+    # One service using 1 core until t = 30, then 3 cores; polled every 10 s.  The poll at
+    # k * 10 brings the mean use over [10k - 15, 10k - 5]; the figure holds until the next.
+    from scaler.signals import ServiceSignals
+    from scaler.simulate.runner import MetricsServerCpu
+
+    def true_total(t: float) -> float:
+        return t if t <= 30 else 30 + 3 * (t - 30)
+
+    ms = MetricsServerCpu(10.0)
+    rates: dict[float, float | None] = {}
+    last: tuple[float, float] | None = None
+    for t in range(0, 61):
+        sig = ServiceSignals(
+            "api", float(t), cpu_seconds_total=true_total(t), cpu_throttled_seconds_total=5.0
+        )
+        (out,) = ms.signals(float(t), {"api": sig}).values()
+        assert out.cpu_throttled_seconds_total is None  # PodMetrics report no throttling
+        total = out.cpu_seconds_total
+        if total is None:
+            rates[t], last = None, None
+            continue
+        rates[t] = None if last is None else (total - last[1]) / (t - last[0])
+        last = (t, total)
+    assert all(rates[t] is None for t in range(0, 20))  # nothing until a full window scraped
+    assert rates[21] == pytest.approx(1.0)  # poll at 20: [5, 15]
+    assert rates[39] == pytest.approx(1.0)  # poll at 30: [15, 25], still 1 core at t = 39
+    assert rates[41] == pytest.approx(2.0)  # poll at 40: [25, 35], half the window at 3
+    assert rates[51] == pytest.approx(3.0)  # poll at 50: [35, 45]
