@@ -427,12 +427,6 @@ class ScalingPolicy(_Model):
         return self.cpu.initial_cores if self.prefer == "horizontal" else self.cpu.max
 
     @property
-    def scales_on_cpu(self) -> bool:
-        """Whether a CPU utilisation metric scales it (``metric: cpu``, or a
-        ``cpu_utilization`` entry in ``metrics``): where a platform must measure its CPU."""
-        return self.metric == "cpu" or any(m.type == "cpu_utilization" for m in self.metrics)
-
-    @property
     def primary_listed(self) -> bool:
         """Whether ``metric``/``target`` count (the shorthand, or listed in ``metrics``)."""
         return not self.metrics or any(m.type in PRIMARY_TYPES for m in self.metrics)

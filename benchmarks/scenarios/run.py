@@ -3,7 +3,7 @@
     python benchmarks/scenarios/run.py [--jobs N] [--only SUBSTRING ...] [--dir DIR ...]
                                        [--out FILE] [--table FILE] [--enforcement limit|share]
                                        [--baseline-enforcement limit|share]
-                                       [--platform local|kubernetes]
+                                       [--platform local|kubernetes|kubernetes-without-metrics-server]
                                        [--lending on|off] [--lend-replicas on|off]
 
 Each directory here holding ``config.yaml`` (a Sluice config, as a user writes it: KPA/HPA
@@ -426,6 +426,22 @@ def _lending_mode(budget: BudgetConfig) -> str | None:
     return "between ticks" + ("" if budget.lend_replicas else ", whole idle services only")
 
 
+def _cpu_figures(scenario: Scenario) -> str:
+    """How the scaler sees the services' CPU use in this run."""
+    if scenario.cpu_measured is not None and not scenario.cpu_measured:
+        return "none"
+    if scenario.cpu_window_s > 0:
+        return f"PodMetrics: {scenario.cpu_window_s:g} s means, polled every {scenario.cpu_window_s:g} s"
+    return "cgroups: every tick"
+
+
+KUBE_WITHOUT_METRICS = "kubernetes-without-metrics-server"
+PLATFORM_PREFIX = {
+    "kubernetes": "as on Kubernetes: ",
+    KUBE_WITHOUT_METRICS: "as on Kubernetes without metrics-server: ",
+}
+
+
 def run_scenario(
     directory: str,
     enforcement: str | None,
@@ -449,7 +465,7 @@ def run_scenario(
         budget = budget.model_copy(update={"lend_replicas": lend_replicas})
     if lending is not None:
         budget = budget.model_copy(update={"lending": lending})
-    if platform == "kubernetes":
+    if platform.startswith("kubernetes"):
         # quota handed on at ticks only (pods are resized through the API server)
         budget = budget.model_copy(update={"lending": False})
     budget = budget.resolved(None)
@@ -460,9 +476,11 @@ def run_scenario(
         workload, policies, seed=seed, admission=simulated_admission(settings)
     )
     if platform == "kubernetes":
-        # CPU measured only where PodMetrics are polled: services scaled on CPU utilisation
-        measured = frozenset(n for n, p in policies.items() if p.scales_on_cpu)
-        scenario = replace(scenario, cpu_measured=measured)
+        # every service's CPU from PodMetrics, polled as often as metrics-server scrapes
+        interval = settings.kubernetes.pod_metrics_interval_s
+        scenario = replace(scenario, cpu_window_s=interval)
+    elif platform == KUBE_WITHOUT_METRICS:
+        scenario = replace(scenario, cpu_measured=frozenset())  # nothing measures CPU
     cores = budget.cpu
     runs: dict[str, dict[str, Any]] = {}
     for name in ("sluice", "independent", "static"):
@@ -504,6 +522,7 @@ def run_scenario(
         "seed": seed,
         "budget_cores": cores,
         "platform": platform,
+        "cpu_figures": _cpu_figures(scenario),
         "enforcement": budget.enforcement,
         "lending": _lending_mode(budget),
         "baseline_enforcement": baseline.enforcement,
@@ -925,7 +944,7 @@ def print_verdict(results: list[dict[str, Any]], console: Console) -> None:
         }
     )
     nodes = ", ".join(
-        f"{'as on Kubernetes: ' if platform == 'kubernetes' else ''}"
+        f"{PLATFORM_PREFIX.get(platform, '')}"
         f"Sluice on {own}{f' (lending {lend})' if lend else ''}, baselines on {base}"
         for own, lend, base, platform in models
     )
@@ -993,12 +1012,14 @@ def main() -> int:
     )
     ap.add_argument(
         "--platform",
-        choices=["local", "kubernetes"],
+        choices=["local", "kubernetes", KUBE_WITHOUT_METRICS],
         default="local",
         help="what the platform measures and how fast it moves quota: local (every service's "
         "CPU measured from its cgroups; under limit, idle quota lent between ticks) or "
-        "kubernetes (CPU measured only for services scaled on CPU utilisation, from "
-        "PodMetrics; under limit, idle quota handed on at ticks only)",
+        "kubernetes (every service's CPU from PodMetrics: a mean over the last metrics-server "
+        "scrape interval, polled every kubernetes.pod_metrics_interval_s, no throttling "
+        "figures; under limit, idle quota handed on at ticks only) or "
+        f"{KUBE_WITHOUT_METRICS} (the same with no CPU measured at all)",
     )
     ap.add_argument(
         "--lending",

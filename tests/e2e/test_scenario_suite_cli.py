@@ -144,16 +144,27 @@ def test_limit_with_lending_at_ticks_only_is_named_in_the_verdict_and_the_json(
     assert bad.returncode == 2 and "--lending" in bad.stderr
 
 
-def test_the_kubernetes_platform_measures_less_and_lends_at_ticks_only(tmp_path: Path) -> None:
+def test_the_kubernetes_platform_measures_late_or_not_and_lends_at_ticks_only(
+    tmp_path: Path,
+) -> None:
     write_two_apis(tmp_path)
     run = [sys.executable, str(ROOT / "benchmarks" / "scenarios" / "run.py"), "--jobs", "1"]
-    out = tmp_path / "kube.json"
-    done = subprocess.run(
-        [*run, "--dir", str(tmp_path / "mine"), "--platform", "kubernetes",
-         "--enforcement", "limit", "--out", str(out)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    (sc,) = json.loads(out.read_text())["scenarios"]
-    assert (sc["platform"], sc["lending"]) == ("kubernetes", "at ticks only")
-    assert "as on Kubernetes: Sluice on limit (lending at ticks only)" in done.stdout
+    said = {
+        "kubernetes": ("as on Kubernetes: ", "PodMetrics: 15 s means, polled every 15 s"),
+        "kubernetes-without-metrics-server": (
+            "as on Kubernetes without metrics-server: ",
+            "none",
+        ),
+    }
+    for platform, (prefix, cpu) in said.items():
+        out = tmp_path / f"{platform}.json"
+        done = subprocess.run(
+            [*run, "--dir", str(tmp_path / "mine"), "--platform", platform,
+             "--enforcement", "limit", "--out", str(out)],
+            cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        (sc,) = json.loads(out.read_text())["scenarios"]
+        assert (sc["platform"], sc["lending"]) == (platform, "at ticks only")
+        assert sc["cpu_figures"] == cpu
+        assert f"{prefix}Sluice on limit (lending at ticks only)" in done.stdout

@@ -176,9 +176,26 @@ async def test_the_hpa_shorthand_metric_cpu_is_measured_from_pod_metrics_too(
     fake.metrics_server = "up"
 
     async with leading(fake) as (control, loop):
-        assert control.cpu_metric_services() == ["shop/web"]
+        assert control.cpu_measured_services() == ["shop/web"]
 
         # 450m used of 500m held per pod = 90 % against 50 % -> 4 pods
         decision = await tick_until(fake, loop, 4)
         assert decision.inputs["cpu_used_cores"] == pytest.approx(0.9, abs=0.05)  # 2 × 450m
+        assert control.pod_metrics.report()["services"]["shop/web"]["measured_pods"] == 2
+
+
+async def test_a_service_not_scaled_on_cpu_has_its_cpu_use_measured_too(fake: FakeKube) -> None:
+    # the default KPA policy: the scaler sizes its CPU from what its pods use and starts
+    # replicas into idle CPU on it, as on the local platform; PodMetrics are its only source
+    put_web(fake, {"min_replicas": 1, "max_replicas": 6})
+    fake.pod_cpu = {("shop", "web-0"): {"app": "300m"}, ("shop", "web-1"): {"app": "200m"}}
+    fake.metrics_server = "up"
+
+    async with leading(fake) as (control, loop):
+        assert control.cpu_measured_services() == ["shop/web"]
+        await until(lambda: control.pod_metrics.polls >= 1)
+        for _ in range(3):  # the rate needs two ticks of the counter
+            decision = (await loop.tick())["shop/web"]
+            await asyncio.sleep(0.05)
+        assert decision.inputs["cpu_used_cores"] == pytest.approx(0.5, abs=0.05)
         assert control.pod_metrics.report()["services"]["shop/web"]["measured_pods"] == 2

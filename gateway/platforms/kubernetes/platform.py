@@ -88,11 +88,11 @@ class KubernetesControl:
             self.api,
             self.cache,
             self.discovery.workloads,
-            self.cpu_metric_services,
+            self.cpu_measured_services,
             interval_s=cfg.pod_metrics_interval_s,
             is_leader=self.elector.is_leader,
         )
-        """``cpu_utilization``: metrics.k8s.io PodMetrics, polled by the leader."""
+        """Every managed service's CPU use: metrics.k8s.io PodMetrics, polled by the leader."""
         self._pod_metrics_task: asyncio.Task[None] | None = None
         self.peer_signals = PeerSignals(
             http, self.discovery.peer_admin_addresses, cfg.peer_timeout_s, token
@@ -111,14 +111,17 @@ class KubernetesControl:
         """Each service's ``scaling.cpu.max``: the pods' CPU limit with share enforcement."""
         return {name: p.cpu.max for name, p in self.discovery.policies().items()}
 
-    def cpu_metric_services(self) -> list[str]:
-        """The services scaled on CPU utilisation: a ``cpu_utilization`` entry in
-        ``scaling.metrics``, or ``mode: hpa`` with the one-metric shorthand ``metric: cpu``."""
-        return [name for name, p in self.discovery.policies().items() if p.scales_on_cpu]
+    def cpu_measured_services(self) -> list[str]:
+        """The services whose CPU use is measured from PodMetrics: every managed one.  Those
+        scaled on CPU utilisation need it for their metric; for the others it is what the
+        scaler sizes CPU from and starts replicas into idle CPU on (without it, a service's
+        demand comes from its concurrency alone: the suite's ``--platform kubernetes`` run
+        measures the difference)."""
+        return sorted(self.discovery.policies())
 
     async def signals(self, now: float | None = None) -> dict[str, ServiceSignals]:
-        """Signals merged from every gateway replica when leading, with the CPU metrics.k8s.io
-        measures for the services with a cpu_utilization metric; {} otherwise (frozen).
+        """Signals merged from every gateway replica when leading, with each service's CPU use
+        as metrics.k8s.io measures it; {} otherwise (frozen).
 
         ``now`` defaults to the event loop's clock, so this is a ``ScalerLoop`` signals
         provider as it stands."""
@@ -273,7 +276,7 @@ class KubernetesPlatform:
         tls = self.control.discovery.tls
         if tls is not None:
             out["tls"] = tls.report()
-        if self.control.cpu_metric_services():
+        if self.control.cpu_measured_services():
             out["pod_metrics"] = self.control.pod_metrics.report()
         return out
 

@@ -1,11 +1,14 @@
-"""``cpu_utilization`` on Kubernetes: the CPU the managed pods use, from ``metrics.k8s.io``
-PodMetrics (metrics-server), polled by the leader once per namespace per interval.
+"""CPU use on Kubernetes: the CPU the managed pods use, from ``metrics.k8s.io`` PodMetrics
+(metrics-server), polled by the leader once per namespace per interval, for every managed
+service: it is the ``cpu_utilization`` metric of a service scaled on it, and for the others
+the use the scaler sizes CPU and replicas into idle CPU from, as the local platform's cgroups.
 
 :func:`service_usage` is the pure rule (the main container's use over the service's Ready
 pods, counted as the actuator counts them); :class:`CpuCounter` turns successive figures into the monotonic
 ``cpu_seconds_total`` the scaler derives its rate from; :class:`PodMetricsSource` polls and
 fills the signals. When the metrics API is not served the figure stays missing (a missing
-metric never scales down) and that is logged once.
+``cpu_utilization`` never scales down; the others are sized from their concurrency alone) and
+that is logged once.
 """
 
 from __future__ import annotations
@@ -92,8 +95,8 @@ class CpuCounter:
 
 
 class PodMetricsSource:
-    """Polls PodMetrics for the services that list a ``cpu_utilization`` metric (leader only)
-    and adds their CPU to the signals."""
+    """Polls PodMetrics for the ``wanted`` services (leader only) and adds their CPU to the
+    signals."""
 
     def __init__(
         self,
@@ -109,7 +112,7 @@ class PodMetricsSource:
         self.cache = cache
         self.workloads = workloads
         self.wanted = wanted
-        """The services with a cpu_utilization metric."""
+        """The services whose CPU is measured (the platform: every managed one)."""
         self.interval_s = interval_s
         self.is_leader = is_leader
         self.samples: dict[str, dict[str, PodMetrics]] = {}
@@ -169,7 +172,7 @@ class PodMetricsSource:
         self.polls += 1
         if ok:
             if self.absent is not None:
-                log.info("cpu_utilization: metrics.k8s.io answers again")
+                log.info("CPU use: metrics.k8s.io answers again")
             self.absent = None
         else:
             self.samples.clear()
@@ -177,12 +180,16 @@ class PodMetricsSource:
 
     def _unavailable(self, why: str) -> None:
         if why != self.absent:
-            log.warning("cpu_utilization: %s; the CPU metric is missing (never scales down)", why)
+            log.warning(
+                "CPU use: %s; the CPU metric is missing (a cpu_utilization metric never scales "
+                "down; other services are sized from their concurrency alone)",
+                why,
+            )
         self.absent = why
 
     def add_cpu_signals(self, signals: Mapping[str, ServiceSignals]) -> dict[str, ServiceSignals]:
-        """``signals`` with ``cpu_seconds_total`` of every service with a cpu_utilization
-        metric (None when not measured)."""
+        """``signals`` with ``cpu_seconds_total`` of every wanted service (None when not
+        measured)."""
         out = dict(signals)
         targets = self._targets()
         state = (self.polls, self.cache.version())
