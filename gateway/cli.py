@@ -201,14 +201,6 @@ def admission_not_modelled(settings: Settings) -> list[str]:
                 "answers 503 (no-endpoints) at once on platform kubernetes; the model holds "
                 "requests in limits.queue, as platform local does"
             )
-    if settings.platform == "kubernetes":
-        lines.append(
-            "platform: kubernetes: the model measures every service's CPU and, under "
-            "budget.enforcement: limit, lends idle quota between ticks, as platform local "
-            "does; on kubernetes only services scaled on CPU utilisation are measured and "
-            "quota moves at ticks only (python benchmarks/scenarios/run.py --platform "
-            "kubernetes --dir DIR models that)"
-        )
     return lines
 
 
@@ -218,7 +210,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     policies = {name: service.scaling for name, service in settings.services.items()}
     admission = simulated_admission(settings)
-    code = run_command(args, policies, settings.budget, str(args.config), admission)
+    budget, cpu_window_s = settings.budget, 0.0
+    if settings.platform == "kubernetes":
+        # as that platform runs: CPU use from PodMetrics, a limit quota moved at ticks only
+        budget = budget.model_copy(update={"lending": False})
+        cpu_window_s = settings.kubernetes.pod_metrics_interval_s
+    code = run_command(
+        args, policies, budget, str(args.config), admission, cpu_window_s=cpu_window_s
+    )
     if code == 0:  # after the run's figures, which these notes qualify
         for line in admission_not_modelled(settings):
             print(f"sluice simulate: note: {args.config}: {line}", file=sys.stderr)

@@ -7,6 +7,7 @@ the budget here; the scaler never imports the gateway.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -137,9 +138,13 @@ def run_command(
     budget: BudgetConfig,
     config_label: str,
     admission: Mapping[str, Admission] | None = None,
+    *,
+    cpu_window_s: float = 0.0,
 ) -> int:
     """Run ``sluice simulate`` with a loaded config (``admission``: the gateway's admission
-    control per service, from its ``limits``); returns the exit code."""
+    control per service, from its ``limits``; ``cpu_window_s``: > 0, CPU use measured as
+    metrics.k8s.io serves it, polled that often, see :class:`MetricsServerCpu`); returns the
+    exit code."""
     from rich.console import Console
 
     from scaler.simulate.baselines import BASELINE_ENFORCEMENT as baseline_enforcement
@@ -180,6 +185,8 @@ def run_command(
             seed=args.seed,
             admission=admission,
         )
+        if cpu_window_s > 0:
+            scenario = dataclasses.replace(scenario, cpu_window_s=cpu_window_s)
     except WorkloadError as e:
         for line in e.problems:
             print(line, file=sys.stderr)
@@ -213,6 +220,11 @@ def run_command(
         "baseline": args.baseline,
         "model": "processor sharing per replica, least-request dispatch, Poisson arrivals",
         "enforcement": budget.enforcement,
+        "cpu_figures": (
+            f"PodMetrics: {cpu_window_s:g} s means, polled every {cpu_window_s:g} s"
+            if cpu_window_s > 0
+            else "cgroups: every tick"
+        ),
     }
     report = build_report(scenario, results, budget.fixed_cores(), meta)
     try:

@@ -280,6 +280,8 @@ def print_tables(report: Mapping[str, Any], console: Console) -> None:
     names = list(report["runs"])
     if "node" in report:
         console.print(f"node model: {report['node']}")
+    if report.get("meta", {}).get("cpu_figures", "cgroups: every tick") != "cgroups: every tick":
+        console.print(f"CPU use as the scaler sees it: {report['meta']['cpu_figures']}")
     comparison = report.get("comparison", {})
     for service, info in report["scenario"]["services"].items():
         table = Table(title=f"{service}  (SLO {info['slo_s']:g} s)", title_justify="left")

@@ -44,9 +44,36 @@ def test_on_kubernetes_a_service_at_zero_gets_503_at_once(tmp_path: Path) -> Non
     kube = settings(tmp_path).model_copy(update={"platform": "kubernetes"})
     (zero,) = (line for line in admission_not_modelled(kube) if "services.hook" in line)
     assert "503 (no-endpoints) at once on platform kubernetes" in zero
-    (platform,) = (line for line in admission_not_modelled(kube) if line.startswith("platform"))
-    assert "only services scaled on CPU utilisation are measured" in platform
-    assert "--platform kubernetes" in platform
+    assert not [line for line in admission_not_modelled(kube) if line.startswith("platform")]
+
+
+def test_a_kubernetes_config_is_simulated_with_cpu_use_as_pod_metrics_serve_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    workload = tmp_path / "load.yaml"
+    workload.write_text(
+        "duration_s: 60\nservices:\n  api: {slo_s: 1, load: [{at_s: 0, rps: 20, cpu_s: 0.05}]}\n"
+    )
+    configs = {
+        "static": 'platform: static\nbudget: {cpu: 2}\nservices:\n  api: {endpoints: ["127.0.0.1:9001"]}\n',
+        "kubernetes": "platform: kubernetes\nbudget: {cpu: 2}\nservices:\n  api: {}\n",
+    }
+    figures = {}
+    for platform, text in configs.items():
+        config = tmp_path / f"{platform}.yaml"
+        config.write_text(text)
+        out = tmp_path / platform
+        args = ["simulate", "--config", str(config), "--workload", str(workload)]
+        assert main([*args, "--out", str(out), "--no-progress", "--no-plot"]) == 0
+        figures[platform] = json.loads((out / "report.json").read_text())["meta"]["cpu_figures"]
+        said = capsys.readouterr().out
+    assert figures == {
+        "static": "cgroups: every tick",
+        "kubernetes": "PodMetrics: 15 s means, polled every 15 s",
+    }
+    assert "CPU use as the scaler sees it: PodMetrics" in said
 
 
 def test_the_shipped_seed_config_has_nothing_to_say(
