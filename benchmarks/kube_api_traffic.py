@@ -20,11 +20,11 @@ real ``kubernetes`` client), each size puts N Deployments with 2 pods each, then
 * ``writes per change`` — after the steady window, 10 % of the services get a new replica
   count; the ``/scale`` patches and all writes (patches and their Events) made over 3 ticks,
   per change;
-* ``pod metrics`` — reported apart from the informer budget: with every service listing a
-  ``cpu_utilization`` metric, the ``metrics.k8s.io`` PodMetrics lists the leader makes per
-  15 s poll (one per namespace: here all services share one), against what the HPA
-  controller makes for the same services (one PodMetrics list per HPA object per 15 s sync
-  period: N / 15 s). PodMetrics cannot be watched (metrics-server serves no watch), so both
+* ``pod metrics`` — reported apart from the informer budget: the ``metrics.k8s.io``
+  PodMetrics lists the leader makes per 15 s poll for every managed service's CPU use (one
+  per namespace: here all services share one), against what the HPA controller makes for
+  the same services each with a CPU-utilisation HPA (one PodMetrics list per HPA object per
+  15 s sync period: N / 15 s). PodMetrics cannot be watched (metrics-server serves no watch), so both
   poll; ``poll ms`` is the wall time of one poll (list + parse), ``fill ms 1st`` the CPU
   time of filling N services' signals right after a poll and ``fill ms`` on the other ticks
   (the figures are reused until the next poll or a pod change).
@@ -137,7 +137,7 @@ async def measure(n: int, steady_s: float) -> dict[str, float]:
             ]
             writes = len(made)
             scale_patches = sum(1 for c in made if c.resource == "deployments/scale")
-            # cpu_utilization: metrics.k8s.io PodMetrics, one list per namespace per poll
+            # every service's CPU use: metrics.k8s.io PodMetrics, one list per namespace per poll
             fake.metrics_server = "up"
             fake.pod_cpu = {
                 ("shop", f"{w.name}-{r}"): {"app": "100m"}
