@@ -73,8 +73,8 @@ class Scenario:
     """The gateway's admission control per service (missing: :data:`UNBOUNDED`)."""
     cpu_measured: frozenset[str] | None = None
     """The services whose CPU use the platform measures (None: every one, as the local
-    platform's cgroups do; on Kubernetes only those scaled on CPU utilisation, from
-    PodMetrics).  The others' signals carry no CPU figures."""
+    platform's cgroups and the Kubernetes platform's PodMetrics do; empty: none, as on
+    Kubernetes without metrics-server).  The others' signals carry no CPU figures."""
     cpu_window_s: float = 0.0
     """0: a measured service's CPU figure is exact at every tick (cgroup counters).  > 0: it
     is what metrics.k8s.io serves, polled every ``cpu_window_s``
