@@ -426,15 +426,6 @@ def _lending_mode(budget: BudgetConfig) -> str | None:
     return "between ticks" + ("" if budget.lend_replicas else ", whole idle services only")
 
 
-def _cpu_figures(scenario: Scenario) -> str:
-    """How the scaler sees the services' CPU use in this run."""
-    if scenario.cpu_measured is not None and not scenario.cpu_measured:
-        return "none"
-    if scenario.cpu_window_s > 0:
-        return f"PodMetrics: {scenario.cpu_window_s:g} s means, polled every {scenario.cpu_window_s:g} s"
-    return "cgroups: every tick"
-
-
 KUBE_WITHOUT_METRICS = "kubernetes-without-metrics-server"
 PLATFORM_PREFIX = {
     "kubernetes": "as on Kubernetes: ",
@@ -522,7 +513,7 @@ def run_scenario(
         "seed": seed,
         "budget_cores": cores,
         "platform": platform,
-        "cpu_figures": _cpu_figures(scenario),
+        "cpu_figures": scenario.cpu_figures,
         "enforcement": budget.enforcement,
         "lending": _lending_mode(budget),
         "baseline_enforcement": baseline.enforcement,

@@ -220,11 +220,7 @@ def run_command(
         "baseline": args.baseline,
         "model": "processor sharing per replica, least-request dispatch, Poisson arrivals",
         "enforcement": budget.enforcement,
-        "cpu_figures": (
-            f"PodMetrics: {cpu_window_s:g} s means, polled every {cpu_window_s:g} s"
-            if cpu_window_s > 0
-            else "cgroups: every tick"
-        ),
+        "cpu_figures": scenario.cpu_figures,
     }
     report = build_report(scenario, results, budget.fixed_cores(), meta)
     try:

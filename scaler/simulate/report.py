@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from scaler.policy import Enforcement
-from scaler.simulate.runner import RunResult, Scenario
+from scaler.simulate.runner import CGROUP_FIGURES, RunResult, Scenario
 
 NODE_MODELS: dict[Enforcement, str] = {
     "share": (
@@ -280,8 +280,9 @@ def print_tables(report: Mapping[str, Any], console: Console) -> None:
     names = list(report["runs"])
     if "node" in report:
         console.print(f"node model: {report['node']}")
-    if report.get("meta", {}).get("cpu_figures", "cgroups: every tick") != "cgroups: every tick":
-        console.print(f"CPU use as the scaler sees it: {report['meta']['cpu_figures']}")
+    cpu = report.get("meta", {}).get("cpu_figures", CGROUP_FIGURES)
+    if cpu != CGROUP_FIGURES:
+        console.print(f"CPU use as the scaler sees it: {cpu}")
     comparison = report.get("comparison", {})
     for service, info in report["scenario"]["services"].items():
         table = Table(title=f"{service}  (SLO {info['slo_s']:g} s)", title_justify="left")

@@ -19,6 +19,7 @@ something rescales).
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 from collections.abc import Callable, Mapping
@@ -57,6 +58,9 @@ class SimulationError(Exception):
     """The simulation cannot run as asked (e.g. the workload names a service the config lacks)."""
 
 
+CGROUP_FIGURES = "cgroups: every tick"
+
+
 @dataclass(frozen=True)
 class Scenario:
     """Everything both runs share: services, their load, the very same arrivals, the clock."""
@@ -79,6 +83,16 @@ class Scenario:
     """0: a measured service's CPU figure is exact at every tick (cgroup counters).  > 0: it
     is what metrics.k8s.io serves, polled every ``cpu_window_s``
     (:class:`MetricsServerCpu`): late, averaged, and without throttling figures."""
+
+    @property
+    def cpu_figures(self) -> str:
+        """How the scaler sees the services' CPU use in this scenario, for reports."""
+        if self.cpu_measured is not None and not self.cpu_measured:
+            return "none"
+        w = self.cpu_window_s
+        if w > 0:
+            return f"PodMetrics: {w:g} s means, polled every {w:g} s"
+        return CGROUP_FIGURES
 
     @property
     def ticks(self) -> int:
@@ -136,6 +150,7 @@ class MetricsServerCpu:
                     a, b = np.interp([lo, hi], self._times, totals)
                     if math.isfinite(a) and math.isfinite(b):
                         self._figure[s] = max(0.0, (b - a) / w)
+            self._forget_before(lo + w)  # the next poll's window starts there
         self._integrate(now)
         return {
             s: dataclasses.replace(
@@ -145,6 +160,15 @@ class MetricsServerCpu:
             )
             for s, sig in signals.items()
         }
+
+    def _forget_before(self, t: float) -> None:
+        """Drop the samples before ``t`` but the last one (the history stays a few windows
+        long however long the run)."""
+        keep = max(0, bisect.bisect_left(self._times, t) - 1)
+        if keep:
+            del self._times[:keep]
+            for totals in self._totals.values():
+                del totals[:keep]
 
     def _integrate(self, to: float) -> None:
         for s, figure in self._figure.items():

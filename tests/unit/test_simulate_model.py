@@ -278,3 +278,4 @@ def test_metrics_server_cpu_is_late_averaged_and_held_between_polls() -> None:
     assert rates[39] == pytest.approx(1.0)  # poll at 30: [15, 25], still 1 core at t = 39
     assert rates[41] == pytest.approx(2.0)  # poll at 40: [25, 35], half the window at 3
     assert rates[51] == pytest.approx(3.0)  # poll at 50: [35, 45]
+    assert len(ms._times) <= 2 * 10 + 2  # a few windows of history, however long the run
