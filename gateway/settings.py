@@ -698,8 +698,8 @@ class KubernetesConfig(_Model):
         default=15.0,
         ge=1,
         le=300,
-        description="cpu_utilization: how often the leader lists metrics.k8s.io PodMetrics, "
-        "once per namespace of the services that list a cpu_utilization metric (default: "
+        description="How often the leader lists metrics.k8s.io PodMetrics (every managed "
+        "service's CPU use), once per namespace of managed services (default: "
         "metrics-server's resolution and the HPA controller's sync period; never more often "
         "than the scaler ticks).",
     )
