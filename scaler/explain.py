@@ -96,8 +96,7 @@ def _names(items: list[tuple[float, str]]) -> tuple[str, ...]:
 
 @dataclass(slots=True)
 class TickView:
-    """One tick's arrays (or lists, from the small form), kept for rendering reasons later.
-    Never mutated."""
+    """One tick's arrays, kept for rendering reasons later.  Never mutated."""
 
     engine: Engine
     rejected: dict[int, list[str]]

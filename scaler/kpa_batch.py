@@ -29,8 +29,8 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 Floats = FloatArray | Sequence[float]
-"""Per-service values of a tick: arrays (the engine's array form) or Python sequences (its
-small form, ``scaler.engine_small``); readers index them one service at a time."""
+"""Per-service values of a tick (arrays, or Python sequences); readers index them one service
+at a time."""
 Ints = IntArray | Sequence[int]
 Bools = BoolArray | Sequence[bool]
 
