@@ -172,6 +172,7 @@ class MetricsServerCpu:
 
     def _integrate(self, to: float) -> None:
         for s, figure in self._figure.items():
+            # from 1.0, as CpuCounter: > 0, so a reset to 0 would always be a step down
             self._counter[s] = self._counter.get(s, 1.0) + figure * max(0.0, to - self._at)
         self._at = max(self._at, to)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -50,8 +51,6 @@ def test_on_kubernetes_a_service_at_zero_gets_503_at_once(tmp_path: Path) -> Non
 def test_a_kubernetes_config_is_simulated_with_cpu_use_as_pod_metrics_serve_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import json
-
     workload = tmp_path / "load.yaml"
     workload.write_text(
         "duration_s: 60\nservices:\n  api: {slo_s: 1, load: [{at_s: 0, rps: 20, cpu_s: 0.05}]}\n"
