@@ -39,9 +39,10 @@ references run on the share node whatever Sluice's enforcement, the most any enf
 keeps the entitlements can give), the **fluid bound** on CPU
 used during contention (a work-conserving node serving every backlog at once up to
 ``max_replicas × cpu.max``, without start-up delays), and, per service, its replica direction
-changes **alone**: Sluice's engine with the node to itself, the same arrivals, no other
-service -- what the service's own policy does with no arbitration at all (the KPA's panic
-reads a cold start's backlog as load, overshoots and settles: one direction change), and,
+changes and p99 **alone**: Sluice's engine with the node to itself, the same arrivals, no
+other service -- what the service's own policy does with no arbitration at all (the KPA's
+panic reads a cold start's backlog as load, overshoots and settles: one direction change; an
+HPA's scale-down stabilization expires just before a burst that its replicas then queue), and,
 for a service that changes direction against a steady load, the same in **hindsight**:
 Sluice with that service's ``max_replicas`` set to what its mean offered CPU needs at its
 target utilisation (a cap only someone who knew the load could set), its direction changes
@@ -301,13 +302,15 @@ def reactive_entitled_bound(
     return p99s(run(scenario, "sluice", policies, node, controller=ctl), scenario.services)
 
 
-def alone_reversals(
+def alone_runs(
     scenario: Scenario, policies: Mapping[str, ScalingPolicy], budget: BudgetConfig
-) -> dict[str, float]:
-    """Per service, the replica direction changes per hour of its own policy with the node to
-    itself: Sluice's engine, the same arrivals, no other service (the service's rule as
-    configured -- e.g. the KPA's cold-start overshoot -- with no arbitration at all)."""
-    out: dict[str, float] = {}
+) -> dict[str, tuple[float, float | None]]:
+    """Per service, its own policy with the node to itself: Sluice's engine, the same
+    arrivals, no other service (the service's rule as configured -- e.g. the KPA's cold-start
+    overshoot, the HPA's scale-down as its stabilization window expires -- with no
+    arbitration at all): its replica direction changes per hour and its p99 (None without
+    requests)."""
+    out: dict[str, tuple[float, float | None]] = {}
     hours = scenario.duration_s / 3600
     for s in scenario.services:
         one = replace(
@@ -319,7 +322,7 @@ def alone_reversals(
             offered_cores={s: scenario.offered_cores[s]},
         )
         result = run(one, "sluice", {s: policies[s]}, budget)
-        out[s] = result.replica_reversals.get(s, 0) / hours
+        out[s] = (result.replica_reversals.get(s, 0) / hours, p99s(result, [s])[s])
     return out
 
 
@@ -478,7 +481,7 @@ def run_scenario(
         own = budget if name == "sluice" else baseline
         runs[name] = summarise(scenario, run(scenario, name, policies, own), cores)
     reactive = reactive_bound(scenario, policies, budget)
-    alone = alone_reversals(scenario, policies, budget)
+    alone = alone_runs(scenario, policies, budget)
     ours = runs["sluice"]["services"]
     steady_flapping = [
         s
@@ -531,7 +534,8 @@ def run_scenario(
                 "p99_reactive_bound_s": reactive[s],
                 "p99_entitled_bound_s": entitled[s],
                 "p99_reactive_entitled_bound_s": reactive_entitled[s],
-                "alone_direction_changes_per_hour": alone[s],
+                "alone_direction_changes_per_hour": alone[s][0],
+                "p99_alone_s": alone[s][1],
                 "hindsight": hindsight.get(s),
             }
             for s in scenario.services
@@ -582,6 +586,7 @@ def verdict(sc: dict[str, Any]) -> list[dict[str, Any]]:
             bound = sc["services"][s].get("p99_reactive_bound_s")
             entitled = sc["services"][s].get("p99_entitled_bound_s")
             started = sc["services"][s].get("p99_reactive_entitled_bound_s")
+            alone = sc["services"][s].get("p99_alone_s")
             limit = P99_SLACK * iv[s]["latency_p99_s"]
             why = None
             if bound is not None and bound > limit:
@@ -595,6 +600,11 @@ def verdict(sc: dict[str, Any]) -> list[dict[str, Any]]:
                 why = (
                     f"conflicts with the others' entitlements: with every replica started at "
                     f"its first request and the node shared by entitlement it is {started:.3g} s"
+                )
+            elif alone is not None and alone > limit:
+                why = (
+                    f"its own policy's: with the node to itself (Sluice's engine, no other "
+                    f"service) it is {alone:.3g} s"
                 )
             add(
                 "<service>: p99 <= 1.10 x independent",
@@ -677,6 +687,7 @@ def verdict(sc: dict[str, Any]) -> list[dict[str, Any]]:
                 bound = meta.get("p99_reactive_bound_s")
                 entitled = meta.get("p99_entitled_bound_s")
                 started = meta.get("p99_reactive_entitled_bound_s")
+                alone = meta.get("p99_alone_s")
                 why = None
                 if floor and pi / floor < SEED_P99_FACTOR:
                     why = f"impossible: even the p99 floor ({floor:.3g} s) is only {pi / floor:.1f}x below independent"
@@ -697,6 +708,11 @@ def verdict(sc: dict[str, Any]) -> list[dict[str, Any]]:
                         f"conflicts with the others' entitlements: with every replica started at "
                         f"its first request and the node shared by entitlement it is "
                         f"{started:.3g} s, only {pi / started:.1f}x below independent"
+                    )
+                elif alone and pi / alone < SEED_P99_FACTOR:
+                    why = (
+                        f"its own policy's: with the node to itself (Sluice's engine, no other "
+                        f"service) it is {alone:.3g} s, only {pi / alone:.1f}x below independent"
                     )
                 add(
                     "seed: short-lived <service> p99 >= 10x lower than independent",

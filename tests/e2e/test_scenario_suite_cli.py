@@ -31,6 +31,7 @@ def test_one_command_prints_the_table_and_the_verdict_and_writes_json(tmp_path: 
     (sc,) = doc["scenarios"]
     assert set(sc["runs"]) == {"sluice", "independent", "static", "best_split", "entitled"}
     assert all(m["p99_reactive_entitled_bound_s"] for m in sc["services"].values())
+    assert all(m["p99_alone_s"] > 0 for m in sc["services"].values())
     assert {g["goal"] for g in sc["verdict"]} >= {
         "completed >= independent",
         "seed: CPU in contention >= 90 %",

@@ -215,3 +215,46 @@ def test_a_miss_that_start_up_and_entitlements_force_together_is_a_conflict() ->
     assert run.category(missed) == "conflict"
     assert "started at its first request and the node shared by entitlement" in missed["why"]
     assert "0.9 s, only 4.4x below independent" in missed["why"]
+
+
+def test_a_p99_miss_the_service_makes_alone_too_is_its_own_policys() -> None:
+    # api: 1.5x independent's p99; no bound or reference explains it.
+    sc = scenario(
+        {"api": figures(1.5, 1000, 0, 0.0, 0), "jobs": figures(0.1, 100, 0, 0.0, 0)},
+        {"api": figures(1.0, 1000, 0, 0.0, 0), "jobs": figures(2.0, 100, 0, 0.0, 0)},
+        (0.95, 0.90),
+    )
+    goal = "api: p99 <= 1.10 x independent"
+    sc["services"]["api"]["p99_alone_s"] = 1.05  # alone, within 1.10x: arbitration's doing
+    missed = {g["goal"]: g for g in run.verdict(sc)}[goal]
+    assert not missed["met"]
+    assert run.category(missed) == "unexplained"
+
+    sc["services"]["api"]["p99_alone_s"] = 1.4  # alone it queues as well
+    missed = {g["goal"]: g for g in run.verdict(sc)}[goal]
+    assert not missed["met"]
+    assert run.category(missed) == "own policy"
+    assert missed["why"] == (
+        "its own policy's: with the node to itself (Sluice's engine, no other service) it is 1.4 s"
+    )
+
+    # A bound that explains it comes first.
+    sc["services"]["api"]["p99_entitled_bound_s"] = 1.2
+    missed = {g["goal"]: g for g in run.verdict(sc)}[goal]
+    assert run.category(missed) == "conflict"
+
+
+def test_a_short_lived_miss_the_service_makes_alone_too_is_its_own_policys() -> None:
+    # jobs: 4x better than independent; alone only 5x.
+    sc = scenario(
+        {"api": figures(1.0, 1000, 0, 0.0, 0), "jobs": figures(1.0, 100, 0, 0.0, 0)},
+        {"api": figures(1.0, 1000, 0, 0.0, 0), "jobs": figures(4.0, 100, 0, 0.0, 0)},
+        (0.95, 0.90),
+    )
+    sc["services"]["jobs"]["p99_floor_s"] = 0.1
+    sc["services"]["jobs"]["p99_alone_s"] = 0.8
+    goal = "seed: short-lived jobs p99 >= 10x lower than independent"
+    missed = {g["goal"]: g for g in run.verdict(sc)}[goal]
+    assert not missed["met"]
+    assert run.category(missed) == "own policy"
+    assert missed["why"].endswith("it is 0.8 s, only 5.0x below independent")
