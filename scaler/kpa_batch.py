@@ -28,11 +28,10 @@ from scaler.policy import ScalingPolicy
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
-Floats = FloatArray | Sequence[float]
-"""Per-service values of a tick (arrays, or Python sequences); readers index them one service
-at a time."""
-Ints = IntArray | Sequence[int]
-Bools = BoolArray | Sequence[bool]
+Floats = FloatArray
+"""Per-service values of a tick; readers index them one service at a time."""
+Ints = IntArray
+Bools = BoolArray
 
 _EPS = 1e-9
 
