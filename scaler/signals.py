@@ -47,6 +47,10 @@ class ServiceSignals:
     when a ``latency`` metric needs it."""
     latency_bounds_s: tuple[float, ...] | None = None
     """Upper bounds (seconds) of ``latency_counts``' buckets but the last."""
+    concurrency_seconds_total: float | None = None
+    """``concurrency`` integrated over time since the source started (request-seconds), if the
+    source keeps it: its increase over the time between two snapshots is the mean
+    concurrency between them, which the KPA's windows record."""
 
     @property
     def concurrency(self) -> int:

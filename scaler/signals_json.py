@@ -9,7 +9,8 @@ peer::
                               "errors_total": 1, "rps": 8.2, "latency_p50_s": 0.012,
                               "latency_p99_s": 0.09, "ready_replicas": 2,
                               "cpu_seconds_total": null,
-                              "cpu_throttled_seconds_total": null}, ...}}
+                              "cpu_throttled_seconds_total": null,
+                              "concurrency_seconds_total": 301.25}, ...}}
 
 Field names are :class:`~scaler.signals.ServiceSignals` fields; the key of ``signals`` is the
 service name.  Unknown fields are ignored (newer peers), missing optional ones take their
@@ -32,6 +33,7 @@ _OPTIONAL_FLOAT = (
     "latency_p99_s",
     "cpu_seconds_total",
     "cpu_throttled_seconds_total",
+    "concurrency_seconds_total",
 )
 _OPTIONAL_INT = ("ready_replicas",)
 

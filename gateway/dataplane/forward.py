@@ -849,7 +849,7 @@ class Exchange:
                 service.stats.complete(status, latency_s, now, failed)
             else:
                 latency_s = tunnel.handshake_s
-                service.stats.upgrade_closed()
+                service.stats.upgrade_closed(now)
             ep = self.endpoint
             if ep is not None:
                 balancer = service.balancer

@@ -1,9 +1,9 @@
 """Live per-service counters, recorded on the hot path and read by the scaler and /metrics.
 
-Hot-path cost (per request): :meth:`ServiceStats.arrive` is two increments and one float
-comparison (the per-second arrival ring is written once per second, not per arrival);
-:meth:`ServiceStats.complete` is a dict increment, one ``bisect`` over the latency bounds,
-two list increments and one float comparison.  No locks (single event loop), no
+Hot-path cost (per request): :meth:`ServiceStats.arrive` is two increments, one float
+subtraction and one float comparison (the per-second arrival ring is written once per
+second, not per arrival); :meth:`ServiceStats.complete` is a dict increment, one ``bisect``
+over the latency bounds, two list increments, one float addition and one float comparison.  No locks (single event loop), no
 allocation in the steady state.  Everything else — rates, percentiles, ``ServiceSignals`` — is computed at
 read time by :meth:`ServiceStats.snapshot`, which takes ``now`` (the event loop's clock).
 """
@@ -78,10 +78,13 @@ class StatsState:
     latency_epoch: int
     latency_current: list[int]
     latency_previous: list[int]
+    concurrency_base_s: float = 0.0
+    """See :attr:`ServiceStats.concurrency_base_s`."""
 
-    def retired(self) -> StatsState:
-        """The counters of a process that is gone: its gauges (in flight, queued, upgraded)
-        are 0, its monotonic counts are kept (so merged totals never go back)."""
+    def retired(self, now: float) -> StatsState:
+        """The counters of a process that is gone at ``now``: its gauges (in flight, queued,
+        upgraded) are 0, its monotonic counts are kept (so merged totals never go back), and
+        its requests in flight count in the concurrency integral until ``now``."""
         return StatsState(
             self.arrivals_total,
             0,
@@ -96,6 +99,7 @@ class StatsState:
             self.latency_epoch,
             self.latency_current,
             self.latency_previous,
+            self.concurrency_base_s + self.in_flight * now,
         )
 
 
@@ -116,6 +120,7 @@ class ServiceStats:
         "_slot_sec",
         "arrivals_total",
         "codes",
+        "concurrency_base_s",
         "errors_total",
         "in_flight",
         "latency_counts",
@@ -151,6 +156,12 @@ class ServiceStats:
         """Completions by HTTP status (499 = the client went away first)."""
         self.latency_counts = [0] * (len(LATENCY_BUCKETS_S) + 1)
         self.latency_sum_s = 0.0
+        self.concurrency_base_s = 0.0
+        """The concurrency integral less ``in_flight × now``: the time spent by the requests
+        that left, less the arrival times of those in flight.  ``concurrency_base_s +
+        in_flight × now`` is the request-seconds spent in the gateway since start (in flight
+        or queued), kept with one addition per request; it sums across processes that share
+        the clock."""
         self.rate_window_s = rate_window_s
         # Arrivals per whole second: the current second's count is arrivals_total minus
         # _sec_base; finished seconds are in a ring of (second, count) slots.
@@ -172,6 +183,7 @@ class ServiceStats:
         """A request for this service arrived (and is being forwarded)."""
         self.arrivals_total += 1
         self.in_flight += 1
+        self.concurrency_base_s -= now
         if not self._sec_start_s <= now < self._sec_end_s:
             self._arrive_in_other_second(now)
 
@@ -181,6 +193,7 @@ class ServiceStats:
         ``failed``: the exchange broke after the status was sent (e.g. a truncated body).
         """
         self.in_flight -= 1
+        self.concurrency_base_s += now
         codes = self.codes
         try:
             codes[status] += 1
@@ -207,10 +220,12 @@ class ServiceStats:
             self._rotate_latency(int(now / self.latency_window_s))
         self._lat_current[b] += 1
 
-    def upgrade_closed(self) -> None:
-        """An upgraded connection ended: it completes (status 101) and leaves in-flight."""
+    def upgrade_closed(self, now: float) -> None:
+        """An upgraded connection ended at ``now``: it completes (status 101) and leaves
+        in-flight."""
         self.upgraded -= 1
         self.in_flight -= 1
+        self.concurrency_base_s += now
         self.codes[101] = self.codes.get(101, 0) + 1
 
     # -- once per second / window ------------------------------------------------------------
@@ -293,6 +308,7 @@ class ServiceStats:
         """The signals now; ``app_metrics`` and (with ``latency_histogram``) the latency
         histogram since start are added for the services whose ``scaling.metrics`` read them."""
         recent = self.recent_latency_counts(now)
+        area = self.concurrency_base_s + self.in_flight * now
         return ServiceSignals(
             service=self.service,
             at=now,
@@ -308,6 +324,8 @@ class ServiceStats:
             app_metrics=app_metrics,
             latency_counts=tuple(self.latency_counts) if latency_histogram else None,
             latency_bounds_s=LATENCY_BUCKETS_S if latency_histogram else None,
+            # not one when ``now`` is not the clock the requests were counted on
+            concurrency_seconds_total=area if area >= 0.0 else None,
         )
 
     # -- across processes (``workers: N``) ----------------------------------------------------
@@ -333,6 +351,7 @@ class ServiceStats:
             self._lat_epoch,
             list(self._lat_current),
             list(self._lat_previous),
+            self.concurrency_base_s,
         )
 
     @classmethod
@@ -361,6 +380,7 @@ class ServiceStats:
             for i, n in enumerate(s.latency_counts):
                 out.latency_counts[i] += n
             out.latency_sum_s += s.latency_sum_s
+            out.concurrency_base_s += s.concurrency_base_s
             for sec, n in s.seconds.items():
                 seconds[sec] = seconds.get(sec, 0) + n
             if s.latency_epoch == epoch:

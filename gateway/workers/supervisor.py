@@ -339,9 +339,10 @@ class Workers:
         if w.channel is not None:
             w.channel.close()
             w.channel = None
+        now = asyncio.get_running_loop().time()
         for name, state in w.stats.items():
             old = self._retired.get(name)
-            parts = [state.retired()] if old is None else [old, state.retired()]
+            parts = [state.retired(now)] if old is None else [old, state.retired(now)]
             self._retired[name] = ServiceStats.merged(name, parts).state()
         for name, a in w.admission.items():
             kept = self._retired_admission.get(name)

@@ -107,3 +107,7 @@ def test_api_signals(gw: Gateway) -> None:
     assert set(data["signals"]) == {"api", "idle"}
     assert data["signals"]["api"]["arrivals_total"] == 9
     assert isinstance(data["at"], float)
+    # Nothing in flight: the concurrency integral is the requests' latencies summed.
+    m = samples(httpx.get(gw.admin_url + "/metrics", timeout=10).text)
+    spent = m[("sluice_request_duration_seconds_sum", (("service", "api"),))]
+    assert data["signals"]["api"]["concurrency_seconds_total"] == pytest.approx(spent, rel=1e-9)

@@ -124,10 +124,17 @@ def test_in_flight_is_summed_and_sigterm_drains_every_worker(
 
             def slow() -> int:
                 with httpx.Client(timeout=60) as client:  # one connection each
-                    return client.get(g.url + "/delay?s=4").status_code
+                    return client.get(g.url + "/delay?s=6").status_code
 
             futures = [pool.submit(slow) for _ in range(10)]
             assert wait_for(lambda: signals_of(g)["in_flight"] == 10)
+            # 10 in flight in two processes the whole time: 10 request-seconds a second
+            first = signals_of(g)
+            time.sleep(0.5)
+            second = signals_of(g)
+            assert first["in_flight"] == second["in_flight"] == 10
+            grown = second["concurrency_seconds_total"] - first["concurrency_seconds_total"]
+            assert grown / (second["at"] - first["at"]) == pytest.approx(10.0, rel=1e-6)
             per_worker = [w["arrivals_total"] for w in workers_of(g)]
             assert sum(per_worker) == 10
             g.signal(signal.SIGTERM)
@@ -235,6 +242,7 @@ def test_a_killed_worker_is_restarted_and_logged_and_its_counts_kept(
 ) -> None:
     with gateway(config([ups[0].address]), tmp_path / "s.yaml") as g:
         assert send(g, 50) == [200] * 50
+        before = signals_of(g)["concurrency_seconds_total"]
         victim = workers_of(g)[0]
         os.kill(victim["pid"], signal.SIGKILL)
         assert wait_for(
@@ -247,6 +255,8 @@ def test_a_killed_worker_is_restarted_and_logged_and_its_counts_kept(
         assert send(g, 50) == [200] * 50
         assert signals_of(g)["arrivals_total"] == 100
         assert signals_of(g)["completions_total"] == 100
+        # the dead worker's time is kept: the integral never goes back
+        assert signals_of(g)["concurrency_seconds_total"] > before
     assert any(
         f"data-plane worker 0 (pid {victim['pid']}) exited with -9" in line
         for line in g.stderr_lines

@@ -16,7 +16,7 @@ from scaler.signals_json import SignalsFormatError, signals_from_json, signals_t
 def test_round_trip() -> None:
     s = [
         ServiceSignals("shop/web", 1.5, 3, 1, 10, 9, 1, 2.5, 0.01, 0.2, 2, 4.0, 0.5),
-        ServiceSignals("api", 2.0),
+        ServiceSignals("api", 2.0, concurrency_seconds_total=12.5),
     ]
     assert signals_from_json(signals_to_json(3.0, s)) == sorted(s, key=lambda x: x.service)
 
@@ -37,6 +37,10 @@ def doc(**fields: object) -> dict[str, object]:
         ),
         (doc(in_flight=1.5), "signals['a'].in_flight: must be an integer"),
         (doc(rps=-1), "signals['a'].rps: must be finite and >= 0"),
+        (
+            doc(concurrency_seconds_total=-2.0),
+            "signals['a'].concurrency_seconds_total: must be finite and >= 0",
+        ),
         (doc(at=True), "signals['a'].at: must be a number"),
     ],
 )
@@ -68,3 +72,25 @@ def test_merged_counters_never_go_down(steps: list[tuple[str, int, bool]]) -> No
         )
         assert merged["s"].arrivals_total >= last
         last = merged["s"].arrivals_total
+
+
+def test_the_concurrency_integral_merges_by_increase_from_each_peers_first_answer() -> None:
+    """A peer's integral since it started is not time since the last tick: its first answer
+    adds nothing, then its increases are summed (a restart adds its new value); a peer that
+    keeps no integral leaves the merged snapshot without one (the engine then reads the count
+    in flight)."""
+
+    def sig(area: float | None) -> list[ServiceSignals]:
+        return [ServiceSignals("s", 0.0, in_flight=1, concurrency_seconds_total=area)]
+
+    merger = SignalMerger()
+    assert merger.merge(1.0, {"p1": sig(500.0)})["s"].concurrency_seconds_total == 0.0
+    merged = merger.merge(2.0, {"p1": sig(503.0), "p2": sig(9000.0)})["s"]
+    assert merged.concurrency_seconds_total == 3.0
+    merged = merger.merge(3.0, {"p1": sig(504.0), "p2": sig(9002.5)})["s"]
+    assert merged.concurrency_seconds_total == 3.0 + 1.0 + 2.5
+    merged = merger.merge(4.0, {"p1": sig(0.5), "p2": sig(9003.0)})["s"]  # p1 restarted
+    assert merged.concurrency_seconds_total == 6.5 + 0.5 + 0.5
+    assert (
+        merger.merge(5.0, {"p1": sig(1.0), "p3": sig(None)})["s"].concurrency_seconds_total is None
+    )

@@ -84,3 +84,20 @@ def test_bad_windows_rejected() -> None:
         ServiceStats("x", rate_window_s=0)
     with pytest.raises(ValueError, match="latency_window_s must be > 0"):
         ServiceStats("x", latency_window_s=0)
+
+
+def test_the_concurrency_integral_follows_the_requests_and_upgrades() -> None:
+    s = ServiceStats("svc")
+    assert s.snapshot(5.0).concurrency_seconds_total == 0.0
+    s.arrive(10.0)
+    s.arrive(10.5)
+    assert s.snapshot(11.0).concurrency_seconds_total == pytest.approx(1.0 + 0.5)
+    s.complete(200, 1.5, 11.5)  # the first: 1.5 s
+    s.upgrade_opened(0.1, 10.6)  # the second became a WebSocket: in flight until it closes
+    s.upgrade_closed(14.5)
+    snap = s.snapshot(20.0)
+    assert snap.in_flight == 0
+    assert snap.concurrency_seconds_total == pytest.approx(1.5 + 4.0)
+    # a snapshot on a clock the requests were not counted on gives no integral, not a negative
+    s.arrive(1000.0)
+    assert s.snapshot(20.0).concurrency_seconds_total is None

@@ -1,7 +1,9 @@
-"""Several processes' counters merged (``workers: N``) equal one process that saw every request."""
+"""Several processes' counters merged (``workers: N``) equal one process that saw every request;
+the concurrency integral is every request's time in the gateway."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -47,6 +49,14 @@ def test_merged_workers_equal_one_process(reqs: list[Request], later_s: float) -
         feed(part, [r for r in reqs if r[0] == w])
         parts.append(part.state())
     merged = ServiceStats.merged("svc", parts)
+    # The concurrency integral: every request's time in the gateway up to now, summed.
+    spent = sum(
+        min(at + latency, now) - at if completes else now - at
+        for _, at, latency, _, completes in reqs
+    )
+    for stats in (whole, merged):
+        area = stats.snapshot(now).concurrency_seconds_total
+        assert area == pytest.approx(spent, rel=1e-9, abs=1e-9)
     assert merged.arrivals_total == whole.arrivals_total
     assert merged.in_flight == whole.in_flight
     assert merged.codes == whole.codes
@@ -62,7 +72,10 @@ def test_a_retired_worker_keeps_its_counts_but_not_its_gauges() -> None:
         s.arrive(10.0)
         s.arrive(10.5)
         s.complete(200, 0.01, 10.6)
-    merged = ServiceStats.merged("svc", [live.state(), gone.state().retired()])
+    merged = ServiceStats.merged("svc", [live.state(), gone.state().retired(11.0)])
+    # the dead worker's request counts in the concurrency integral until it died (11.0)
+    area = merged.snapshot(12.0).concurrency_seconds_total
+    assert area == pytest.approx((0.6 + 1.5) + (0.6 + 0.5))  # 10.0-10.6 and 10.5-12 (11)
     assert merged.arrivals_total == 4
     assert merged.in_flight == 1  # the dead worker's request in flight is over
     assert merged.codes == {200: 2}

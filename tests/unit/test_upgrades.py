@@ -71,7 +71,9 @@ def test_an_upgraded_connection_stays_in_flight_until_it_closes() -> None:
     assert (stats.in_flight, stats.upgraded, stats.upgrades_total) == (1, 1, 1)
     assert stats.completions_total == 0
     assert sum(stats.latency_counts) == 1  # the handshake's latency, not the socket's life
-    stats.upgrade_closed()
+    stats.upgrade_closed(70.0)
     assert (stats.in_flight, stats.upgraded, stats.upgrades_total) == (0, 0, 1)
+    # in the gateway (the concurrency the scaler reads) for the socket's whole life
+    assert stats.snapshot(80.0).concurrency_seconds_total == pytest.approx(60.0)
     assert stats.codes == {101: 1}
     assert stats.arrivals_total - stats.completions_total == stats.in_flight

@@ -7,7 +7,10 @@
 * in flight, queued and rps are summed over the peers that answered;
 * ``*_total`` counters stay monotonic: each peer's increase since its last answer is added
   (a peer that restarted, whose counter went down, contributes its new value); a peer that does
-  not answer adds nothing this tick, and its past contribution is kept;
+  not answer adds nothing this tick, and its past contribution is kept.  The concurrency
+  integral (``concurrency_seconds_total``) too, except that a peer's first answer adds nothing
+  (its integral since it started is not time since the last tick), and it is merged only when
+  every peer that answered for the service keeps one;
 * latency percentiles and ready replicas take the largest value (conservative);
 * the merged snapshot's ``at`` is ``now`` on the caller's clock (peers' clocks differ).
 
@@ -30,6 +33,7 @@ from scaler.signals_json import SignalsFormatError, signals_from_json
 
 log = logging.getLogger(__name__)
 _COUNTERS = ("arrivals_total", "completions_total", "errors_total")
+_AREA = "concurrency_seconds_total"
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,8 +69,8 @@ class SignalMerger:
     """Pure merge of per-peer snapshots, with monotonic counters across peer churn."""
 
     def __init__(self) -> None:
-        self._last: dict[tuple[str, str, str], int] = {}
-        self._totals: dict[tuple[str, str], int] = {}
+        self._last: dict[tuple[str, str, str], float] = {}
+        self._totals: dict[tuple[str, str], float] = {}
 
     def merge(
         self, now: float, per_peer: Mapping[str, Sequence[ServiceSignals]]
@@ -82,6 +86,16 @@ class SignalMerger:
                     self._last[(peer, s.service, counter)] = value
                     key = (s.service, counter)
                     self._totals[key] = self._totals.get(key, 0) + increase
+                area = s.concurrency_seconds_total
+                if area is not None:
+                    previous_area = self._last.get((peer, s.service, _AREA))
+                    if previous_area is None:
+                        grown = 0.0
+                    else:
+                        grown = area if area < previous_area else area - previous_area
+                    self._last[(peer, s.service, _AREA)] = area
+                    key = (s.service, _AREA)
+                    self._totals[key] = self._totals.get(key, 0.0) + grown
         out = {}
         for service, snaps in by_service.items():
 
@@ -95,15 +109,20 @@ class SignalMerger:
                 at=now,
                 in_flight=sum(s.in_flight for s in snaps),
                 queued=sum(s.queued for s in snaps),
-                arrivals_total=self._totals[(service, "arrivals_total")],
-                completions_total=self._totals[(service, "completions_total")],
-                errors_total=self._totals[(service, "errors_total")],
+                arrivals_total=int(self._totals[(service, "arrivals_total")]),
+                completions_total=int(self._totals[(service, "completions_total")]),
+                errors_total=int(self._totals[(service, "errors_total")]),
                 rps=sum(s.rps for s in snaps),
                 latency_p50_s=biggest("latency_p50_s"),
                 latency_p99_s=biggest("latency_p99_s"),
                 ready_replicas=int(ready) if ready is not None else None,
                 cpu_seconds_total=biggest("cpu_seconds_total"),
                 cpu_throttled_seconds_total=biggest("cpu_throttled_seconds_total"),
+                concurrency_seconds_total=(
+                    self._totals.get((service, _AREA))
+                    if all(s.concurrency_seconds_total is not None for s in snaps)
+                    else None
+                ),
                 **merged_metrics(snaps),
             )
         return out
