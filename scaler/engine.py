@@ -65,12 +65,14 @@ class _Observed:
     """One tick's signals as arrays, with the services whose figures cannot be used.
 
     A figure the engine reads (``at``, ``in_flight``, ``queued``, ``arrivals_total``, ``rps``,
-    ``cpu_seconds_total``, ``cpu_throttled_seconds_total``) that is not a finite number >= 0
+    ``cpu_seconds_total``, ``cpu_throttled_seconds_total``, ``concurrency_seconds_total``) that
+    is not a finite number >= 0
     makes the whole snapshot *invalid*: that service is frozen, nothing of it enters a
     window or a rate, and the other services decide normally.
     """
 
     __slots__ = (
+        "area",
         "arrivals",
         "at",
         "cpu",
@@ -92,6 +94,7 @@ class _Observed:
         self.rps = columns["rps"]
         self.cpu = columns["cpu_seconds_total"]
         self.throttled = columns["cpu_throttled_seconds_total"]
+        self.area = columns["concurrency_seconds_total"]
         self.invalid = invalid
         self.given = given
         """A snapshot was handed in (else: missing)."""
@@ -125,7 +128,7 @@ class _Observed:
 
 
 _REQUIRED = ("in_flight", "queued", "arrivals_total", "rps")
-_OPTIONAL = ("cpu_seconds_total", "cpu_throttled_seconds_total")
+_OPTIONAL = ("cpu_seconds_total", "cpu_throttled_seconds_total", "concurrency_seconds_total")
 _NAMES = ("at", *_REQUIRED, *_OPTIONAL)
 _FIELDS = attrgetter(*_NAMES)
 _ABSENT = ServiceSignals("", -math.inf)
@@ -284,6 +287,11 @@ class Engine:
         """CPU used, averaged over the panic window (an exponential mean whose time constant
         is ``panic_window_s``): what the scale-down floor reads."""
         self._panic_s = arr([p.panic_window_s for p in pols])
+        self._area_at = nan.copy()
+        self._area = nan.copy()
+        self._conc_mean = nan.copy()
+        """Mean concurrency since the previous snapshot, from ``concurrency_seconds_total``
+        (NaN: the source keeps no integral, or it went back)."""
         self._thr_at = nan.copy()
         self._thr_total = nan.copy()
         self._thr_rate = nan.copy()
@@ -362,7 +370,12 @@ class Engine:
         kpa_tick = None
         ki = self.kpa_index
         if len(ki):
-            self.kpa.observe(now, value[ki], fresh[ki])
+            # The KPA's windows record concurrency as the mean since the previous snapshot
+            # where the gateway integrates it (as Knative's queue-proxy reports a mean per
+            # second), else the count now; the surge rule and CPU read the count now.
+            meant = ~self.is_rps & ~self.is_cpu & ~np.isnan(self._conc_mean)
+            windowed = np.where(meant, self._conc_mean, value)
+            self.kpa.observe(now, windowed[ki], fresh[ki])
             kpa_tick = self.kpa.recommend(
                 now,
                 capacity[ki],
@@ -655,7 +668,8 @@ class Engine:
         return wake
 
     def _rates(self, observed: _Observed, fresh: BoolArray) -> None:
-        """Arrival rate and CPU use from successive counters (counters going back restart)."""
+        """Arrival rate, mean concurrency and CPU use from successive counters (counters going
+        back restart)."""
         at = observed.at
         arrivals = observed.arrivals
         dt = at - self._arrivals_at
@@ -664,6 +678,14 @@ class Engine:
         self._rps = np.where(fresh, rate, self._rps)
         self._arrivals = np.where(fresh, arrivals, self._arrivals)
         self._arrivals_at = np.where(fresh, at, self._arrivals_at)
+        area = observed.area
+        has = fresh & ~np.isnan(area)
+        dt = at - self._area_at
+        good = has & (dt > 0) & (area >= self._area)
+        mean = np.where(good, (area - self._area) / np.where(good, dt, 1.0), math.nan)
+        self._conc_mean = np.where(fresh, mean, self._conc_mean)
+        self._area = np.where(has, area, self._area)
+        self._area_at = np.where(has, at, self._area_at)
         for prefix, total in (("_cpu", observed.cpu), ("_thr", observed.throttled)):
             has = fresh & ~np.isnan(total)  # (NaN here: not measured; bad values froze it)
             if not has.any():

@@ -505,6 +505,9 @@ class EventLoop:
                 tag, arrived = heappop(r.tags)
                 r.v = max(r.v, tag)
                 lats[j].append(tc - arrived)
+                mj = models[j]
+                mj.in_system_arrivals -= arrived
+                mj.residence_total_s += tc - arrived
                 conc[j] -= 1
                 if not r.tags and r.phase == DRAINING:
                     models[j].remove(r)
@@ -554,6 +557,7 @@ class EventLoop:
                         self._replica_wake(to, j, ta)
                     to.flow(ta)
                     heapq.heappush(to.tags, (to.v + m.works[i], ta))
+                    m.in_system_arrivals += ta
                     self._changed(to, j, ta)
                 elif adm.queue_max is not None and len(m.queue) >= adm.queue_max:
                     m.rejected_queue_full += 1  # 503 queue-full, at once
@@ -562,6 +566,7 @@ class EventLoop:
                         self._quiet(j, ta)
                 else:
                     m.queue.append((ta, m.works[i]))
+                    m.in_system_arrivals += ta
                 if conc[j] >= wake[j]:
                     stop = (m.name, ta)
                     t1 = ta

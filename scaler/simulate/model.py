@@ -174,6 +174,10 @@ class ServiceModel:
         """Requests waiting in the gateway: (arrival time, CPU-seconds)."""
         self.arrivals_total = 0
         self.completions_total = 0
+        self.in_system_arrivals = 0.0
+        """Sum of the arrival times of the requests in the system (queued or in flight)."""
+        self.residence_total_s = 0.0
+        """Time spent in the system by the requests that left it (served or timed out)."""
         self.removed_cpu_s = 0.0
         self.removed_throttled_s = 0.0
         self.desired_cores = 0.0
@@ -242,7 +246,9 @@ class ServiceModel:
         queue, limit = self.queue, self.admission.queue_timeout_s
         n = 0
         while queue and t - queue[0][0] >= limit:
-            queue.popleft()
+            arrived, _ = queue.popleft()
+            self.in_system_arrivals -= arrived
+            self.residence_total_s += limit  # it left when it timed out
             n += 1
         self.rejected_timeout += n
         return n
@@ -299,6 +305,11 @@ class ServiceModel:
             self.removed_cpu_s + cpu_s,
             self.removed_throttled_s + throttled_s,
             self._app_values(now) if self.app else None,
+            None,  # latency_counts
+            None,  # latency_bounds_s
+            # concurrency_seconds_total: the time every request has spent in the system so
+            # far (those gone, plus the age of those still in it), as the gateway counts it
+            self.residence_total_s + (in_flight + len(self.queue)) * now - self.in_system_arrivals,
         )
 
     def _app_values(self, now: float) -> dict[str, float]:

@@ -757,3 +757,46 @@ def test_under_share_a_service_its_cores_hold_back_runs_one_replica_more() -> No
     assert "one more than its cores fill at full size" in " ".join(grown.reasons)
     assert grown.replicas * grown.cpu_per_replica_cores <= 8.0
     assert {d.replicas for d in _cpu_bound_backlog("limit", 70, auth=(12, 1.7))} == {3}
+
+
+def test_the_kpa_windows_record_the_mean_concurrency_between_snapshots() -> None:
+    """Where the gateway integrates concurrency over time, the windows record its mean since
+    the previous snapshot (as Knative's queue-proxy reports a mean), not the count at one
+    instant; without the integral, the count now.  The surge rule reads the count now."""
+    engine = Engine({"api": policy(max_replicas=8)}, BudgetConfig(cpu=8))
+    plain = Engine({"api": policy(max_replicas=8)}, BudgetConfig(cpu=8))
+    states: dict[str, ServiceState] = {}
+    plain_states: dict[str, ServiceState] = {}
+    area = 0.0
+    for t in range(12):
+        # 2 requests in the system on average over each second, sampled at a peak of 10
+        area += 2.0
+        signals = {
+            "api": ServiceSignals("api", float(t), in_flight=10, concurrency_seconds_total=area)
+        }
+        d = engine.tick(float(t), signals, states)["api"]
+        states = applied({"api": d})
+        plain_signals = {"api": ServiceSignals("api", float(t), in_flight=10)}
+        p = plain.tick(float(t), plain_signals, plain_states)["api"]
+        plain_states = applied({"api": p})
+    # The first snapshot has no mean yet (its count, 10); then 2 a second.
+    assert d.inputs["panic"] == pytest.approx(2.0)
+    assert p.inputs["panic"] == pytest.approx(10.0)
+    assert d.inputs["stable"] == pytest.approx((10.0 + 2.0 * 11) / 12)
+    assert p.inputs["stable"] == pytest.approx(10.0)
+    # An integral that goes back (the source restarted) counts the snapshot's count once.
+    signals = {"api": ServiceSignals("api", 12.0, in_flight=10, concurrency_seconds_total=1.0)}
+    d = engine.tick(12.0, signals, states)["api"]
+    assert d.inputs["panic"] == pytest.approx((2.0 * 5 + 10.0) / 6)
+
+
+def test_a_bad_concurrency_integral_freezes_only_its_service() -> None:
+    engine = Engine({"a": policy(), "b": policy()}, BudgetConfig(cpu=2))
+    signals = {
+        "a": ServiceSignals("a", 1.0, in_flight=5, concurrency_seconds_total=math.nan),
+        "b": ServiceSignals("b", 1.0, in_flight=5, concurrency_seconds_total=3.0),
+    }
+    d = engine.tick(1.0, signals, {})
+    assert d["a"].rule == "frozen: invalid signals"
+    assert any("concurrency_seconds_total=nan" in r for r in d["a"].reasons)
+    assert not d["b"].rule.startswith("frozen")

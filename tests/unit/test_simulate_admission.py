@@ -192,3 +192,17 @@ def test_every_arrival_is_served_rejected_or_still_waiting(
         assert accounted == result.arrivals[n]
         if a.queue_max is None and a.queue_timeout_s == math.inf:
             assert result.rejected[n] == 0  # an unbounded queue turns nobody away
+
+
+def test_the_concurrency_integral_is_every_requests_time_in_the_gateway() -> None:
+    """As the gateway counts it: served requests for their latency, requests rejected by a
+    timeout for their wait, those rejected at once for nothing, the rest for their age."""
+    loop, m = one_replica(THREE, UNBOUNDED)
+    loop.run(0.5)
+    assert m.signals(0.5).concurrency_seconds_total == pytest.approx(0.5 + 0.4 + 0.3)
+    loop, m = one_replica(THREE, Admission(slots_per_replica=1, queue_max=1))
+    loop.run(10.0)
+    assert m.signals(10.0).concurrency_seconds_total == pytest.approx(1.0 + 1.9)
+    loop, m = one_replica(THREE, Admission(slots_per_replica=1, queue_timeout_s=1.5))
+    loop.run(10.0)
+    assert m.signals(10.0).concurrency_seconds_total == pytest.approx(1.0 + 1.9 + 1.5)
