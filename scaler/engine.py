@@ -146,6 +146,16 @@ def invalid_fields(signals: ServiceSignals) -> list[str]:
     return out
 
 
+def _per_second(
+    total: FloatArray, previous: FloatArray, dt: FloatArray, has: BoolArray
+) -> tuple[BoolArray, FloatArray]:
+    """A monotonic counter's increase per second since its previous reading, where ``has`` and
+    the counter moved forward in time and value (``good``); NaN elsewhere (a counter that went
+    back restarted)."""
+    good = has & (dt > 0) & (total >= previous)
+    return good, np.where(good, (total - previous) / np.where(good, dt, 1.0), math.nan)
+
+
 class _Peaks:
     """Per service, the most replicas recommended (and run) over the last ``delay`` seconds (a sliding max
     in ``_SLOTS - 1`` to ``_SLOTS`` buckets of ``delay / (_SLOTS - 1)`` seconds)."""
@@ -672,17 +682,13 @@ class Engine:
         back restart)."""
         at = observed.at
         arrivals = observed.arrivals
-        dt = at - self._arrivals_at
-        ok = fresh & (dt > 0) & (arrivals >= self._arrivals)
-        rate = np.where(ok, (arrivals - self._arrivals) / np.where(ok, dt, 1.0), observed.rps)
-        self._rps = np.where(fresh, rate, self._rps)
+        ok, rate = _per_second(arrivals, self._arrivals, at - self._arrivals_at, fresh)
+        self._rps = np.where(fresh, np.where(ok, rate, observed.rps), self._rps)
         self._arrivals = np.where(fresh, arrivals, self._arrivals)
         self._arrivals_at = np.where(fresh, at, self._arrivals_at)
         area = observed.area
         has = fresh & ~np.isnan(area)
-        dt = at - self._area_at
-        good = has & (dt > 0) & (area >= self._area)
-        mean = np.where(good, (area - self._area) / np.where(good, dt, 1.0), math.nan)
+        _, mean = _per_second(area, self._area, at - self._area_at, has)
         self._conc_mean = np.where(fresh, mean, self._conc_mean)
         self._area = np.where(has, area, self._area)
         self._area_at = np.where(has, at, self._area_at)
@@ -693,8 +699,7 @@ class Engine:
             prev_at = getattr(self, prefix + "_at")
             prev_total = getattr(self, prefix + "_total")
             dt = at - prev_at
-            good = has & (dt > 0) & (total >= prev_total)
-            per_s = np.where(good, (total - prev_total) / np.where(good, dt, 1.0), math.nan)
+            good, per_s = _per_second(total, prev_total, dt, has)
             rate_attr = "_cpu_used" if prefix == "_cpu" else "_thr_rate"
             setattr(self, rate_attr, np.where(has, per_s, getattr(self, rate_attr)))
             if prefix == "_cpu":
