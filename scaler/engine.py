@@ -274,7 +274,10 @@ class Engine:
             adds_need_panic=budget.arbitration != "independent",
             surge_panics=budget.arbitration != "independent" and budget.enforcement == "share",
         )
-        self._is_kpa: BoolArray = np.array([p.mode == "kpa" for p in pols], dtype=bool)
+        is_kpa = np.array([p.mode == "kpa" for p in pols], dtype=bool)
+        self._cpu_floored: BoolArray = is_kpa | (budget.arbitration != "independent")
+        """Services whose scale-down stops where their measured CPU says: KPA mode, and HPA
+        mode under shared arbitration."""
         self.hpa_index = np.array(
             [i for i, p in enumerate(pols) if p.mode == "hpa"], dtype=np.int64
         )
@@ -438,9 +441,12 @@ class Engine:
         # back) within the KPA's target utilisation (concurrency falls when capacity is
         # added; it comes back when capacity is taken away).  Not one tick's use: over an
         # early tick's fraction of a second it reads every replica busy, and held by
-        # scale_down_delay_s that would keep replicas the load never needs.
+        # scale_down_delay_s that would keep replicas the load never needs.  HPA mode too under
+        # shared arbitration: there its ratio counts the reference replicas of the cores it was
+        # granted, so while the budget grants less than its replicas could use, a ratio within
+        # tolerance hides replicas that are all busy.  `independent` keeps the HPA as it is.
         used = self._cpu_mean
-        measured = self._is_kpa & ~np.isnan(used) & (recommended > 0) & (recommended < cur_r)
+        measured = self._cpu_floored & ~np.isnan(used) & (recommended > 0) & (recommended < cur_r)
         cpu_kept = np.zeros(n, dtype=bool)
         if measured.any():
             need = np.ceil(

@@ -595,23 +595,34 @@ def test_under_share_serving_replicas_keep_cpu_min_while_another_service_bursts(
     assert during["burst"].allocated_cores == pytest.approx(1.8)
 
 
-def _settle(cpu_measured: bool, noisy: bool = False) -> Decision:
-    """6 replicas of 1 core serving 8 in flight, then the load settles at 2.4 cores used with
-    2 in flight (processor sharing: more capacity, less concurrency); ``noisy``: a second at
+def _settle(
+    cpu_measured: bool, noisy: bool = False, mode: str = "kpa", arbitration: str = "shared"
+) -> Decision:
+    """6 replicas of 1 core serving 8 in flight (12 in HPA mode), then the load settles at 2.4
+    cores used with 2 in flight (processor sharing: more capacity, less concurrency); ``noisy``: a second at
     4.4 cores after each at 0.4 (the same mean)."""
     engine = Engine(
-        {"api": policy(target=2, max_replicas=8, cpu={"min": 0.25, "max": 1.0, "request": 1.0})},
-        BudgetConfig(cpu=8, enforcement="share"),
+        {
+            "api": policy(
+                mode=mode,
+                target=2,
+                max_replicas=8,
+                cpu={"min": 0.25, "max": 1.0, "request": 1.0},
+            )
+        },
+        BudgetConfig(cpu=8, enforcement="share", arbitration=arbitration),
     )
     states: dict[str, ServiceState] = {}
     used = 0.0
     d: dict[str, Decision] = {}
-    for t in range(500):
+    # HPA mode: its scale-down stabilization (300 s), then scale_down_delay_s (300 s)
+    for t in range(500 if mode == "kpa" else 800):
         used += 4.0 if t < 100 else (2.4 + (2.0 if t % 2 else -2.0)) if noisy else 2.4
         sig = ServiceSignals(
             "api",
             float(t),
-            in_flight=8 if t < 100 else 2,
+            # 6 replicas either way: the KPA aims at 2 × 0.7 per replica, the HPA at 2
+            in_flight=(8 if mode == "kpa" else 12) if t < 100 else 2,
             cpu_seconds_total=used if cpu_measured else None,
         )
         d = engine.tick(float(t), {"api": sig}, states)
@@ -631,6 +642,16 @@ def test_scale_down_stops_where_the_measured_cpu_would_pass_the_target_utilisati
         for r in kept.reasons
     )
     assert _settle(cpu_measured=False).replicas < 4  # without it the windows alone decide
+
+
+def test_under_shared_arbitration_hpa_mode_scales_down_no_further_than_its_measured_cpu() -> None:
+    # HPA mode's ratio counts the reference replicas of the cores granted; a ratio within
+    # tolerance can hide replicas that are all busy, so the measured CPU floors it too
+    kept = _settle(cpu_measured=True, mode="hpa")
+    assert kept.replicas == 4
+    assert any("the 2.40 cores it used over the panic window need them" in r for r in kept.reasons)
+    # one HPA per service (the baseline) is Kubernetes' HPA as it is: its metric alone
+    assert _settle(cpu_measured=True, mode="hpa", arbitration="independent").replicas < 4
 
 
 def test_the_scale_down_floor_reads_the_panic_window_not_one_tick() -> None:
