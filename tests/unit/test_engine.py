@@ -599,8 +599,8 @@ def _settle(
     cpu_measured: bool, noisy: bool = False, mode: str = "kpa", arbitration: str = "shared"
 ) -> Decision:
     """6 replicas of 1 core serving 8 in flight (12 in HPA mode), then the load settles at 2.4
-    cores used with 2 in flight (processor sharing: more capacity, less concurrency); ``noisy``: a second at
-    4.4 cores after each at 0.4 (the same mean)."""
+    cores used with 2 in flight (processor sharing: more capacity, less concurrency);
+    ``noisy``: a second at 4.4 cores after each at 0.4 (the same mean)."""
     engine = Engine(
         {
             "api": policy(
