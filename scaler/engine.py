@@ -21,7 +21,8 @@ could use beyond it (warm replicas, bigger replicas) is soft demand, served from
 The arbiter (``scaler.arbiter``) turns all demands into allocations under the budget, and
 each allocation is given to the replicas (``size_arrays``): new replicas start only on CPU
 the service surely keeps (under ``share``: or into idle CPU, once its ready replicas have
-been full for a panic window); under ``share`` serving replicas keep ``cpu.min`` each.
+been full for a panic window, or hold a backlog they would take one to drain); under
+``share`` serving replicas keep ``cpu.min`` each.
 
 Every per-service quantity lives in a numpy array indexed like the policies, so one tick is
 a few dozen array operations whatever the number of services; each decision renders its
@@ -64,8 +65,8 @@ _NOT_FROZEN, _MISSING, _STALE, _NO_DATA, _INVALID = 0, 1, 2, 3, 4
 class _Observed:
     """One tick's signals as arrays, with the services whose figures cannot be used.
 
-    A figure the engine reads (``at``, ``in_flight``, ``queued``, ``arrivals_total``, ``rps``,
-    ``cpu_seconds_total``, ``cpu_throttled_seconds_total``, ``concurrency_seconds_total``) that
+    A figure the engine reads (``at``, ``in_flight``, ``queued``, ``arrivals_total``,
+    ``completions_total``, ``rps``, ``cpu_seconds_total``, ``cpu_throttled_seconds_total``, ``concurrency_seconds_total``) that
     is not a finite number >= 0
     makes the whole snapshot *invalid*: that service is frozen, nothing of it enters a
     window or a rate, and the other services decide normally.
@@ -75,6 +76,7 @@ class _Observed:
         "area",
         "arrivals",
         "at",
+        "completions",
         "cpu",
         "given",
         "in_flight",
@@ -91,6 +93,7 @@ class _Observed:
         self.in_flight = columns["in_flight"]
         self.queued = columns["queued"]
         self.arrivals = columns["arrivals_total"]
+        self.completions = columns["completions_total"]
         self.rps = columns["rps"]
         self.cpu = columns["cpu_seconds_total"]
         self.throttled = columns["cpu_throttled_seconds_total"]
@@ -127,7 +130,7 @@ class _Observed:
         return cls(columns, bad & given, given)
 
 
-_REQUIRED = ("in_flight", "queued", "arrivals_total", "rps")
+_REQUIRED = ("in_flight", "queued", "arrivals_total", "completions_total", "rps")
 _OPTIONAL = ("cpu_seconds_total", "cpu_throttled_seconds_total", "concurrency_seconds_total")
 _NAMES = ("at", *_REQUIRED, *_OPTIONAL)
 _FIELDS = attrgetter(*_NAMES)
@@ -293,6 +296,10 @@ class Engine:
         self._arrivals_at = nan.copy()
         self._arrivals = np.zeros(n)
         self._rps = np.zeros(n)
+        self._done = np.zeros(n)
+        """The completions counter at the latest fresh snapshot."""
+        self._full_done = np.zeros(n)
+        """Requests completed when each service's ready replicas became full."""
         self._cpu_at = nan.copy()
         self._cpu_total = nan.copy()
         self._cpu_used = nan.copy()
@@ -313,6 +320,8 @@ class Engine:
         """Last tick's cores from the arbiter, before sizing (what the work was granted)."""
         self._full_since = nan.copy()
         """Since when each service's ready replicas have been full (NaN: not now)."""
+        self._full_for: tuple[FloatArray, FloatArray] = (nan.copy(), np.zeros(n))
+        """This tick's seconds full so far and seconds the backlog keeps them full."""
 
     def __repr__(self) -> str:
         return (
@@ -518,7 +527,11 @@ class Engine:
                 # share the serving replicas' CPU while it starts.
                 claimed=np.maximum(np.maximum(self.fair, self._granted), cur_r * self.unit),
                 usable=(
-                    np.where(weighted, self._usable(now, previous, frozen, (cur_r, ready)), 0.0)
+                    np.where(
+                        weighted,
+                        self._usable(now, previous, frozen, (cur_r, ready), concurrency),
+                        0.0,
+                    )
                     if self.share
                     else None
                 ),
@@ -576,6 +589,7 @@ class Engine:
             wake=wake,
             metrics=verdicts,
             capped=frozenset(np.flatnonzero(~weighted).tolist()) if self.share else frozenset(),
+            full_for=self._full_for if self.share else None,
         )
         rules = rule_names(
             kpa_tick, self.kpa_index, frozen_code, n, hpa=hpa_tick, hpa_index=self.hpa_index
@@ -692,6 +706,7 @@ class Engine:
         self._rps = np.where(fresh, np.where(ok, rate, observed.rps), self._rps)
         self._arrivals = np.where(fresh, arrivals, self._arrivals)
         self._arrivals_at = np.where(fresh, at, self._arrivals_at)
+        self._done = np.where(fresh, observed.completions, self._done)
         area = observed.area
         has = fresh & ~np.isnan(area)
         _, mean = _per_second(area, self._area, at - self._area_at, has)
@@ -764,6 +779,7 @@ class Engine:
         previous: FloatArray,
         frozen: BoolArray,
         state: tuple[IntArray, FloatArray],
+        concurrency: FloatArray,
     ) -> FloatArray:
         """Share: the cores a service whose replicas have been the limit for a panic window
         could use now -- its use last tick plus the node's idle CPU (a service whose CPU is
@@ -775,7 +791,11 @@ class Engine:
         ready replicas have been full (using more than the target utilisation of their
         ``cpu.max``) for its panic window -- a backlog its replicas cannot drain, not a cold
         start's backlog, drained by then -- may add the replicas its recommendation asks for
-        as far as this fills them at full size.  Replicas still starting do not restart the
+        as far as this fills them at full size.  So may one whose full ready replicas hold
+        a backlog they would take a whole panic window to drain (the requests in the system
+        ÷ the rate the replicas have completed them since they became full, measured over a
+        second at least): a flash crowd's replicas start a second after it is seen, not a
+        window later; a cold start's backlog, smaller, still waits.  Replicas still starting do not restart the
         clock: they are capacity on its way (counted in the replicas it has, each to take a
         full replica's share of the idle CPU), and restarting it would add one replica per
         start-up plus a window."""
@@ -794,7 +814,17 @@ class Engine:
         self._full_since = np.where(
             full, np.where(np.isnan(self._full_since), now, self._full_since), np.nan
         )
-        lasting = full & (now - self._full_since >= self._panic_s - _EPS)
+        # Or full with a backlog the ready replicas would take a whole panic window to drain
+        # at the rate they have completed requests since they became full (measured over a
+        # second at least): a flash crowd's, not a cold start's.
+        full_for = now - self._full_since
+        self._full_done = np.where(full_for == 0.0, self._done, self._full_done)
+        span = np.where(full_for >= 1.0 - _EPS, full_for, math.inf)
+        rate = (self._done - self._full_done) / span
+        drain = np.where(rate > 0, concurrency / np.where(rate > 0, rate, 1.0), 0.0)
+        self._full_for = (full_for, drain)  # fresh arrays each tick: the decisions' reasons
+        window = self._panic_s - _EPS
+        lasting = full & ((full_for >= window) | (drain >= window))
         return np.where(lasting, used + spare, 0.0)
 
     def _replicas_for(self, wanted: IntArray) -> IntArray:

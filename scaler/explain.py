@@ -132,6 +132,9 @@ class TickView:
     capped: frozenset[int] = frozenset()
     """Under share, the services the platform holds at their decided CPU (decided as under
     limit)."""
+    full_for: tuple[Floats, Floats] | None = None
+    """Under share, per service: seconds its ready replicas have been full (NaN: not full),
+    and the seconds its backlog keeps them full at the rate they complete it."""
     rules: list[str] = field(default_factory=list)
     """The rule that fired, per service (the decisions' ``rule``)."""
     _flows: dict[str, tuple[str, ...]] | None = None
@@ -272,11 +275,14 @@ class TickView:
         elif note == 10:
             trace.step("split.one_more", replicas=r, wanted=int(self.run[i]))
         elif note == 9:
+            full, drain = self.full_for if self.full_for is not None else (self.used, self.used)
             trace.step(
                 "split.into_idle",
                 replicas=r,
                 wanted=int(self.run[i]),
                 used=float(self.used[i]),
+                full_s=float(full[i]),
+                drain_s=float(drain[i]),
                 window_s=float(e._panic_s[i]),
             )
         held = float(self.soft[i])

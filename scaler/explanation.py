@@ -249,8 +249,9 @@ TEMPLATES: dict[str, str] = {
     ),
     "split.into_idle": (
         "starts replicas into idle CPU ({replicas} of the {wanted} it wants): its ready "
-        "replicas have been full for {window_s:g} s (it used {used:.2f} cores) and a "
-        "starting replica holds a weight, not CPU (share)"
+        "replicas have been full for {full_s:.1f} s (it used {used:.2f} cores), with work in "
+        "the system they take {drain_s:.1f} s to drain at the rate they complete it (panic "
+        "window {window_s:g} s); a starting replica holds a weight, not CPU (share)"
     ),
     "soft_hold": (
         "its replicas could use {held:.2f} cores; the {spare:.2f} beyond what the load needs "

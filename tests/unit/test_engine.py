@@ -669,12 +669,15 @@ def _cpu_bound_backlog(
     max_replicas: int = 4,
     starting: int = 0,
     capped: bool = False,
+    backlog: tuple[float, float, float] = (200, 0, 0),
 ) -> list[Decision]:
     """A CPU-bound service with a backlog (3 replicas of 2 cores, all full) beside a service
     allocated more than it uses (headroom; ``auth``: its requests in flight and the cores it
     uses): by default 1.15 of the 8 cores sit idle.  ``starting``: render also has this many
     replicas starting, and no replica past the first 3 ever becomes ready.  ``capped``: the
-    platform reports render's replicas held at their decided CPU (``cpu_capped``)."""
+    platform reports render's replicas held at their decided CPU (``cpu_capped``).
+    ``backlog``: render's requests in the system at t=0, their change per second, and the
+    requests it completes per second (0: the source reports no completions)."""
     engine = Engine(
         {
             "render": policy(
@@ -692,12 +695,17 @@ def _cpu_bound_backlog(
     }
     used = {"render": 0.0, "auth": 0.0}
     out: list[Decision] = []
+    in_system, growth, completing = backlog
     for t in range(seconds):
         used["render"] += 5.85  # its three ready replicas, full
         used["auth"] += auth[1]
         signals = {
             "render": ServiceSignals(
-                "render", float(t), in_flight=200, cpu_seconds_total=used["render"]
+                "render",
+                float(t),
+                in_flight=max(0, round(in_system + growth * t)),
+                completions_total=round(completing * t),
+                cpu_seconds_total=used["render"],
             ),
             "auth": ServiceSignals(
                 "auth", float(t), in_flight=auth[0], cpu_seconds_total=used["auth"]
@@ -745,6 +753,37 @@ def test_under_share_a_cpu_bound_backlog_adds_a_replica_into_idle_cpu() -> None:
     grown = _cpu_bound_backlog("share", 20)[7]
     assert "starts replicas into idle CPU (4 of the 4 it wants)" in " ".join(grown.reasons)
     assert {d.replicas for d in _cpu_bound_backlog("limit", 70)} == {3}
+
+
+def test_under_share_a_backlog_that_outlasts_the_panic_window_adds_replicas_at_once() -> None:
+    # 200 requests in the system, completed at 30 a second: the three ready replicas would
+    # take 6.7 s to drain them, more than the panic window (6 s), so once that rate has been
+    # measured over a second of being full (t=2; t=1 is the first tick with a CPU rate) the
+    # 4th replica starts into idle CPU -- not at t=7, a whole window of full replicas later.
+    # Replicas on their way do not shorten it.  Under limit the cores alone decide.
+    decisions = _cpu_bound_backlog("share", 10, backlog=(200, 0, 30))
+    share = [d.replicas for d in decisions]
+    assert share[:2] == [3, 3] and share[2:] == [4] * 8
+    assert (
+        "starts replicas into idle CPU (4 of the 4 it wants): its ready replicas have been "
+        "full for 1.0 s (it used 5.85 cores), with work in the system they take 6.7 s to "
+        "drain at the rate they complete it (panic window 6 s)"
+    ) in " ".join(decisions[2].reasons)
+    assert {d.replicas for d in _cpu_bound_backlog("limit", 10, backlog=(200, 0, 30))} == {3}
+    on_way = _cpu_bound_backlog(
+        "share", 6, cpu=10, max_replicas=6, starting=1, backlog=(200, 0, 30)
+    )
+    assert [d.replicas for d in on_way] == [4, 4, 5, 5, 5, 5]
+
+
+def test_under_share_a_backlog_that_drains_within_the_panic_window_waits_for_it() -> None:
+    # 60 requests in the system, falling by 20 a second while 30 a second complete: a cold
+    # start's backlog, drained well within the window.  The replicas stay full here (the
+    # harness keeps their CPU use up), so the time rule alone adds the 4th, at t=7, as when
+    # no completions are reported.
+    share = [d.replicas for d in _cpu_bound_backlog("share", 10, backlog=(60, -20, 30))]
+    assert share[:7] == [3] * 7 and share[7:] == [4] * 3
+    assert [d.replicas for d in _cpu_bound_backlog("share", 10)] == share
 
 
 def test_under_share_a_replica_still_starting_does_not_restart_the_full_window() -> None:

@@ -73,6 +73,7 @@ BAD_FIELDS = (
     "in_flight",
     "queued",
     "arrivals_total",
+    "completions_total",
     "rps",
     "cpu_seconds_total",
     "cpu_throttled_seconds_total",
@@ -232,6 +233,7 @@ def signals_of(
     now = float(t)
     load = seg.load
     counters["arrivals"] += int(load)
+    counters["done"] += int(load) // 2  # completions lag arrivals: a backlog that drains slowly
     if work.cpu_per_request is not None:
         counters["cpu"] += load * work.cpu_per_request
     cpu = counters["cpu"] if work.cpu_per_request is not None else None
@@ -240,6 +242,7 @@ def signals_of(
         "in_flight": int(load),
         "queued": int(load) % 4,
         "arrivals_total": int(counters["arrivals"]),
+        "completions_total": int(counters["done"]),
         "rps": load,
         "cpu_seconds_total": cpu,
     }
@@ -265,7 +268,7 @@ def run_closed_loop(scenario: Scenario) -> None:
     pols, budget, work = scenario
     engine = Engine(pols, budget)
     states: dict[str, ServiceState] = {}
-    counters = {name: {"arrivals": 0.0, "cpu": 0.0} for name in pols}
+    counters = {name: {"arrivals": 0.0, "done": 0.0, "cpu": 0.0} for name in pols}
     for t in range(TICKS):
         segs = {name: work[name].at(t) for name in pols}
         signals = {}
@@ -377,7 +380,7 @@ def test_an_invalid_figure_freezes_only_its_service(
         bad_value = math.nan  # a negative time is merely old
     engine = Engine(pols, budget)
     states: dict[str, ServiceState] = {}
-    counters = {name: {"arrivals": 0.0, "cpu": 0.0} for name in pols}
+    counters = {name: {"arrivals": 0.0, "done": 0.0, "cpu": 0.0} for name in pols}
     for t in range(40):
         signals: dict[str, ServiceSignals] = {}
         for name in names:
