@@ -66,9 +66,9 @@ class _Observed:
     """One tick's signals as arrays, with the services whose figures cannot be used.
 
     A figure the engine reads (``at``, ``in_flight``, ``queued``, ``arrivals_total``,
-    ``completions_total``, ``rps``, ``cpu_seconds_total``, ``cpu_throttled_seconds_total``, ``concurrency_seconds_total``) that
-    is not a finite number >= 0
-    makes the whole snapshot *invalid*: that service is frozen, nothing of it enters a
+    ``completions_total``, ``rps``, ``cpu_seconds_total``, ``cpu_throttled_seconds_total``,
+    ``concurrency_seconds_total``) that is not a finite number >= 0 makes the whole snapshot
+    *invalid*: that service is frozen, nothing of it enters a
     window or a rate, and the other services decide normally.
     """
 
@@ -321,7 +321,8 @@ class Engine:
         self._full_since = nan.copy()
         """Since when each service's ready replicas have been full (NaN: not now)."""
         self._full_for: tuple[FloatArray, FloatArray] = (nan.copy(), np.zeros(n))
-        """This tick's seconds full so far and seconds the backlog keeps them full."""
+        """This tick's seconds full so far, and seconds the ready replicas take to drain the
+        work in the system at the rate they complete it (0: not measured)."""
 
     def __repr__(self) -> str:
         return (
@@ -794,9 +795,10 @@ class Engine:
         as far as this fills them at full size.  So may one whose full ready replicas hold
         a backlog they would take a whole panic window to drain (the requests in the system
         ÷ the rate the replicas have completed them since they became full, measured over a
-        second at least): a flash crowd's replicas start a second after it is seen, not a
-        window later; a cold start's backlog, smaller, still waits.  Replicas still starting do not restart the
-        clock: they are capacity on its way (counted in the replicas it has, each to take a
+        second at least): a crowd well beyond what they complete starts replicas seconds
+        after it is seen, not a window later.  (Completions lag the CPU a growing backlog's
+        requests share, so a fast-growing cold start's backlog can qualify too.)  Replicas
+        still starting do not restart the clock: they are capacity on its way (counted in the replicas it has, each to take a
         full replica's share of the idle CPU), and restarting it would add one replica per
         start-up plus a window."""
         cur_r, ready = state
@@ -816,7 +818,7 @@ class Engine:
         )
         # Or full with a backlog the ready replicas would take a whole panic window to drain
         # at the rate they have completed requests since they became full (measured over a
-        # second at least): a flash crowd's, not a cold start's.
+        # second at least).
         full_for = now - self._full_since
         self._full_done = np.where(full_for == 0.0, self._done, self._full_done)
         span = np.where(full_for >= 1.0 - _EPS, full_for, math.inf)

@@ -134,7 +134,7 @@ class TickView:
     limit)."""
     full_for: tuple[Floats, Floats] | None = None
     """Under share, per service: seconds its ready replicas have been full (NaN: not full),
-    and the seconds its backlog keeps them full at the rate they complete it."""
+    and the seconds they take to drain the work in the system at the rate they complete it."""
     rules: list[str] = field(default_factory=list)
     """The rule that fired, per service (the decisions' ``rule``)."""
     _flows: dict[str, tuple[str, ...]] | None = None
@@ -275,7 +275,8 @@ class TickView:
         elif note == 10:
             trace.step("split.one_more", replicas=r, wanted=int(self.run[i]))
         elif note == 9:
-            full, drain = self.full_for if self.full_for is not None else (self.used, self.used)
+            assert self.full_for is not None  # replicas into idle CPU: share only
+            full, drain = self.full_for
             trace.step(
                 "split.into_idle",
                 replicas=r,
