@@ -181,10 +181,17 @@ def arbitrate_arrays(
     hysteresis_cores: float,
     hysteresis_ratio: float,
     soft: FloatArray | None = None,
+    yielding: BoolArray | None = None,
+    claim: FloatArray | None = None,
 ) -> tuple[FloatArray, FloatArray, FloatArray]:
     """Shared arbitration (see the module docstring) on arrays.
 
-    ``hold``: cores a frozen service keeps (its replicas × cpu.min), floors permitting.
+    ``hold``: cores a service keeps (its serving replicas × cpu.min), floors permitting.
+    Where ``yielding`` is set (a service deciding normally, not frozen) its hold also gives
+    way to the others' reclaim: every service gets ``min(demand, claim)`` (``claim``: by
+    default its fair share) before a hold keeps more than its holder's own -- a replica kept
+    at ``cpu.min`` never takes what another may claim (a frozen service's hold yields to
+    floors only).
     ``soft``: demand beyond ``demand`` that is only served from what is left once every
     ``demand`` is met (a panicking service's held replicas: it keeps them, but their CPU is
     lent while its load is lower, and comes back in one tick when the load returns).
@@ -194,6 +201,17 @@ def arbitrate_arrays(
     guarantee = np.maximum(minimum, np.minimum(demand, floor))
     low = np.where(hold > guarantee, np.minimum(hold, np.maximum(demand, guarantee)), guarantee)
     taken = np.zeros_like(low)
+    if yielding is not None and yielding.any():
+        # The others' reclaim first: what the services below min(demand, claim) need beyond
+        # the CPU the lows leave free comes out of the yielding holds above their holders'
+        # own min(demand, claim), in proportion.
+        entitled = np.maximum(guarantee, np.minimum(demand, fair if claim is None else claim))
+        short = float(np.maximum(entitled - low, 0.0).sum())
+        need = short - (budget - float(low.sum()))
+        spare = np.where(yielding, np.maximum(low - entitled, 0.0), 0.0)
+        total = float(spare.sum())
+        if need > _EPS and total > _EPS:
+            low = low - spare * min(1.0, need / total)
     excess = float(low.sum()) - budget
     if excess > 0:
         # Frozen holds give way to floors, in order.

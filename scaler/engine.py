@@ -480,11 +480,12 @@ class Engine:
         demand, hold = self._demand(
             run, load, (now_load > 0) & (value >= 0), value, (cur_r, cur_cpu, frozen)
         )
-        if self.share:
-            # Under share a replica's decided CPU is a weight: the replicas a service keeps
-            # serving keep cpu.min each (floors permitting) instead of being removed for
-            # another service's burst -- the kernel already gives that burst its entitlement.
-            hold = np.where(frozen | ~weighted, hold, np.minimum(run, cur_r) * self.cpu_min)
+        # The replicas a service keeps serving keep cpu.min each instead of being removed for
+        # another service's burst, as far as the others' floors and claims leave room (the
+        # arbiter's ``yielding``/``claim`` below): under share the kernel gives that burst
+        # its entitlement in any case (the decided CPU is a weight); under limit the burst's
+        # fair share comes first.  A frozen service's hold gives way to floors only.
+        hold = np.where(frozen, hold, np.minimum(run, cur_r) * self.cpu_min)
         # CPU the replicas could use beyond the load's demand: served from spare CPU only.
         soft = np.where(frozen, demand, np.minimum(run * self.cpu_max, self.cap))
         soft = np.maximum(soft, demand)
@@ -509,6 +510,12 @@ class Engine:
                 hysteresis_cores=self.hysteresis_cores,
                 hysteresis_ratio=self.hysteresis_ratio,
                 soft=soft,
+                yielding=~frozen,
+                # Under share a weighted service's entitlement comes from the kernel through
+                # its replicas: the others' held replicas yield to it only what runs one
+                # replica at full size (none at all would lock it out); under limit the
+                # decided CPU is the cap, so they yield its fair share.
+                claim=np.where(weighted, np.minimum(self.fair, self.unit), self.fair),
             )
             replicas, cpu, split_note = size_arrays(
                 cores,

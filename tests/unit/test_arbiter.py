@@ -265,6 +265,38 @@ def test_hysteresis_holds_a_borrower_against_small_wiggles_but_never_a_guarantee
     assert cores.tolist() == pytest.approx([1.0, 1.0])
 
 
+def test_a_held_replica_gives_way_to_another_services_claim_but_a_frozen_one_to_floors_only() -> (
+    None
+):
+    # "long" holds 8 serving replicas at cpu.min (2 cores: the whole budget); "short" (no
+    # floor) asks for 2.  A hold that yields leaves "short" its claim (by default its fair
+    # share); a frozen service's hold gives way to floors only; a smaller claim takes less.
+    base = arrays(minimum=[0, 0], floor=[0, 0], cap=[2, 2], weight=[1, 1], fair=[1, 1])
+    args = {
+        "demand": np.array([2.0, 2.0]),
+        "previous": np.array([2.0, 0.0]),
+        "hold": np.array([2.0, 0.0]),
+        "hysteresis_cores": 0.05,
+        "hysteresis_ratio": 0.05,
+    }
+    cores, _, _ = arbitrate_arrays(2.0, **base, **args, yielding=np.array([True, True]))
+    assert cores.tolist() == pytest.approx([1.0, 1.0])
+    frozen, _, _ = arbitrate_arrays(2.0, **base, **args, yielding=np.array([False, True]))
+    assert frozen.tolist() == pytest.approx([2.0, 0.0])
+    one, _, _ = arbitrate_arrays(
+        2.0, **base, **args, yielding=np.array([True, True]), claim=np.array([1.0, 0.25])
+    )
+    assert one.tolist() == pytest.approx([1.75, 0.25])
+    # a hold within its holder's own claim is kept
+    kept, _, _ = arbitrate_arrays(
+        2.0,
+        **{**base, "fair": np.array([1.5, 0.5])},
+        **{**args, "hold": np.array([1.5, 0.0])},
+        yielding=np.array([True, True]),
+    )
+    assert kept.tolist() == pytest.approx([1.5, 0.5])
+
+
 def test_independent_is_first_come_first_served_without_reclaim() -> None:
     p = policy(min_replicas=0, max_replicas=10, cpu={"min": 0.5, "max": 0.5})
     long = IndependentClaim("long", p, 0.5, want_replicas=4, held_replicas=4)

@@ -577,6 +577,27 @@ def _squeeze(enforcement: str) -> tuple[dict[str, Decision], dict[str, Decision]
     return before, d
 
 
+def test_replicas_held_at_cpu_min_never_lock_a_scaled_to_zero_service_out() -> None:
+    # "long" runs 8 replicas of 0.25 cores (cpu.min = cpu.max): at cpu.min they hold the
+    # whole budget.  "short" (no floor: min_replicas 0) then gets requests.  Under limit its
+    # fair share (1 core, 4 replicas) comes out of long's held replicas; under share the kernel
+    # gives it its entitlement through its replicas, so long's hold yields what runs one at
+    # full size (it used to yield nothing: short stayed at 0 replicas for good).
+    pols = {
+        "long": policy(max_replicas=8, cpu={"min": 0.25, "max": 0.25}),
+        "short": policy(min_replicas=0, max_replicas=8, cpu={"min": 0.25, "max": 0.25}),
+    }
+    for enforcement, short_gets in (("limit", (4, 1.0)), ("share", (1, 0.25))):
+        engine = Engine(pols, BudgetConfig(cpu=2, enforcement=enforcement))
+        states: dict[str, ServiceState] = {}
+        d = tick_loop(engine, range(10), {"long": 500, "short": 0}, states)
+        assert (d["long"].replicas, d["short"].replicas) == (8, 0), enforcement
+        d = tick_loop(engine, range(10, 14), {"long": 500, "short": 500}, states)
+        short = (d["short"].replicas, d["short"].allocated_cores)
+        assert short == (short_gets[0], pytest.approx(short_gets[1])), enforcement
+        assert sum(x.allocated_cores for x in d.values()) <= 2.0 + 1e-9
+
+
 def test_under_limit_a_burst_takes_the_cpu_that_held_serving_replicas() -> None:
     before, during = _squeeze("limit")
     assert before["steady"].replicas == 8
