@@ -8,7 +8,9 @@
    demand)`` with one λ for everyone, so CPU nobody demands goes to whoever wants more
    (work-conserving) and nobody gets more than it asks for;
    a frozen service (stale signals) demands what it holds and keeps at least its replicas ×
-   ``cpu.min``, unless another service's floor needs it;
+   ``cpu.min``, unless another service's floor needs it; a service deciding normally keeps
+   its serving replicas at ``cpu.min`` the same way, unless another service's floor or
+   claim (its fair share; under share, one replica at full size) needs it;
 3. hysteresis: a service keeps last tick's allocation when the new one is within the band
    (``max(hysteresis_cores, hysteresis_ratio × previous)``) and within ``[low, demand]`` —
    in practice a borrower does not creep up by small amounts — unless it is below
@@ -214,7 +216,7 @@ def arbitrate_arrays(
             low = low - spare * min(1.0, need / total)
     excess = float(low.sum()) - budget
     if excess > 0:
-        # Frozen holds give way to floors, in order.
+        # Holds give way to floors, in order (a frozen service's to floors only).
         extra = low - guarantee
         before = np.concatenate(([0.0], np.cumsum(extra)[:-1]))
         taken = np.clip(excess - before, 0.0, extra)
