@@ -805,9 +805,9 @@ class Engine:
         second at least): a crowd well beyond what they complete starts replicas seconds
         after it is seen, not a window later.  (Completions lag the CPU a growing backlog's
         requests share, so a fast-growing cold start's backlog can qualify too.)  Replicas
-        still starting do not restart the clock: they are capacity on its way (counted in the replicas it has, each to take a
-        full replica's share of the idle CPU), and restarting it would add one replica per
-        start-up plus a window."""
+        still starting do not restart the clock: they are capacity on its way (counted in
+        the replicas it has, each to take a full replica's share of the idle CPU), and
+        restarting it would add one replica per start-up plus a window."""
         cur_r, ready = state
         used = self._cpu_used
         unknown = np.isnan(used)
@@ -855,8 +855,8 @@ class Engine:
         A service whose CPU the platform measures needs the larger of what its replicas
         used last tick and what the work in the system right now needs at its rule's aim
         (this tick's metric ÷ (target × target_utilization) for the KPA, the headroom once;
-        ÷ target for the HPA, whose rule has none; in ``cpu.request`` cores): a burst gets CPU the tick it is seen, a service whose
-        burst is over gives it back the next tick.  A throttled use (capped by its quota,
+        ÷ target for the HPA, whose rule has none; in ``cpu.request`` cores): a burst gets
+        CPU the tick it is seen, a service whose burst is over gives it back the next tick.  A throttled use (capped by its quota,
         it understates the need) counts as ``used / target_utilization``.
         Otherwise: the load's reference replicas at ``cpu.request`` (the larger of the panic
         window's want and this tick's; HPA mode: the HPA's replicas), headroom included.
