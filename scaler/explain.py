@@ -142,29 +142,43 @@ class TickView:
     _hpa_pos: dict[int, int] | None = None
 
     def flows(self) -> dict[str, tuple[str, ...]]:
-        """Who lends / borrows / gives back / gains this tick (computed once per tick)."""
+        """Who lends / borrows / holds / is held from / gives back / gains this tick
+        (computed once per tick).
+
+        A service below its fair share lends what it does not want of it; what it wants but
+        does not get (the arbiter's allocation, before hysteresis) is held from it by the
+        services above theirs -- their floors and the ``cpu.min`` of the replicas they keep
+        serving (the arbiter gives the rest away first) -- and those hold rather than borrow.
+        """
         if self._flows is None:
             e = self.engine
             names = e.names
             fair = e.fair
             lenders: list[tuple[float, str]] = []
             borrowers: list[tuple[float, str]] = []
+            short: list[tuple[float, str]] = []
             gainers: list[tuple[float, str]] = []
             givers: list[tuple[float, str]] = []
             for i in range(e.n):
                 a, f, p = float(self.cores[i]), float(fair[i]), float(self.previous[i])
-                if f - a > _MOVE:
-                    lenders.append((f - a, names[i]))
+                want = min(float(self.demand[i]), f)
+                if f - max(a, want) > _MOVE:
+                    lenders.append((f - max(a, want), names[i]))
                 elif a - f > _MOVE:
                     borrowers.append((a - f, names[i]))
+                if want - float(self.ideal[i]) > _MOVE:
+                    short.append((want - float(self.ideal[i]), names[i]))
                 if a - p > _MOVE and p < f - _MOVE:
                     gainers.append((a - p, names[i]))
                 elif p - a > _MOVE and p > f + _MOVE:
                     givers.append((p - a, names[i]))
             flows: dict[str, tuple[str, ...]] = {}
             if lenders and borrowers:
-                flows["lend_to"] = _names(borrowers)
+                flows["lend_to"] = _names(list(borrowers))
                 flows["borrow_from"] = _names(lenders)
+            if short and borrowers:
+                flows["hold_from"] = _names(short)
+                flows["held_by"] = _names(borrowers)
             if gainers and givers:
                 flows["reclaim_from"] = _names(givers)
                 flows["give_to"] = _names(gainers)
@@ -237,11 +251,17 @@ class TickView:
         if a != ideal:
             trace.clamp("cores", ideal, a, "hysteresis")
         flows = self.flows()
-        if "lend_to" in flows:
-            if fair - a > _MOVE:
-                trace.flow("lent", fair - a, flows["lend_to"])
-            elif a - fair > _MOVE:
+        want = min(demand, fair)
+        if a - fair > _MOVE:
+            if "hold_from" in flows:
+                trace.flow("held", a - fair, flows["hold_from"])
+            elif "borrow_from" in flows:
                 trace.flow("borrowed", a - fair, flows["borrow_from"])
+        else:
+            if "lend_to" in flows and fair - max(a, want) > _MOVE:
+                trace.flow("lent", fair - max(a, want), flows["lend_to"])
+            if "held_by" in flows and want - ideal > _MOVE:
+                trace.flow("held_from", want - ideal, flows["held_by"])
         if "reclaim_from" in flows:
             if a - prev > _MOVE and prev < fair - _MOVE:
                 trace.flow("reclaimed", a - prev, flows["reclaim_from"])

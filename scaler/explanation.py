@@ -2,9 +2,10 @@
 
 An :class:`Explanation` is the rule that fired, the figures it used (``inputs``) and, in
 order, its parts: :class:`Step` (what a rule computed), :class:`Clamp` (a value held to a
-named bound) and :class:`Flow` (CPU lent, borrowed, reclaimed, given back or taken for
-floors, with the peers).  Readers (telemetry, metrics, ``/api/decisions``) read the fields;
-:func:`render` turns them into the reason lines a person reads, from :data:`TEMPLATES`.
+named bound) and :class:`Flow` (CPU lent, borrowed, held by floors and kept replicas,
+reclaimed, given back or taken for floors, with the peers).  Readers (telemetry, metrics,
+``/api/decisions``) read the fields; :func:`render` turns them into the reason lines a
+person reads, from :data:`TEMPLATES`.
 """
 
 from __future__ import annotations
@@ -16,10 +17,14 @@ from typing import Literal
 
 Value = float | int | str
 
-FlowKind = Literal["lent", "borrowed", "reclaimed", "gave_back", "taken_for_floors"]
+FlowKind = Literal[
+    "lent", "borrowed", "held", "held_from", "reclaimed", "gave_back", "taken_for_floors"
+]
 FLOW_KINDS: tuple[FlowKind, ...] = (
     "lent",
     "borrowed",
+    "held",
+    "held_from",
     "reclaimed",
     "gave_back",
     "taken_for_floors",
@@ -281,6 +286,14 @@ _CLAMPS: dict[str, str] = {
 _FLOWS: dict[str, str] = {
     "lent": "lends {cores:.2f} cores of its fair share to: {peers}",
     "borrowed": "borrows {cores:.2f} cores beyond its fair share from: {peers}",
+    "held": (
+        "holds {cores:.2f} cores beyond its fair share (its floor, or cpu.min for each "
+        "replica it keeps serving) while short of theirs: {peers}"
+    ),
+    "held_from": (
+        "gets {cores:.2f} cores of its fair share less than it wants: held by {peers} "
+        "(floors, or cpu.min for each replica kept serving)"
+    ),
     "reclaimed": "reclaimed {cores:.2f} cores from: {peers}",
     "gave_back": "gave back {cores:.2f} borrowed cores to: {peers}",
     "taken_for_floors": "frozen, but {cores:.2f} cores taken back for others' floors",

@@ -95,6 +95,8 @@ def details(span: Mapping[str, Any]) -> str:
         for key, word in (
             ("lent_cores", "lent"),
             ("borrowed_cores", "borrowed"),
+            ("held_cores", "held"),
+            ("held_from_cores", "held from it"),
             ("reclaimed_cores", "reclaimed"),
             ("gave_back_cores", "gave back"),
         ):

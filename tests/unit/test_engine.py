@@ -596,6 +596,16 @@ def test_replicas_held_at_cpu_min_never_lock_a_scaled_to_zero_service_out() -> N
         short = (d["short"].replicas, d["short"].allocated_cores)
         assert short == (short_gets[0], pytest.approx(short_gets[1])), enforcement
         assert sum(x.allocated_cores for x in d.values()) <= 2.0 + 1e-9
+        if enforcement == "share":
+            # short lends nothing: what it wants of its fair share is held by long's replicas
+            held = pytest.approx(0.75)
+            assert d["short"].explanation.flows == (Flow("held_from", held, ("long",)),)
+            assert d["long"].explanation.flows == (Flow("held", held, ("short",)),)
+            assert any(
+                r.startswith("gets 0.75 cores of its fair share") for r in d["short"].reasons
+            )
+        else:
+            assert d["short"].explanation.flows == d["long"].explanation.flows == ()
 
 
 def test_under_limit_a_burst_takes_the_cpu_that_held_serving_replicas() -> None:

@@ -183,7 +183,7 @@ function explanationChips(explanation) {
     chips.push(el("span", { class: "chip clamp" }, `${c.name}: ${c.quantity} ${fmt.num(c.value, 2)} → ${fmt.num(c.bound, 2)}`));
   }
   for (const f of explanation.flows || []) {
-    chips.push(el("span", { class: "chip flow" }, `${f.kind.replace("_", " ")} ${fmt.cores(f.cores)} cores${f.peers.length ? " ↔ " + f.peers.join(", ") : ""}`));
+    chips.push(el("span", { class: "chip flow" }, `${f.kind.replace(/_/g, " ")} ${fmt.cores(f.cores)} cores${f.peers.length ? " ↔ " + f.peers.join(", ") : ""}`));
   }
   return chips;
 }
