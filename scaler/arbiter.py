@@ -10,7 +10,8 @@
    a frozen service (stale signals) demands what it holds and keeps at least its replicas ×
    ``cpu.min``, unless another service's floor needs it; a service deciding normally keeps
    its serving replicas at ``cpu.min`` the same way, unless another service's floor or
-   claim (its fair share; under share, one replica at full size) needs it;
+   claim (its fair share; under share, one replica at full size) needs it: such a hold
+   yields whole replicas, and the claims are met before the water-fill shares the rest;
 3. hysteresis: a service keeps last tick's allocation when the new one is within the band
    (``max(hysteresis_cores, hysteresis_ratio × previous)``) and within ``[low, demand]`` —
    in practice a borrower does not creep up by small amounts — unless it is below
@@ -185,6 +186,7 @@ def arbitrate_arrays(
     soft: FloatArray | None = None,
     yielding: BoolArray | None = None,
     claim: FloatArray | None = None,
+    step: FloatArray | None = None,
 ) -> tuple[FloatArray, FloatArray, FloatArray]:
     """Shared arbitration (see the module docstring) on arrays.
 
@@ -193,7 +195,9 @@ def arbitrate_arrays(
     way to the others' reclaim: every service gets ``min(demand, claim)`` (``claim``: by
     default its fair share) before a hold keeps more than its holder's own -- a replica kept
     at ``cpu.min`` never takes what another may claim (a frozen service's hold yields to
-    floors only).
+    floors only).  ``step`` (``cpu.min`` per service): a hold that gives way to a claim
+    keeps whole replicas' worth (a part of one would hold CPU no replica runs on; the rest
+    is water-filled with everything else).
     ``soft``: demand beyond ``demand`` that is only served from what is left once every
     ``demand`` is met (a panicking service's held replicas: it keeps them, but their CPU is
     lent while its load is lower, and comes back in one tick when the load returns).
@@ -208,12 +212,24 @@ def arbitrate_arrays(
         # the CPU the lows leave free comes out of the yielding holds above their holders'
         # own min(demand, claim), in proportion.
         entitled = np.maximum(guarantee, np.minimum(demand, fair if claim is None else claim))
-        short = float(np.maximum(entitled - low, 0.0).sum())
+        gap = np.maximum(entitled - low, 0.0)
+        short = float(gap.sum())
         need = short - (budget - float(low.sum()))
         spare = np.where(yielding, np.maximum(low - entitled, 0.0), 0.0)
         total = float(spare.sum())
-        if need > _EPS and total > _EPS:
-            low = low - spare * min(1.0, need / total)
+        if short > _EPS and total > _EPS:
+            if need > _EPS:
+                cut = low - spare * min(1.0, need / total)
+                if step is not None:
+                    whole = np.floor(cut / step + 1e-9) * step
+                    cut = np.where(spare > 0.0, np.maximum(whole, guarantee), cut)
+                low = cut
+            # ... and the claims keep what the holds leave them (max-min by weight when it is
+            # less than they claim): the water-fill below shares by its level alone, and a
+            # claim above that level (one replica of a larger size) would go short of it.
+            free = budget - float(low.sum())
+            if free > _EPS:
+                low = low + water_fill(free, np.zeros_like(gap), gap, weight)
     excess = float(low.sum()) - budget
     if excess > 0:
         # Holds give way to floors, in order (a frozen service's to floors only).

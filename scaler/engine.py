@@ -516,6 +516,7 @@ class Engine:
                 # replica at full size (none at all would lock it out); under limit the
                 # decided CPU is the cap, so they yield its fair share.
                 claim=np.where(weighted, np.minimum(self.fair, self.unit), self.fair),
+                step=self.cpu_min,
             )
             replicas, cpu, split_note = size_arrays(
                 cores,

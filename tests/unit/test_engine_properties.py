@@ -6,8 +6,9 @@ missing, stale, NaN, infinite, negative -- whether CPU is measured, whether read
 whether resizes are blocked, whether the platform holds the replicas at their decided CPU
 under share), so a failure shrinks to a small readable case.  Invariants on
 every tick: no exception; bounds; budget never exceeded; floors; fair shares reached in one
-tick; a frozen service never scales down on missing, stale or refused data (unless other
-services' floors need its CPU); refused figures freeze only their service.
+tick; a service short of its fair share is told who holds it and is never locked out; a
+frozen service never scales down on missing, stale or refused data (unless other services'
+floors need its CPU); refused figures freeze only their service.
 """
 
 from __future__ import annotations
@@ -214,6 +215,14 @@ def check_tick(
                             f"{name} short of its fair share ({cores} < min({demand}, {fair}))"
                             f" while {other} holds more than cpu.min per replica: {o}"
                         )
+                # ... it says who holds it (it lends only what it does not want), and is never
+                # locked out: the holds yield it at least one replica's worth
+                if cores < min(demand, fair) - 0.01:
+                    held_from = d.explanation.flow_cores("held_from")
+                    assert held_from == pytest.approx(min(demand, fair) - cores), d.reasons
+                    assert d.explanation.flow_cores("lent") <= fair - min(demand, fair) + EPS
+                if demand > 0 and fair >= p.cpu.min and p.max_replicas > 0:
+                    assert cores >= p.cpu.min - EPS, f"{name} locked out: {d.reasons}"
             # A blocked resize keeps the CPU per replica, so its allocation may go unused; so
             # may cores granted to replicas not started yet (held back until the service
             # surely keeps the CPU: the decision says so).
@@ -354,6 +363,72 @@ def test_a_demanding_service_gets_its_fair_share_in_one_tick(
     d = engine.tick(30.0, signals, states)[quiet]
     want = min(d.inputs["demand_cores"], engine.fair_share(quiet))
     assert d.inputs["allocation_cores"] >= want - EPS
+
+
+@st.composite
+def crowded(draw: st.DrawFn) -> tuple[dict[str, ScalingPolicy], BudgetConfig, set[str]]:
+    """Services whose replicas at ``cpu.min`` can fill the budget (``cpu.max`` close to
+    ``cpu.min``, many replicas), some of them busy from the start (``first``), on a small
+    budget: the shape in which held replicas crowd out a service that wakes later."""
+    n = draw(st.integers(2, 5))
+    pols = {}
+    for i in range(n):
+        cpu_min = draw(st.sampled_from([0.1, 0.25, 0.5]))
+        pols[f"s{i}"] = ScalingPolicy(
+            target=draw(st.sampled_from([1.0, 10.0])),
+            min_replicas=draw(st.integers(0, 1)),
+            max_replicas=draw(st.integers(1, 16)),
+            stable_window_s=6.0,
+            panic_window_s=2.0,
+            scale_to_zero_grace_s=0.0,
+            cpu={"min": cpu_min, "max": cpu_min * draw(st.sampled_from([1.0, 1.5, 2.0]))},
+            weight=draw(st.sampled_from([1.0, 1.0, 2.0])),
+            prefer=draw(st.sampled_from(["vertical", "horizontal"])),
+        )
+    floors = sum(p.floor_cores for p in pols.values())
+    most = sum(p.max_replicas * p.cpu.min for p in pols.values())
+    cpu = max(floors + 0.05, most * draw(st.floats(0.2, 1.0)))
+    budget = BudgetConfig(cpu=cpu, enforcement=draw(st.sampled_from(["limit", "share"])))
+    first = draw(st.sets(st.sampled_from(sorted(pols)), min_size=1, max_size=n - 1))
+    return pols, budget, first
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(crowded(), st.integers(0, 400))
+def test_held_replicas_never_lock_a_waking_service_out(
+    case: tuple[dict[str, ScalingPolicy], BudgetConfig, set[str]], load: int
+) -> None:
+    """Some services fill the budget with replicas, the others idle (to zero where they may),
+    then everyone is busy: every tick keeps the invariants of :func:`check_tick` (a service
+    short of what it wants of its fair share is told who holds it, never that it lends it,
+    and gets at least one replica at ``cpu.min``), and once they are all busy every service
+    runs a replica."""
+    pols, budget, first = case
+    engine = Engine(pols, budget)
+    states: dict[str, ServiceState] = {}
+    for t in range(30):
+        busy = first if t < 20 else set(pols)
+        signals = {
+            n: ServiceSignals(n, float(t), in_flight=(500 + load) if n in busy else 0) for n in pols
+        }
+        decisions = engine.tick(float(t), signals, states)
+        check_tick(engine, decisions, states, set())
+        states = applied_now(decisions)
+    for name, d in decisions.items():
+        if engine.fair_share(name) >= pols[name].cpu.min:
+            assert d.replicas >= 1, (name, d.reasons)
+
+
+def applied_now(decisions: dict[str, Decision]) -> dict[str, ServiceState]:
+    """Every decision applied at once, every replica ready."""
+    return {
+        n: ServiceState(n, d.replicas, d.replicas, d.cpu_per_replica_cores)
+        for n, d in decisions.items()
+    }
 
 
 @settings(
