@@ -863,7 +863,7 @@ class Engine:
         window's want and this tick's; HPA mode: the HPA's replicas), headroom included.
         Never more than the replicas it runs can use (``cpu.max`` each): CPU a service
         cannot use is not taken from the others; at least ``cpu.min`` per replica it runs
-        and keeps.
+        and keeps, and for its first one when it wakes from zero.
         Frozen services: what they hold.  CPU the replicas could use beyond this is the
         caller's soft demand, served from spare CPU only.
         """
@@ -881,7 +881,10 @@ class Engine:
             use = np.where(throttled, use / self.target_utilization, use)
             now_cores = np.maximum(work, use)
             wanted_cores = np.where(now, now_cores, wanted_cores)
-        least = np.minimum(run, cur_r) * self.cpu_min
+        # cpu.min for each replica it keeps, and for its first one when it has none yet: a
+        # service woken from zero by less work than cpu.min would be decided CPU that fits
+        # no replica, and its request would wait for more to arrive.
+        least = np.maximum(np.minimum(run, cur_r), np.minimum(run, 1)) * self.cpu_min
         demand = np.maximum(np.minimum(wanted_cores, run * self.cpu_max), least)
         held_r = np.minimum(np.maximum(cur_r, self.min_r), self.max_r)
         held_cpu = np.minimum(np.maximum(cur_cpu, self.cpu_min), self.cpu_max)

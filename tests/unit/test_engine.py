@@ -577,6 +577,30 @@ def _squeeze(enforcement: str) -> tuple[dict[str, Decision], dict[str, Decision]
     return before, d
 
 
+def test_a_lone_request_wakes_a_service_at_zero_whose_work_reads_below_cpu_min() -> None:
+    # CPU measured (a counter at zero replicas, as cgroups keep one): one request in flight
+    # at target 10 is 1 / (10 × 0.7) of a core -- below cpu.min.  It used to be decided that
+    # much CPU, which fits no replica, so the request waited for a second one to arrive.
+    pols = {
+        "fn": policy(min_replicas=0, max_replicas=4, target=10, cpu={"min": 0.25, "max": 1.0}),
+        "api": policy(max_replicas=8, cpu={"min": 0.25, "max": 1.0}),
+    }
+    for enforcement in ("share", "limit"):
+        engine = Engine(pols, BudgetConfig(cpu=4, enforcement=enforcement))
+        states: dict[str, ServiceState] = {}
+        d: dict[str, Decision] = {}
+        for t in range(6):
+            signals = {
+                "fn": ServiceSignals("fn", float(t), in_flight=int(t == 5), cpu_seconds_total=0.0),
+                "api": ServiceSignals("api", float(t), in_flight=500, cpu_seconds_total=4.0 * t),
+            }
+            d = engine.tick(float(t), signals, states)
+            states = applied(d)
+        assert d["fn"].replicas == 1, (enforcement, d["fn"].reasons)
+        assert d["fn"].cpu_per_replica_cores >= 0.25, enforcement
+        assert sum(x.allocated_cores for x in d.values()) <= 4 + 1e-9
+
+
 def test_replicas_held_at_cpu_min_never_lock_a_scaled_to_zero_service_out() -> None:
     # "long" runs 8 replicas of 0.25 cores (cpu.min = cpu.max): at cpu.min they hold the
     # whole budget.  "short" (no floor: min_replicas 0) then gets requests.  Under limit its
