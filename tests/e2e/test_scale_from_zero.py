@@ -114,6 +114,25 @@ def test_scale_from_zero_and_back_answers_every_held_request(tmp_path: Path) -> 
 
 
 @needs_cgroups
+def test_a_lone_request_wakes_a_service_at_zero(tmp_path: Path) -> None:
+    """One request alone: at target 4 it reads as less work than cpu.min (CPU is measured,
+    the cgroup counter stays at zero replicas), and still starts a replica and is answered
+    -- it used to wait in the queue for a second request until it timed out."""
+    marker = uuid.uuid4().hex
+    gw = Gateway(zero_config(marker), tmp_path / "zero.yaml")
+    try:
+        assert pids_with_marker(marker) == []
+        with httpx.Client(timeout=90) as c:
+            answer = c.get(f"{gw.url}/reports/alone?cpu_ms=5")
+        assert answer.status_code == 200, (answer.headers.get("sluice-error"), answer.text[:200])
+        assert answer.json()["cpu_ms"] == 5
+    finally:
+        gw.signal(signal.SIGTERM)
+        code = gw.wait(30)
+    assert code == 0, gw.output()[-3000:]
+
+
+@needs_cgroups
 def test_admin_json_is_finite_before_any_request(tmp_path: Path) -> None:
     """platform local, a service at zero that never had a request: every admin JSON endpoint
     parses strictly (no NaN / Infinity)."""
