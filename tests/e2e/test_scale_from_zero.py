@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import signal
+import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -114,19 +115,46 @@ def test_scale_from_zero_and_back_answers_every_held_request(tmp_path: Path) -> 
 
 
 @needs_cgroups
-def test_a_lone_request_wakes_a_service_at_zero(tmp_path: Path) -> None:
-    """One request alone: at target 4 it reads as less work than cpu.min (CPU is measured,
-    the cgroup counter stays at zero replicas), and still starts a replica and is answered
-    -- it used to wait in the queue for a second request until it timed out."""
+def test_a_lone_request_wakes_a_service_at_zero_next_to_a_busy_one(tmp_path: Path) -> None:
+    """A busy neighbour takes the whole budget; then one request alone comes for a service
+    at zero.  At target 4 one request reads as less work than cpu.min (CPU is measured: the
+    cgroup counter stays at zero replicas), and with no spare CPU that fitted no replica:
+    the request waited in the queue for a second one until it timed out.  Now it starts a
+    replica at cpu.min and is answered."""
     marker = uuid.uuid4().hex
-    gw = Gateway(zero_config(marker), tmp_path / "zero.yaml")
+    config = zero_config(marker)
+    reports = config["services"]["reports"]
+    start = reports["replicas"]["port_range"][1] + 1
+    config["services"]["busy"] = {
+        "routes": [{"path": "/busy", "path_type": "Prefix"}],
+        "replicas": {**reports["replicas"], "port_range": [start, start + 20]},
+        "scaling": {"target": 1, "max_replicas": 8, "cpu": {"min": 0.2, "max": 1.0}},
+    }
+    gw = Gateway(config, tmp_path / "zero.yaml")
+    stop = threading.Event()
+
+    def hammer() -> None:
+        with httpx.Client(timeout=30) as c:
+            while not stop.is_set():
+                c.get(f"{gw.url}/busy/x?cpu_ms=200")
+
+    pool = ThreadPoolExecutor(16)
     try:
-        assert pids_with_marker(marker) == []
+        for _ in range(16):
+            pool.submit(hammer)
+        # the neighbour's demand covers the budget before the lone request comes
+        assert wait_until(
+            lambda: decisions(gw)["latest"].get("busy", {}).get("allocated_cores", 0) >= 1.9,
+            timeout_s=30,
+        ), decisions(gw)["latest"]
+        assert pids_with_marker(marker), "busy runs"
         with httpx.Client(timeout=90) as c:
             answer = c.get(f"{gw.url}/reports/alone?cpu_ms=5")
         assert answer.status_code == 200, (answer.headers.get("sluice-error"), answer.text[:200])
         assert answer.json()["cpu_ms"] == 5
     finally:
+        stop.set()
+        pool.shutdown(wait=True)
         gw.signal(signal.SIGTERM)
         code = gw.wait(30)
     assert code == 0, gw.output()[-3000:]
