@@ -199,6 +199,10 @@ def check_tick(
             floor = max(p.floor_cores, p.min_replicas * p.cpu.min)
             assert cores >= min(demand, floor) - EPS, f"{name}: floor not honoured"
             fair = engine.fair_share(name)
+            # A service with work (demand) runs a replica, as far as its fair share fits one
+            # at cpu.min and no frozen service holds more than its share
+            if not any_frozen and demand > EPS and fair >= p.cpu.min - EPS and name not in blocked:
+                assert d.replicas >= 1, f"{name} has work and no replica: {d.reasons} {d.inputs}"
             # Frozen services keep their replicas at cpu.min, which may eat into fair shares;
             # under share so do serving replicas (the kernel's weights, not the decided CPU,
             # then give a busy service its entitlement) -- but only holds at cpu.min: no service
@@ -398,23 +402,31 @@ def crowded(draw: st.DrawFn) -> tuple[dict[str, ScalingPolicy], BudgetConfig, se
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
-@given(crowded(), st.integers(0, 400))
+@given(crowded(), st.sampled_from([1, 2, 500, 900]), st.booleans())
 def test_held_replicas_never_lock_a_waking_service_out(
-    case: tuple[dict[str, ScalingPolicy], BudgetConfig, set[str]], load: int
+    case: tuple[dict[str, ScalingPolicy], BudgetConfig, set[str]], load: int, measured: bool
 ) -> None:
     """Some services fill the budget with replicas, the others idle (to zero where they may),
-    then everyone is busy: every tick keeps the invariants of :func:`check_tick` (a service
-    short of what it wants of its fair share is told who holds it, never that it lends it,
-    and gets at least one replica at ``cpu.min``), and once they are all busy every service
-    runs a replica."""
+    then everyone has work (``load`` in flight: a lone request, or a crowd), with CPU measured
+    or not: every tick keeps the invariants of :func:`check_tick` (a service with work runs a
+    replica; one short of what it wants of its fair share is told who holds it, never that it
+    lends it, and gets at least one replica at ``cpu.min``), and once they all have work every
+    service runs a replica."""
     pols, budget, first = case
     engine = Engine(pols, budget)
     states: dict[str, ServiceState] = {}
+    used = dict.fromkeys(pols, 0.0)
     for t in range(30):
         busy = first if t < 20 else set(pols)
-        signals = {
-            n: ServiceSignals(n, float(t), in_flight=(500 + load) if n in busy else 0) for n in pols
-        }
+        signals = {}
+        for n in pols:
+            if measured:  # the busy ones use all they have; a counter at zero replicas too
+                s = states.get(n)
+                used[n] += s.replicas * s.cpu_per_replica_cores if s and n in first else 0.0
+            work = (500 if n in first else load) if n in busy else 0
+            signals[n] = ServiceSignals(
+                n, float(t), in_flight=work, cpu_seconds_total=used[n] if measured else None
+            )
         decisions = engine.tick(float(t), signals, states)
         check_tick(engine, decisions, states, set())
         states = applied_now(decisions)
