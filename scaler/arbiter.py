@@ -207,6 +207,7 @@ def arbitrate_arrays(
     guarantee = np.maximum(minimum, np.minimum(demand, floor))
     low = np.where(hold > guarantee, np.minimum(hold, np.maximum(demand, guarantee)), guarantee)
     taken = np.zeros_like(low)
+    claimed: FloatArray | None = None
     if yielding is not None and yielding.any():
         # The others' reclaim first: what the services below min(demand, claim) need beyond
         # the CPU the lows leave free comes out of the yielding holds above their holders'
@@ -229,7 +230,7 @@ def arbitrate_arrays(
             # claim above that level (one replica of a larger size) would go short of it.
             free = budget - float(low.sum())
             if free > _EPS:
-                low = low + water_fill(free, np.zeros_like(gap), gap, weight)
+                claimed = low + water_fill(free, np.zeros_like(gap), gap, weight)
     excess = float(low.sum()) - budget
     if excess > 0:
         # Holds give way to floors, in order (a frozen service's to floors only).
@@ -239,6 +240,11 @@ def arbitrate_arrays(
         low = low - taken
     high = np.minimum(np.maximum(demand, low), np.maximum(cap, low))
     ideal = water_fill(budget, low, high, weight)
+    if claimed is not None and bool((ideal < claimed - _EPS).any()):
+        # Only then: claims the water-fill meets anyway leave it unchanged as lows.
+        low = np.maximum(low, claimed)
+        high = np.minimum(np.maximum(demand, low), np.maximum(cap, low))
+        ideal = water_fill(budget, low, high, weight)
     if soft is not None:
         room = np.maximum(np.minimum(soft, cap) - ideal, 0.0)
         left = budget - float(ideal.sum())
