@@ -857,8 +857,9 @@ class Engine:
         used last tick and what the work in the system right now needs at its rule's aim
         (this tick's metric ÷ (target × target_utilization) for the KPA, the headroom once;
         ÷ target for the HPA, whose rule has none; in ``cpu.request`` cores): a burst gets
-        CPU the tick it is seen, a service whose burst is over gives it back the next tick.  A throttled use (capped by its quota,
-        it understates the need) counts as ``used / target_utilization``.
+        CPU the tick it is seen, a service whose burst is over gives it back the next tick.
+        A throttled use (capped by its quota, it understates the need) counts as
+        ``used / target_utilization``.
         Otherwise: the load's reference replicas at ``cpu.request`` (the larger of the panic
         window's want and this tick's; HPA mode: the HPA's replicas), headroom included.
         Never more than the replicas it runs can use (``cpu.max`` each): CPU a service
