@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -214,3 +215,18 @@ def test_without_replicas_user_root_is_refused_when_nobody_cannot_run_the_comman
     assert warnings == [choice.refusal]
     explicit = choose_identity("api", [str(program)], "root", None, euid=0, path_env=None)
     assert explicit.identity is None and explicit.refusal is None, "written root is honoured"
+
+
+@pytest.mark.skipif(default_identity() is None, reason="no user 'nobody'")
+def test_the_refusal_names_a_venv_base_python_nobody_cannot_read(
+    open_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A venv links to the Python it was made from: a venv in /opt/sluice made from a pyenv
+    Python under /root (0700) still cannot be run by nobody, and the refusal says so."""
+    python = _tree(open_tmp, 0o700)
+    monkeypatch.setattr(sys, "executable", str(python))
+    choice = choose_identity("api", ["{python}", "-m", "app"], None, None, euid=0, path_env=None)
+    assert choice.refusal is not None
+    assert f"made from a Python nobody can read too (this one runs {python})" in choice.refusal
+    other = choose_identity("api", [str(python)], None, None, euid=0, path_env=None)
+    assert other.refusal is not None and "made from a Python" not in other.refusal

@@ -234,10 +234,25 @@ def choose_identity(
             None,
             refusal=f"{service}: replicas NOT started: {who.name} cannot run the command "
             f"({why}), and Sluice runs replicas as root only with replicas.user: root; install "
-            f"the program (for {{python}}: Python and Sluice, e.g. a venv in /opt/sluice) where "
-            f"{who.name} can read it, or set replicas.user to a user that can run it",
+            f"the program (for {{python}}: {_python_advice(command, who)}) where {who.name} can "
+            "read it, or set replicas.user to a user that can run it",
         )
     return IdentityChoice(who)
+
+
+def _python_advice(command: Sequence[str], who: Identity) -> str:
+    """How to install Python and Sluice so ``who`` can run ``{python}``: a venv links to the
+    Python it was made from, so when that one is out of reach (a pyenv Python under /root),
+    say so and name one to make the venv from."""
+    advice = "Python and Sluice, e.g. a venv in /opt/sluice"
+    base = Path(os.path.realpath(sys.executable))
+    if not any("{python}" in arg for arg in command) or _reachable(base, who) is None:
+        return advice
+    advice += f" made from a Python {who.name} can read too (this one runs {base})"
+    system = Path("/usr/bin/python3")
+    if system.exists() and _reachable(Path(os.path.realpath(system)), who) is None:
+        advice += f": {system} -m venv /opt/sluice, or bash scripts/quickstart in the checkout"
+    return advice
 
 
 def explicit_root(user: str | int | None) -> bool:
