@@ -10,6 +10,28 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
+LATENCY_BUCKETS_S: tuple[float, ...] = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+)
+"""Upper bounds of the gateway's latency histogram (Prometheus ``le``; one more bucket is
++Inf): the buckets of ``ServiceSignals.latency_counts`` as the data plane and the simulator
+report them."""
+
 
 @dataclass(frozen=True, slots=True)
 class ServiceSignals:

@@ -86,11 +86,11 @@ from gateway.admin.reload import ReloadCounts
 from gateway.dataplane.admission import QUEUE_WAIT_BUCKETS_S
 from gateway.dataplane.endpoints import EndpointState
 from gateway.dataplane.service import Service
-from gateway.dataplane.stats import LATENCY_BUCKETS_S
 from scaler.decision import Decision
 from scaler.explanation import FLOW_KINDS
 from scaler.metrics import metrics_of
 from scaler.policy import ScalingPolicy
+from scaler.signals import LATENCY_BUCKETS_S
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

@@ -14,27 +14,7 @@ from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from scaler.signals import ServiceSignals
-
-LATENCY_BUCKETS_S: tuple[float, ...] = (
-    0.0005,
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-    30.0,
-    60.0,
-)
-"""Upper bounds of the latency histogram (Prometheus ``le``); one more bucket is +Inf."""
+from scaler.signals import LATENCY_BUCKETS_S, ServiceSignals
 
 DEFAULT_RATE_WINDOW_S = 10
 DEFAULT_LATENCY_WINDOW_S = 10.0

@@ -38,13 +38,14 @@ Assumptions (docs/simulate.md repeats them):
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain
 
 from scaler.decision import ServiceState
-from scaler.signals import ServiceSignals
+from scaler.signals import LATENCY_BUCKETS_S, ServiceSignals
 from scaler.simulate.arrivals import Arrivals
 
 PENDING, STARTING, READY, DRAINING = "pending", "starting", "ready", "draining"
@@ -153,6 +154,7 @@ class ServiceModel:
         tick_s: float = 1.0,
         app: Mapping[str, Sequence[tuple[float, float]]] | None = None,
         admission: Admission = UNBOUNDED,
+        latency_histogram: bool = False,
     ) -> None:
         self.name = name
         self.admission = admission
@@ -189,6 +191,13 @@ class ServiceModel:
         """Arrivals in the current tick (until :meth:`close_tick`)."""
         self.latencies: list[float] = []
         """Latencies of every completed request, in completion order."""
+        self._latency_counts = [0] * (len(LATENCY_BUCKETS_S) + 1) if latency_histogram else None
+        """With ``latency_histogram`` (a ``latency`` metric needs it, as the gateway counts it
+        only then): the gateway's latency histogram of every completed request so far."""
+        self._latency_counted = (0, 0, 0)
+        """What :attr:`_latency_counts` holds: how many of :attr:`latencies`, of the requests
+        rejected at once (queue full: 0 s) and of those that timed out in the queue (at
+        ``queue_timeout_s``) -- the gateway records its own 503s in the histogram too."""
         self._window_ticks = max(1, round(signal_window_s / tick_s))
         self._window_s = self._window_ticks * tick_s
         self._arrivals_window: deque[int] = deque(maxlen=self._window_ticks)
@@ -290,6 +299,20 @@ class ServiceModel:
             cpu_s += r.cpu_s
             throttled_s += r.throttled_s
         rps, p50, p99 = self._windowed()
+        counts = self._latency_counts
+        if counts is not None:
+            served, full, timed_out = self._latency_counted
+            for latency in self.latencies[served:]:
+                counts[bisect_left(LATENCY_BUCKETS_S, latency)] += 1
+            counts[0] += self.rejected_queue_full - full
+            timeout = self.admission.queue_timeout_s
+            if self.rejected_timeout > timed_out:
+                counts[bisect_left(LATENCY_BUCKETS_S, timeout)] += self.rejected_timeout - timed_out
+            self._latency_counted = (
+                len(self.latencies),
+                self.rejected_queue_full,
+                self.rejected_timeout,
+            )
         return ServiceSignals(  # positional (in field order): this runs at every tick
             self.name,
             now,
@@ -305,8 +328,8 @@ class ServiceModel:
             self.removed_cpu_s + cpu_s,
             self.removed_throttled_s + throttled_s,
             self._app_values(now) if self.app else None,
-            None,  # latency_counts
-            None,  # latency_bounds_s
+            None if counts is None else tuple(counts),
+            None if counts is None else LATENCY_BUCKETS_S,
             # concurrency_seconds_total: the time every request has spent in the system so
             # far (those gone, plus the age of those still in it), as the gateway counts it
             self.residence_total_s + (in_flight + len(self.queue)) * now - self.in_system_arrivals,

@@ -314,6 +314,7 @@ def run(
                 for name, values in scenario.loads[s].app.items()
             },
             admission=scenario.admission.get(s, UNBOUNDED),
+            latency_histogram=any(m.type == "latency" for m in policies[s].metrics),
         )
         for s in scenario.services
     }

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scaler.policy import BudgetConfig, ScalingPolicy
+from scaler.signals import LATENCY_BUCKETS_S
 from scaler.simulate.arrivals import Arrivals
 from scaler.simulate.loop import EventLoop
 from scaler.simulate.model import UNBOUNDED, Admission, ServiceModel
@@ -206,3 +207,105 @@ def test_the_concurrency_integral_is_every_requests_time_in_the_gateway() -> Non
     loop, m = one_replica(THREE, Admission(slots_per_replica=1, queue_timeout_s=1.5))
     loop.run(10.0)
     assert m.signals(10.0).concurrency_seconds_total == pytest.approx(1.0 + 1.9 + 1.5)
+
+
+def gateway_histogram(latencies: list[float]) -> tuple[int, ...]:
+    """The gateway's own latency histogram of these latencies (``ServiceStats.complete``)."""
+    from gateway.dataplane.stats import ServiceStats
+
+    stats = ServiceStats("a")
+    for k, latency in enumerate(latencies):
+        stats.arrive(float(k))
+        stats.complete(200, latency, float(k))
+    return tuple(stats.latency_counts)
+
+
+def test_a_latency_metric_reads_the_gateway_histogram_of_what_the_replicas_served() -> None:
+    """As the gateway counts its latency histogram only for a service with a ``latency``
+    metric, so does the model; the buckets are the gateway's, cumulative, the served
+    requests' latencies in them."""
+    arrivals = requests(*((0.05 * k, 0.02 + 0.01 * (k % 7)) for k in range(60)))
+    plain = ServiceModel("a", arrivals, startup_s=0.0, request_cores_max=1.0)
+    placed(1.0, {plain: (1, 1.0)})
+    assert plain.signals(0.0).latency_counts is None
+    m = ServiceModel("a", arrivals, startup_s=0.0, request_cores_max=1.0, latency_histogram=True)
+    node = placed(1.0, {m: (1, 1.0)})
+    loop = EventLoop(1.0, node.services, rule="limit")
+    loop.run(1.0)
+    first = m.signals(1.0)
+    assert first.latency_bounds_s == LATENCY_BUCKETS_S
+    assert first.latency_counts == gateway_histogram(m.latencies)
+    served = len(m.latencies)
+    loop.run(10.0)
+    later = m.signals(10.0)
+    assert later.latency_counts == gateway_histogram(m.latencies)
+    assert len(m.latencies) == 60 > served
+    assert m.signals(10.0).latency_counts == later.latency_counts  # read twice, counted once
+
+
+def test_the_histogram_holds_the_gateways_own_503s_as_the_gateway_records_them() -> None:
+    """A request rejected at once (queue full) is recorded at ~0 s, one that timed out in the
+    queue at ``queue.timeout_s``: the gateway's answer goes through the same histogram."""
+    arrivals = requests(*((0.01 * k, 1.0) for k in range(8)))
+    admission = Admission(slots_per_replica=1, queue_max=3, queue_timeout_s=0.4)
+    m = ServiceModel(
+        "a",
+        arrivals,
+        startup_s=0.0,
+        request_cores_max=1.0,
+        admission=admission,
+        latency_histogram=True,
+    )
+    node = placed(1.0, {m: (1, 1.0)})
+    EventLoop(1.0, node.services, rule="limit").run(5.0)
+    assert m.rejected_queue_full == 4 and m.rejected_timeout == 3  # 1 served, 3 waited 0.4 s
+    counts = m.signals(5.0).latency_counts
+    assert counts is not None
+    assert counts == gateway_histogram(m.latencies + [0.0] * 4 + [0.4] * 3)
+    assert sum(counts) == m.completions_total + m.rejected_total == 8
+
+
+def test_a_simulated_service_scaled_on_its_latency_gets_the_percentile_it_would_live() -> None:
+    """``sluice simulate`` with a ``latency`` metric: the metric reads the model's histogram
+    (before, it never had data and the service scaled on its other metrics alone)."""
+    from scaler.metrics import metrics_of
+    from scaler.simulate.baselines import make_controller
+
+    policy = ScalingPolicy.model_validate(
+        {
+            "max_replicas": 6,
+            "cpu": {"min": 0.25, "max": 1.0},
+            "metrics": [
+                {"type": "concurrency", "target": 50},
+                {"type": "latency", "percentile": 95, "target_s": 0.2},
+            ],
+        }
+    )
+    workload = parse_workload(
+        {
+            "duration_s": 60,
+            "services": {
+                "a": {"slo_s": 0.2, "startup_s": 1, "load": [{"at_s": 0, "rps": 40, "cpu_s": 0.04}]}
+            },
+        }
+    )
+    budget = BudgetConfig(cpu=4)
+    scenario = build_scenario(workload, {"a": policy})
+    controller = make_controller("sluice", {"a": policy}, budget)
+    values: list[float] = []
+    tick = controller.engine.tick
+
+    def record(now: float, signals: Any, states: Any) -> Any:
+        out = tick(now, signals, states)
+        metrics = metrics_of(out["a"].explanation)
+        assert metrics is not None
+        values.extend(
+            a["value"]
+            for a in metrics["answers"]
+            if a["type"] == "latency" and a["value"] is not None
+        )
+        return out
+
+    controller.engine.tick = record  # type: ignore[method-assign]
+    run(scenario, "sluice", {"a": policy}, budget, controller=controller)
+    assert values and all(v > 0.0 for v in values)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.dataplane.stats import LATENCY_BUCKETS_S, ServiceStats, quantile
+from gateway.dataplane.stats import ServiceStats, quantile
+from scaler.signals import LATENCY_BUCKETS_S
 
 
 def test_counts_in_flight_arrivals_and_completions_by_code() -> None:

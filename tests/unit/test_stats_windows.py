@@ -13,7 +13,8 @@ from bisect import bisect_left
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.dataplane.stats import LATENCY_BUCKETS_S, ServiceStats
+from gateway.dataplane.stats import ServiceStats
+from scaler.signals import LATENCY_BUCKETS_S
 
 # (gap to the previous event in seconds, is an arrival, latency of a completion)
 EVENTS = st.lists(
