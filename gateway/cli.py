@@ -183,13 +183,20 @@ def simulated_admission(settings: Settings) -> dict[str, Admission]:
     }
 
 
-def admission_not_modelled(settings: Settings) -> list[str]:
-    """What the config's admission control would do that ``sluice simulate`` does not model
-    (it follows the concurrency slots and the queue as ``platform: local`` does): one line
-    per service and setting."""
+def not_modelled(settings: Settings) -> list[str]:
+    """What the config would make the gateway do that ``sluice simulate`` does not model (it
+    follows the concurrency slots and the queue as ``platform: local`` does, and sends each
+    request to the ready replica with the fewest in flight): one line per service and
+    setting."""
     lines: list[str] = []
     for name, service in settings.services.items():
         limits, key = service.limits, f"services.{name}"
+        if service.balancer != "least_request":
+            lines.append(
+                f"{key}.balancer: {service.balancer}: not modelled: the model sends each "
+                "request to the ready replica with the fewest requests in flight (least_request "
+                "picks the less loaded of two at random)"
+            )
         if limits.rate_limit is not None:
             lines.append(
                 f"{key}.limits.rate_limit: not modelled: the gateway answers 429 above "
@@ -219,7 +226,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         args, policies, budget, str(args.config), admission, cpu_window_s=cpu_window_s
     )
     if code == 0:  # after the run's figures, which these notes qualify
-        for line in admission_not_modelled(settings):
+        for line in not_modelled(settings):
             print(f"sluice simulate: note: {args.config}: {line}", file=sys.stderr)
     return code
 

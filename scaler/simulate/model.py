@@ -11,7 +11,8 @@ Assumptions (docs/simulate.md repeats them):
   virtual clock per replica (a request's finish tag is the replica's virtual time at
   arrival plus its CPU-seconds), so the cost is O(log n) per request.
 * **Dispatch** like the gateway's ``least_request``: an arrival goes to the ready replica
-  with the fewest requests in flight (ties: the oldest replica).  With no ready replica it
+  with the fewest requests in flight (ties: the oldest replica; the gateway picks the less
+  loaded of two at random, the same with two replicas).  With no ready replica it
   waits in the gateway's queue (FIFO) until one becomes ready.
 * **Admission** like the gateway's (:class:`Admission`, from the service's ``limits``): with
   ``concurrency_per_replica`` an arrival goes only to a ready replica with a free slot, else

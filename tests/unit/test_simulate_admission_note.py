@@ -1,4 +1,4 @@
-"""``sluice simulate`` follows the config's admission limits, and names the ones it does not."""
+"""``sluice simulate`` follows the config's admission limits, and names what it does not follow."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.cli import admission_not_modelled, main, simulated_admission
+from gateway.cli import main, not_modelled, simulated_admission
 from gateway.settings import Settings, load_settings
 from scaler.simulate.model import Admission
 
@@ -37,15 +37,15 @@ def test_the_model_follows_each_services_slots_and_queue(tmp_path: Path) -> None
 
 
 def test_what_the_model_does_not_follow_is_named_by_its_key(tmp_path: Path) -> None:
-    (rate,) = admission_not_modelled(settings(tmp_path))
+    (rate,) = not_modelled(settings(tmp_path))
     assert rate.startswith("services.api.limits.rate_limit: not modelled") and "429" in rate
 
 
 def test_on_kubernetes_a_service_at_zero_gets_503_at_once(tmp_path: Path) -> None:
     kube = settings(tmp_path).model_copy(update={"platform": "kubernetes"})
-    (zero,) = (line for line in admission_not_modelled(kube) if "services.hook" in line)
+    (zero,) = (line for line in not_modelled(kube) if "services.hook" in line)
     assert "503 (no-endpoints) at once on platform kubernetes" in zero
-    assert not [line for line in admission_not_modelled(kube) if line.startswith("platform")]
+    assert not [line for line in not_modelled(kube) if line.startswith("platform")]
 
 
 def test_a_kubernetes_config_is_simulated_with_cpu_use_as_pod_metrics_serve_it(
@@ -98,3 +98,17 @@ def test_the_note_goes_to_stderr_after_the_figures(
     captured = capsys.readouterr()
     assert f"sluice simulate: note: {config}: services.api.limits.rate_limit" in captured.err
     assert "rejected (503, admission)" in captured.out
+
+
+def test_a_balancer_the_model_does_not_follow_is_named(tmp_path: Path) -> None:
+    base = settings(tmp_path)
+    for balancer in ("round_robin", "peak_ewma"):
+        api = base.services["api"].model_copy(update={"balancer": balancer})
+        changed = base.model_copy(update={"services": {**base.services, "api": api}})
+        lines = [line for line in not_modelled(changed) if ".balancer" in line]
+        assert lines == [
+            f"services.api.balancer: {balancer}: not modelled: the model sends each request "
+            "to the ready replica with the fewest requests in flight (least_request picks the "
+            "less loaded of two at random)"
+        ]
+    assert not [line for line in not_modelled(base) if ".balancer" in line]
