@@ -222,8 +222,15 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         # as that platform runs: CPU use from PodMetrics, a limit quota moved at ticks only
         budget = budget.model_copy(update={"lending": False})
         cpu_window_s = settings.kubernetes.pod_metrics_interval_s
+    timeouts = {name: s.timeouts.response_header_s for name, s in settings.services.items()}
     code = run_command(
-        args, policies, budget, str(args.config), admission, cpu_window_s=cpu_window_s
+        args,
+        policies,
+        budget,
+        str(args.config),
+        admission,
+        cpu_window_s=cpu_window_s,
+        response_timeouts_s=timeouts,
     )
     if code == 0:  # after the run's figures, which these notes qualify
         for line in not_modelled(settings):

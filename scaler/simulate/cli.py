@@ -132,6 +132,31 @@ def _unwritable(out: Path) -> str | None:
     return None
 
 
+def timeout_notes(results: Sequence[RunResult], timeouts_s: Mapping[str, float]) -> list[str]:
+    """The gateway answers 504 when an upstream has not answered within the service's
+    ``timeouts.response_header_s``; the model lets every request run to its end.  One line
+    per service where some run had requests that took longer (from their arrival, so a
+    wait in the gateway's queue counts too; unfinished ones by their age at the end)."""
+    lines: list[str] = []
+    for service, timeout in timeouts_s.items():
+        over = [
+            (r.name, int((r.latencies_s[service] > timeout).sum()))
+            for r in results
+            if service in r.latencies_s
+        ]
+        if not any(n for _, n in over):
+            continue
+        said = " and ".join(
+            f"{n:,} of {'Sluice' if name == 'sluice' else name}'s" for name, n in over
+        )
+        lines.append(
+            f"services.{service}.timeouts.response_header_s: {timeout:g} s: {said} requests "
+            f"took longer; the gateway answers such a request 504 at {timeout:g} s (the model "
+            "lets every request run to its end)"
+        )
+    return lines
+
+
 def run_command(
     args: argparse.Namespace,
     policies: Mapping[str, ScalingPolicy],
@@ -140,11 +165,13 @@ def run_command(
     admission: Mapping[str, Admission] | None = None,
     *,
     cpu_window_s: float = 0.0,
+    response_timeouts_s: Mapping[str, float] | None = None,
 ) -> int:
     """Run ``sluice simulate`` with a loaded config (``admission``: the gateway's admission
     control per service, from its ``limits``; ``cpu_window_s``: > 0, CPU use measured as
-    metrics.k8s.io serves it, polled that often, see :class:`MetricsServerCpu`); returns the
-    exit code."""
+    metrics.k8s.io serves it, polled that often, see :class:`MetricsServerCpu`;
+    ``response_timeouts_s``: each service's ``timeouts.response_header_s``, for
+    :func:`timeout_notes`); returns the exit code."""
     from rich.console import Console
 
     from scaler.simulate.baselines import BASELINE_ENFORCEMENT as baseline_enforcement
@@ -232,6 +259,8 @@ def run_command(
         print(f"sluice simulate: --out {out}: cannot write: {e.strerror or e}", file=sys.stderr)
         return 1
     print_tables(report, Console())
+    for line in timeout_notes(results, response_timeouts_s or {}):
+        print(f"sluice simulate: note: {config_label}: {line}", file=sys.stderr)
     if cannot_draw is not None:
         print(f"sluice simulate: no report.png/zoom.png: {cannot_draw}", file=sys.stderr)
     print(f"wrote {', '.join(str(p) for p in written)}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -112,3 +113,34 @@ def test_a_balancer_the_model_does_not_follow_is_named(tmp_path: Path) -> None:
             "less loaded of two at random)"
         ]
     assert not [line for line in not_modelled(base) if ".balancer" in line]
+
+
+def test_requests_slower_than_the_gateways_response_timeout_are_counted_per_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An overloaded service (2 cores offered on 1): its backlog makes requests take
+    minutes, which the gateway cuts to a 504 at ``timeouts.response_header_s``; the model
+    lets them run, and says how many there were in each run."""
+    workload = tmp_path / "load.yaml"
+    workload.write_text(
+        "duration_s: 120\nservices:\n  api: {slo_s: 1, load: [{at_s: 0, rps: 20, cpu_s: 0.1}]}\n"
+    )
+    said = {}
+    for timeouts in ("", ", timeouts: {response_header_s: 600}"):
+        config = tmp_path / "sluice.yaml"
+        config.write_text(
+            'budget: {cpu: 1}\nservices:\n  api: {endpoints: ["127.0.0.1:9001"]'
+            f", scaling: {{max_replicas: 1, cpu: {{min: 1, max: 1}}}}{timeouts}}}\n"
+        )
+        args = ["simulate", "--config", str(config), "--workload", str(workload)]
+        assert main([*args, "--out", str(tmp_path / "out"), "--no-progress", "--no-plot"]) == 0
+        said[timeouts] = capsys.readouterr().err
+    (line,) = (x for x in said[""].splitlines() if "timeouts.response_header_s" in x)
+    assert line.startswith(
+        f"sluice simulate: note: {config}: services.api.timeouts.response_header_s: 30 s: "
+    )
+    counts = re.findall(r"([\d,]+) of (Sluice|independent)'s", line)
+    assert [name for _, name in counts] == ["Sluice", "independent"]
+    assert all(int(n.replace(",", "")) > 0 for n, _ in counts)
+    assert "504 at 30 s" in line
+    assert "timeouts" not in said[", timeouts: {response_header_s: 600}"]
