@@ -1091,27 +1091,31 @@ def resolve_admin_token(
 
 
 def resolve_enforcement(
-    settings: Settings, machine_cores: Callable[[], float] | None = None
+    settings: Settings,
+    machine_cores: Callable[[], float] | None = None,
+    pinnable: Callable[[], bool] | None = None,
 ) -> Settings:
     """``budget.enforcement: auto`` decided for this machine: ``share`` on local and static
     when the budget is every CPU the replicas can use (``machine_cores``, default: this
-    process's cpuset and cgroup quota), else ``limit``; ``share`` on kubernetes (the budget
-    bounds the pods' requests, which the kubelet turns into the kernel's weights; a service
-    whose pods are Guaranteed keeps requests = limits and is decided as under limit).
-    Settings with an explicit enforcement come back as is."""
+    process's cpuset and cgroup quota), and on local when it is a whole number of them and
+    the replicas can be pinned to that many CPUs (``pinnable``, default: a writable cpuset
+    cgroup controller); else ``limit``.  ``share`` on kubernetes (the budget bounds the
+    pods' requests, which the kubelet turns into the kernel's weights; a service whose pods
+    are Guaranteed keeps requests = limits and is decided as under limit).  Settings with an
+    explicit enforcement come back as is."""
     budget = settings.budget
     if budget.enforcement != "auto":
         return settings
     if settings.platform == "kubernetes":
         rule: Enforcement = "share"
     else:
-        if machine_cores is None:
-            from gateway.platforms.machine import machine_cpu
+        from gateway.platforms.machine import cpuset_usable, machine_cpu
 
-            cores = machine_cpu().cores
-        else:
-            cores = machine_cores()
-        rule = budget.auto_enforcement(cores)
+        cores = machine_cpu().cores if machine_cores is None else machine_cores()
+        can_pin = False
+        if settings.platform == "local":
+            can_pin = cpuset_usable() if pinnable is None else pinnable()
+        rule = budget.auto_enforcement(cores, pinnable=can_pin)
     return settings.model_copy(update={"budget": budget.model_copy(update={"enforcement": rule})})
 
 

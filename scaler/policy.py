@@ -644,23 +644,32 @@ class BudgetConfig(_Model):
             return None
         return BudgetCpu(self.cpu, "budget.cpu")
 
-    def auto_enforcement(self, machine_cores: float | None) -> Enforcement:
+    def auto_enforcement(
+        self, machine_cores: float | None, *, pinnable: bool = False
+    ) -> Enforcement:
         """What ``enforcement: auto`` means with ``machine_cores`` CPUs for the replicas
         (None: the budget is the whole node, as in the simulator): ``share`` when the budget
-        is all of them, else ``limit``.  An explicit ``enforcement`` is returned as is."""
+        is all of them, or (``pinnable``: the platform can confine the replicas to a set of
+        CPUs) a whole number of them; else ``limit``.  An explicit ``enforcement`` is
+        returned as is."""
         if self.enforcement != "auto":
             return self.enforcement
         if machine_cores is None:
             return "share"
-        if self.cpu == "auto":
-            return "share" if self.reserved <= 0 else "limit"
-        return "share" if self.cpu >= machine_cores - _ENFORCEMENT_EPS else "limit"
+        cores = machine_cores - self.reserved if self.cpu == "auto" else self.cpu
+        if cores >= machine_cores - _ENFORCEMENT_EPS:
+            return "share"
+        whole = round(cores)
+        if pinnable and whole >= 1 and abs(cores - whole) <= _ENFORCEMENT_EPS:
+            return "share"
+        return "limit"
 
-    def resolved(self, machine_cores: float | None) -> BudgetConfig:
+    def resolved(self, machine_cores: float | None, *, pinnable: bool = False) -> BudgetConfig:
         """This budget with ``enforcement: auto`` decided (:meth:`auto_enforcement`)."""
         if self.enforcement != "auto":
             return self
-        return self.model_copy(update={"enforcement": self.auto_enforcement(machine_cores)})
+        rule = self.auto_enforcement(machine_cores, pinnable=pinnable)
+        return self.model_copy(update={"enforcement": rule})
 
     @property
     def rule(self) -> Enforcement:

@@ -112,3 +112,31 @@ def auto_budget(budget: BudgetConfig, machine: MachineCpu) -> BudgetCpu:
 def budget_cpu(budget: BudgetConfig) -> BudgetCpu:
     """The budget in force on this machine: ``budget.cpu``, or measured for ``auto``."""
     return budget.fixed() or auto_budget(budget, machine_cpu())
+
+
+def cpuset_usable(mountinfo_path: Path = Path("/proc/self/mountinfo")) -> bool:
+    """Whether this process can confine the replicas to CPUs with a cpuset cgroup (local
+    share enforcement below every CPU), in the hierarchy the local platform uses: a v2
+    hierarchy with the ``cpu`` controller that offers ``cpuset`` too, else (no v2 with
+    ``cpu``) a v1 ``cpuset`` hierarchy; writable either way."""
+    try:
+        lines = mountinfo_path.read_text().splitlines()
+    except OSError:
+        return False
+    v1: list[Path] = []
+    for line in lines:
+        head, _, tail = line.partition(" - ")
+        fields, rest = head.split(), tail.split()
+        if len(fields) < 5 or len(rest) < 3:
+            continue
+        point, fstype, options = Path(fields[4]), rest[0], rest[2].split(",")
+        if fstype == "cgroup" and "cpuset" in options:
+            v1.append(point)
+        elif fstype == "cgroup2":
+            try:
+                offered = (point / "cgroup.controllers").read_text().split()
+            except OSError:
+                continue
+            if "cpu" in offered:
+                return "cpuset" in offered and os.access(point, os.W_OK)
+    return bool(v1) and os.access(v1[0], os.W_OK)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 from collections.abc import AsyncIterator
 
 import httpx
@@ -235,8 +234,6 @@ async def test_an_idle_budget_is_lent_to_a_busy_replica_only_in_share_mode(
             assert cg.read_usage().throttled_s > 0
 
 
-CONTENDED_CPU = 0
-"""The one CPU both services' replicas are pinned to (``taskset``) in the contention test."""
 BURN_MS = 3000
 """CPU the first service burns per request: its busy spells end by themselves."""
 
@@ -273,21 +270,27 @@ async def contended_ratio(
     return (a1 - a0) / max(b1 - b0, 1e-3), (b1 - b0) / (t1 - t0)
 
 
+def cpus_allowed(pid: int) -> str:
+    """The CPUs a process may run on, as the kernel lists them (``Cpus_allowed_list``)."""
+    with open(f"/proc/{pid}/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("Cpus_allowed_list:"):
+                return line.split(":", 1)[1].strip()
+    raise AssertionError(f"no Cpus_allowed_list for pid {pid}")
+
+
 @needs_cgroups
-@pytest.mark.skipif(shutil.which("taskset") is None, reason="needs taskset (util-linux)")
-@pytest.mark.skipif(
-    CONTENDED_CPU not in os.sched_getaffinity(0), reason=f"CPU {CONTENDED_CPU} not usable here"
-)
 async def test_the_kernel_guarantees_entitlements_and_lends_idle_cpu_on_one_core(
     harness: Harness,
 ) -> None:
-    """Two services entitled to 0.75 and 0.25 of a 1-core budget, their replicas pinned to ONE
-    CPU (``taskset -c 0`` before the replica's command, inherited by its threads) so they
-    contend for it: both busy, the first gets about 3x the second's CPU; the first idle, the
-    second gets about all of it; the decided CPU turned upside down changes neither."""
-    command = ["taskset", "-c", str(CONTENDED_CPU), *DEMO]
+    """Two services entitled to 0.75 and 0.25 of a 1-core budget.  Below every CPU the pool
+    pins the replicas to one CPU (the highest allowed; a cpuset), so they contend for it and
+    the weights decide: both busy, the first gets about 3x the second's CPU; the first idle,
+    the second gets about all of it; the decided CPU turned upside down changes neither.
+    (Under the budget's quota alone, on two CPUs, each would run on its own CPU until the
+    quota ran out, and the weights would decide nothing.)"""
     pool = harness.pool(
-        {"a": harness.spec(command, grace_s=0.5), "b": harness.spec(command, grace_s=0.5)},
+        {"a": harness.spec(DEMO, grace_s=0.5), "b": harness.spec(DEMO, grace_s=0.5)},
         total_cpu_cores=1.0,
         enforcement="share",
     )
@@ -298,8 +301,18 @@ async def test_the_kernel_guarantees_entitlements_and_lends_idle_cpu_on_one_core
     assert entitlements(1.0, policies) == {"a": pytest.approx(0.75), "b": pytest.approx(0.25)}
     actuator = LocalActuator(pool, policies)
     async with pool:
+        allowed = sorted(os.sched_getaffinity(0))
+        assert pool.cgroups is not None
+        if len(allowed) > 1 and pool.cgroups.pinned is None:
+            pytest.skip(f"replicas not pinned to one CPU here: {pool.unpinned_reason}")
         await actuator.apply({"a": decision("a", 1, 0.75), "b": decision("b", 1, 0.25)})
         await ready(pool)
+        if len(allowed) > 1:
+            assert pool.cgroups.pinned == (allowed[-1],)
+            for service in ("a", "b"):
+                (replica,) = pool.status(service).replicas
+                assert replica.pid is not None
+                assert cpus_allowed(replica.pid) == str(allowed[-1])
         shield(pool)  # against the machine's other processes on that CPU, not between a and b
         b_request = await start_burn(pool, "b", 60_000)  # b stays busy to the end
         try:

@@ -10,8 +10,8 @@ from pydantic import ValidationError
 
 from gateway.platforms.kubernetes.capacity import cluster_budget, cluster_figures
 from gateway.platforms.kubernetes.model import node_from_json, pod_cpu_request, pod_from_json
-from gateway.platforms.machine import MachineCpu, auto_budget, cgroup_quota
-from gateway.settings import parse_settings, resolve_enforcement
+from gateway.platforms.machine import MachineCpu, auto_budget, cgroup_quota, cpuset_usable
+from gateway.settings import Settings, parse_settings, resolve_enforcement
 from scaler.engine import Engine
 from scaler.policy import BudgetConfig, BudgetCpu, KeyedValueError, ScalingPolicy, within_floors
 from scaler.signals import ServiceSignals
@@ -195,3 +195,66 @@ def test_enforcement_auto_is_share_on_kubernetes_and_follows_the_machine_elsewhe
     )
     assert resolve_enforcement(static, lambda: 4.0).budget.enforcement == "share"
     assert resolve_enforcement(static, lambda: 8.0).budget.enforcement == "limit"
+
+
+def test_enforcement_auto_on_local_is_share_on_a_whole_number_of_cpus_it_can_pin() -> None:
+    """Below every CPU, weights arbitrate only on CPUs the busy services wait for together:
+    on local, a whole number of CPUs the replicas can be pinned to (a cpuset) keeps
+    ``share``'s guarantee; a fraction of a CPU, or no cpuset controller, does not."""
+
+    def local(budget: dict[str, object]) -> Settings:
+        return parse_settings(
+            {
+                "platform": "local",
+                "budget": budget,
+                "services": {
+                    "api": {"replicas": {"command": ["true"], "port_range": [20000, 20010]}}
+                },
+            }
+        )
+
+    def rule(budget: dict[str, object], machine: float, pinnable: bool) -> str:
+        settings = resolve_enforcement(local(budget), lambda: machine, lambda: pinnable)
+        return settings.budget.enforcement
+
+    assert rule({"cpu": 2}, 8.0, True) == "share"
+    assert rule({"cpu": 2}, 8.0, False) == "limit"
+    assert rule({"cpu": 1.5}, 8.0, True) == "limit"
+    assert rule({"cpu": 8}, 8.0, False) == "share"  # every CPU: nothing to pin
+    assert rule({"cpu": "auto", "reserved": 2}, 8.0, True) == "share"  # 6 of 8
+    assert rule({"cpu": "auto", "reserved": 0.5}, 8.0, True) == "limit"
+    assert rule({"cpu": "auto", "reserved": 2}, 8.0, False) == "limit"
+    assert rule({"cpu": 2, "enforcement": "limit"}, 8.0, True) == "limit"
+    # static runs no replicas: only the whole machine means share there
+    static = parse_settings(
+        {"budget": {"cpu": 2}, "services": {"api": {"endpoints": ["127.0.0.1:9001"]}}}
+    )
+    assert resolve_enforcement(static, lambda: 8.0, lambda: True).budget.enforcement == "limit"
+    assert BudgetConfig(cpu=3).auto_enforcement(4.0, pinnable=True) == "share"
+    assert BudgetConfig(cpu=0.5).auto_enforcement(4.0, pinnable=True) == "limit"
+
+
+def test_cpuset_usable_reads_the_hierarchy_the_local_platform_uses(tmp_path: Path) -> None:
+    unified, cpuset = tmp_path / "unified", tmp_path / "cpuset"
+    unified.mkdir()
+    cpuset.mkdir()
+    info = tmp_path / "mountinfo"
+
+    def mounts(*rows: tuple[Path, str, str]) -> Path:
+        lines = [
+            f"{30 + i} 22 0:{40 + i} / {point} rw,relatime - {fstype} cgroup {options}"
+            for i, (point, fstype, options) in enumerate(rows)
+        ]
+        info.write_text("\n".join(lines) + "\n")
+        return info
+
+    # this machine's shape: v2 without cpu, v1 cpu and cpuset apart
+    (unified / "cgroup.controllers").write_text("\n")
+    assert cpuset_usable(mounts((unified, "cgroup2", "rw"), (cpuset, "cgroup", "rw,cpuset")))
+    assert not cpuset_usable(mounts((unified, "cgroup2", "rw"), (cpuset, "cgroup", "rw,cpu")))
+    # v2 with cpu: its own offer decides, whatever v1 mounts there are
+    (unified / "cgroup.controllers").write_text("cpu memory\n")
+    assert not cpuset_usable(mounts((unified, "cgroup2", "rw"), (cpuset, "cgroup", "rw,cpuset")))
+    (unified / "cgroup.controllers").write_text("cpuset cpu memory\n")
+    assert cpuset_usable(mounts((unified, "cgroup2", "rw")))
+    assert not cpuset_usable(tmp_path / "missing")

@@ -65,7 +65,7 @@ def v1(tmp_path: Path) -> CgroupLayout:
 
 def test_detect_prefers_v2_with_the_cpu_controller(v2: CgroupLayout, tmp_path: Path) -> None:
     unified = tmp_path / "unified"
-    assert v2 == CgroupLayout(version=2, cpu_root=unified, memory_root=unified)
+    assert v2 == CgroupLayout(version=2, cpu_root=unified, memory_root=unified, cpuset_root=unified)
 
 
 def test_detect_falls_back_to_v1_when_v2_lacks_cpu(v1: CgroupLayout, tmp_path: Path) -> None:
@@ -403,3 +403,83 @@ def test_sweep_removes_a_dead_parent_with_service_cgroups_in_every_hierarchy(
     assert swept == ["sluice-7-111"]
     for root in (v1.cpu_root, v1.cpuacct_root, v1.memory_root):
         assert not (root / "sluice-7-111").exists()
+
+
+def pinned_v1(tmp_path: Path) -> CgroupLayout:
+    """This machine's shape with the cpuset hierarchy mounted (its root's CPUs and memory)."""
+    cpu, cpuset = tmp_path / "cpu", tmp_path / "cpuset"
+    cpu.mkdir()
+    cpuset.mkdir()
+    (cpuset / "cpuset.cpus").write_text("0-3\n")
+    (cpuset / "cpuset.mems").write_text("0\n")
+    return detect_layout(
+        mountinfo((cpu, "cgroup", "rw,cpu,cpuacct"), (cpuset, "cgroup", "rw,cpuset"))
+    )
+
+
+def test_detect_finds_the_v1_cpuset_hierarchy(tmp_path: Path) -> None:
+    layout = pinned_v1(tmp_path)
+    assert layout.cpuset_root == tmp_path / "cpuset"
+    assert layout.cpu_root == tmp_path / "cpu"
+
+
+def test_v1_pin_makes_a_cpuset_every_replica_joins_and_destroy_removes_it(
+    tmp_path: Path,
+) -> None:
+    layout = pinned_v1(tmp_path)
+    parent = CgroupParent(layout, "sluice-7-111", rmdir=shutil.rmtree)
+    parent.create()
+    before = parent.child("api-0", "api")
+    parent.pin([3, 2])
+    pinned = tmp_path / "cpuset" / "sluice-7-111"
+    assert (pinned / "cpuset.cpus").read_text() == "2,3"
+    assert (pinned / "cpuset.mems").read_text() == "0"  # a v1 cpuset needs memory nodes first
+    assert parent.pinned == (2, 3) and parent.cpuset_dir == pinned
+    after = parent.child("web-0")
+    for cg in (before, after):
+        assert cg.join_files == (*cg.procs_files, pinned / "cgroup.procs")
+        # the shared cpuset is not the replica's: its pids and its removal stay its own
+        assert pinned / "cgroup.procs" not in cg.procs_files
+        assert pinned not in cg.dirs
+    parent.pin(None)  # every CPU of the hierarchy's root again
+    assert (pinned / "cpuset.cpus").read_text() == "0-3"
+    assert parent.pinned is None
+    assert parent.destroy()
+    assert not pinned.exists()
+
+
+def test_v2_pin_enables_cpuset_and_writes_the_parents_cpus(v2: CgroupLayout) -> None:
+    parent = CgroupParent(v2, "sluice-7-111")
+    parent.create()
+    replica = parent.child("api-0", "api")
+    parent.pin([1])
+    assert "+cpuset" in (v2.cpu_root / "cgroup.subtree_control").read_text()
+    assert (parent.cpu_dir / "cpuset.cpus").read_text() == "1"
+    assert replica.join_files == replica.procs_files  # the subtree obeys its parent's cpuset
+    parent.pin(None)
+    assert (parent.cpu_dir / "cpuset.cpus").read_text() == ""
+
+
+def test_pin_without_the_cpuset_controller_says_so(v1: CgroupLayout) -> None:
+    parent = CgroupParent(v1, "sluice-7-111")
+    parent.create()
+    with pytest.raises(CgroupUnavailable, match="no cpuset cgroup controller"):
+        parent.pin([1])
+    assert parent.pinned is None
+
+
+def test_sweep_removes_a_dead_parents_cpuset(tmp_path: Path) -> None:
+    layout = pinned_v1(tmp_path)
+    dead = CgroupParent(layout, "sluice-7-111")
+    dead.create()
+    dead.pin([1])
+    alive = CgroupParent(layout, "sluice-7-222")
+    alive.create()
+    alive.pin([2])
+    orphan = tmp_path / "cpuset" / "sluice-7-333"  # its cpu parent already gone
+    orphan.mkdir()
+    swept = sweep_stale(
+        layout, pid_alive=lambda pid: pid == 222, rmdir=shutil.rmtree, pid_namespace=7
+    )
+    assert swept == ["sluice-7-111", "sluice-7-333"]
+    assert sorted(p.name for p in (tmp_path / "cpuset").iterdir() if p.is_dir()) == ["sluice-7-222"]

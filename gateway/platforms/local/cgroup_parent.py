@@ -15,7 +15,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from gateway.platforms.local.cgroups import (
@@ -50,6 +50,10 @@ class CgroupParent:
         self.cpu_dir = layout.cpu_root / name
         self.acct_dir = layout.cpuacct_root / name if layout.cpuacct_root is not None else None
         self.mem_dir = _mem_dir(layout, self.cpu_dir, name)
+        self.cpuset_dir: Path | None = None
+        """Where the replicas are pinned to CPUs (:meth:`pin`; v2: ``cpu_dir``), else None."""
+        self.pinned: tuple[int, ...] | None = None
+        """The CPUs every replica may run on (:meth:`pin`), None: not pinned."""
         self._rmdir = rmdir
         self._children: dict[tuple[str | None, str], ReplicaCgroup] = {}
         """Replica cgroups by (service cgroup or None, name)."""
@@ -85,6 +89,41 @@ class CgroupParent:
             except OSError as e:
                 log.warning("no memory limits: cannot create cgroup %s: %s", self.mem_dir, e)
                 self.mem_dir = None
+
+    def pin(self, cpus: Sequence[int] | None) -> None:
+        """Confine every replica, present and future, to ``cpus`` (None: every CPU again) with
+        the ``cpuset`` controller on the parent: v2 its ``cpuset.cpus`` (the whole subtree
+        obeys it), v1 a cgroup of the parent's name in the cpuset hierarchy, which replicas
+        join at launch (:attr:`ReplicaCgroup.join_files`).  Raise :class:`CgroupUnavailable`
+        when the controller is missing or refuses."""
+        root = self.layout.cpuset_root
+        if root is None:
+            raise CgroupUnavailable("no cpuset cgroup controller")
+        text = ",".join(str(c) for c in sorted(cpus)) if cpus is not None else None
+        try:
+            if self.layout.version == 2:
+                _enable(root, "cpuset")
+                directory = self.cpu_dir
+            else:
+                directory = root / self.name
+                if not directory.is_dir():
+                    directory.mkdir()
+                    # v1: a cpuset takes no task before it has memory nodes (its parent's)
+                    write_control(
+                        directory / "cpuset.mems", (root / "cpuset.mems").read_text().strip()
+                    )
+            if text is None:  # v2: empty is "the parent's"; v1: the parent's CPUs
+                text = "" if self.layout.version == 2 else (root / "cpuset.cpus").read_text()
+            write_control(directory / "cpuset.cpus", text.strip())
+        except OSError as e:
+            raise CgroupUnavailable(
+                f"cannot pin {self.name} to CPUs {text}: {e.strerror or e}"
+            ) from None
+        self.cpuset_dir = directory
+        self.pinned = None if cpus is None else tuple(sorted(cpus))
+        if self.layout.version == 1:
+            for cg in self._children.values():
+                cg.cpuset_dir = directory  # replicas launched from now on join it
 
     def service(self, name: str) -> ReplicaCgroup:
         """Create (or reuse) the cgroup that holds the replicas of the service ``name`` (share
@@ -123,7 +162,8 @@ class CgroupParent:
         for d in (cpu_dir, acct_dir, mem_dir):
             if d is not None:
                 d.mkdir(exist_ok=True)
-        return ReplicaCgroup(self.layout, cpu_dir, acct_dir, mem_dir)
+        joins = self.cpuset_dir if self.layout.version == 1 else None
+        return ReplicaCgroup(self.layout, cpu_dir, acct_dir, mem_dir, joins)
 
     def discard(self, cg: ReplicaCgroup) -> bool:
         """Remove one (empty) replica cgroup."""
@@ -138,7 +178,14 @@ class CgroupParent:
 
     def destroy(self) -> bool:
         """Kill whatever still runs below the parent, then remove every directory."""
-        return _destroy_tree(self.layout, self.cpu_dir, self.acct_dir, self._rmdir, self.mem_dir)
+        return _destroy_tree(
+            self.layout,
+            self.cpu_dir,
+            self.acct_dir,
+            self._rmdir,
+            mem_dir=self.mem_dir,
+            cpuset_dir=_cpuset_dir(self.layout, self.name),
+        )
 
 
 def _check_name(name: str) -> None:
@@ -151,6 +198,24 @@ def _mem_dir(layout: CgroupLayout, cpu_dir: Path, name: str) -> Path | None:
     if layout.memory_root is None:
         return None
     return cpu_dir if layout.version == 2 else layout.memory_root / name
+
+
+def _cpuset_dir(layout: CgroupLayout, name: str) -> Path | None:
+    """v1: the parent ``name``'s directory in the cpuset hierarchy (it may not exist)."""
+    if layout.version != 1 or layout.cpuset_root is None:
+        return None
+    return layout.cpuset_root / name
+
+
+def _enable(directory: Path, controller: str) -> None:
+    """Enable ``controller`` for the children of ``directory`` (v2), if it is not yet."""
+    control = directory / "cgroup.subtree_control"
+    try:
+        enabled = control.read_text().split()
+    except FileNotFoundError:
+        enabled = []
+    if controller not in enabled:
+        write_control(control, f"+{controller}")
 
 
 def _enable_cpu(directory: Path) -> None:
@@ -203,12 +268,15 @@ def _destroy_tree(
     cpu_dir: Path,
     acct_dir: Path | None,
     rmdir: Callable[[Path], None],
+    *,
     mem_dir: Path | None = None,
+    cpuset_dir: Path | None = None,
 ) -> bool:
     """Kill and remove ``cpu_dir`` and the same tree in the other hierarchies, deepest first."""
     separate_mem = mem_dir if mem_dir is not None and mem_dir != cpu_dir else None
+    separate_cpuset = cpuset_dir if cpuset_dir is not None and cpuset_dir != cpu_dir else None
     ok = True
-    for root in (cpu_dir, acct_dir, separate_mem):
+    for root in (cpu_dir, acct_dir, separate_mem, separate_cpuset):
         if root is not None:
             ok = _destroy_dir(layout, root, rmdir) and ok
     return ok
@@ -246,13 +314,25 @@ def sweep_stale(
     if pid_namespace is None:
         pid_namespace = current_pid_namespace()
     swept = []
-    for d in _subdirs(layout.cpu_root):
-        m = _STALE_PARENT.match(d.name)
+    names = {d.name for d in _subdirs(layout.cpu_root)}
+    pinned = _cpuset_dir(layout, "x")
+    if pinned is not None:  # v1: a cpuset parent may outlive its cpu one
+        names |= {d.name for d in _subdirs(pinned.parent)}
+    for name in sorted(names):
+        m = _STALE_PARENT.match(name)
         if m is None or int(m.group(1)) != pid_namespace or pid_alive(int(m.group(2))):
             continue
-        acct = layout.cpuacct_root / d.name if layout.cpuacct_root is not None else None
-        _destroy_tree(layout, d, acct, rmdir, _mem_dir(layout, d, d.name))
-        swept.append(d.name)
+        d = layout.cpu_root / name
+        acct = layout.cpuacct_root / name if layout.cpuacct_root is not None else None
+        _destroy_tree(
+            layout,
+            d,
+            acct,
+            rmdir,
+            mem_dir=_mem_dir(layout, d, name),
+            cpuset_dir=_cpuset_dir(layout, name),
+        )
+        swept.append(name)
         log.warning("removed cgroup %s left by a Sluice process that is gone", d)
     return swept
 

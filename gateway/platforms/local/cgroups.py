@@ -59,6 +59,9 @@ class CgroupLayout:
     """v1 only: root of a separately mounted ``cpuacct`` hierarchy (usage), if any."""
     memory_root: Path | None = None
     """Root of the hierarchy with the ``memory`` controller (v2: ``cpu_root``), None if none."""
+    cpuset_root: Path | None = None
+    """Root of the hierarchy with the ``cpuset`` controller (v2: ``cpu_root``), None if none:
+    where the parent pins every replica to the budget's CPUs (``CgroupParent.pin``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,16 +132,25 @@ def detect_layout(mountinfo_text: str) -> CgroupLayout:
             continue
         if "cpu" in controllers:
             memory = m.mount_point if "memory" in controllers else None
-            return CgroupLayout(version=2, cpu_root=m.mount_point, memory_root=memory)
+            cpuset = m.mount_point if "cpuset" in controllers else None
+            return CgroupLayout(
+                version=2, cpu_root=m.mount_point, memory_root=memory, cpuset_root=cpuset
+            )
         reasons.append(f"cgroup2 at {m.mount_point} has no cpu controller")
     v1 = [m for m in mounts if m.fstype == "cgroup"]
     cpu = next((m for m in v1 if "cpu" in m.super_options), None)
     if cpu is not None:
         mem = next((m for m in v1 if "memory" in m.super_options), None)
         memory_root = mem.mount_point if mem else None
+        pinning = next((m for m in v1 if "cpuset" in m.super_options), None)
+        cpuset_root = pinning.mount_point if pinning else None
         if "cpuacct" in cpu.super_options:
             return CgroupLayout(
-                version=1, cpu_root=cpu.mount_point, cpuacct_root=None, memory_root=memory_root
+                version=1,
+                cpu_root=cpu.mount_point,
+                cpuacct_root=None,
+                memory_root=memory_root,
+                cpuset_root=cpuset_root,
             )
         acct = next((m for m in v1 if "cpuacct" in m.super_options), None)
         return CgroupLayout(
@@ -146,6 +158,7 @@ def detect_layout(mountinfo_text: str) -> CgroupLayout:
             cpu_root=cpu.mount_point,
             cpuacct_root=acct.mount_point if acct else None,
             memory_root=memory_root,
+            cpuset_root=cpuset_root,
         )
     reasons.append("no cgroup v1 hierarchy with the cpu controller")
     raise CgroupUnavailable("; ".join(reasons))
@@ -231,6 +244,7 @@ class ReplicaCgroup:
         cpu_dir: Path,
         acct_dir: Path | None,
         mem_dir: Path | None = None,
+        cpuset_dir: Path | None = None,
     ) -> None:
         self.layout = layout
         self.cpu_dir = cpu_dir
@@ -238,6 +252,9 @@ class ReplicaCgroup:
         """v1 with a separate cpuacct hierarchy only."""
         self.mem_dir = mem_dir
         """Where the memory controller's files are (v2: ``cpu_dir``); None = no memory cgroup."""
+        self.cpuset_dir = cpuset_dir
+        """v1, when the parent pins its replicas to CPUs: the parent's cpuset cgroup, which
+        every replica joins (shared: not this replica's to read, signal or remove)."""
 
     def __repr__(self) -> str:
         return f"ReplicaCgroup(v{self.layout.version}, {self.cpu_dir})"
@@ -284,8 +301,16 @@ class ReplicaCgroup:
 
     @property
     def procs_files(self) -> tuple[Path, ...]:
-        """Write a pid into each of these to move that process into this cgroup."""
+        """This cgroup's own ``cgroup.procs`` files (the processes in it, one per hierarchy)."""
         return tuple(d / "cgroup.procs" for d in self.dirs)
+
+    @property
+    def join_files(self) -> tuple[Path, ...]:
+        """Write a pid into each of these to move that process into this cgroup (and, pinned
+        on v1, into the parent's cpuset cgroup)."""
+        if self.cpuset_dir is None:
+            return self.procs_files
+        return (*self.procs_files, self.cpuset_dir / "cgroup.procs")
 
     def set_cpu(self, cores: float | None) -> None:
         """Limit to ``cores`` CPUs (None = unlimited), in place: running tasks are not disturbed.

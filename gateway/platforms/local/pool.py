@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import signal
 import socket
@@ -79,6 +80,8 @@ STABLE_RUN_S = 10.0
 """A replica ready this long resets its slot's crash count (and so its restart backoff)."""
 _RMDIR_ATTEMPTS = 50
 _RMDIR_PAUSE_S = 0.02
+_WHOLE_EPS = 1e-9
+"""A budget within this of a whole number of CPUs is that number (pinning rounds up)."""
 
 
 async def _no_drain(service: str, address: str) -> None:
@@ -111,6 +114,7 @@ class LocalPool:
         host: str = "127.0.0.1",
         total_cpu_cores: float | None = None,
         enforcement: Enforcement = "limit",
+        allowed_cpus: Callable[[], set[int]] = lambda: os.sched_getaffinity(0),
     ) -> None:
         if total_cpu_cores is not None and total_cpu_cores <= 0:
             raise ValueError(f"total_cpu_cores must be > 0, got {total_cpu_cores!r}")
@@ -126,6 +130,10 @@ class LocalPool:
         """Cap on the parent cgroup: all replicas together never use more (the budget)."""
         self.cgroups: CgroupParent | None = None
         self.cgroups_unavailable_reason: str | None = None
+        self._allowed_cpus = allowed_cpus
+        self.unpinned_reason: str | None = None
+        """Share enforcement with a budget below the CPUs: why the replicas could not be
+        pinned to the budget's CPUs (None: pinned, or no pinning needed)."""
         self.host = host
         self._subscribers: list[Subscriber] = []
         self._ports_in_use: set[int] = set()
@@ -396,6 +404,51 @@ class LocalPool:
             self.cgroups.group.set_cpu(self.total_cpu_cores)
         except OSError as e:
             log.warning("cannot cap %r at %s cores: %s", self.cgroups, self.total_cpu_cores, e)
+        self._apply_pin()
+
+    def pin_cpus(self) -> tuple[int, ...] | None:
+        """Share enforcement with a budget below the CPUs this process may use: the CPUs the
+        replicas are confined to, the budget rounded up (the highest-numbered of the allowed
+        ones, leaving the first to the gateway and the system); None: no pinning (``limit``,
+        or the budget is every allowed CPU)."""
+        if self.enforcement != "share" or self.total_cpu_cores is None:
+            return None
+        allowed = sorted(self._allowed_cpus())
+        n = math.ceil(self.total_cpu_cores - _WHOLE_EPS)
+        if n >= len(allowed):
+            return None
+        return tuple(allowed[-n:])
+
+    def _apply_pin(self) -> None:
+        """Share: weights arbitrate only between tasks that wait for the same CPU, so under a
+        quota on more CPUs than the budget a busy service does not get its entitlement; on
+        the budget's own CPUs (a cpuset), with the quota in force only for a fraction, it
+        does.  Pin the replicas there, or say once why not."""
+        assert self.cgroups is not None
+        cpus = self.pin_cpus()
+        if cpus == self.cgroups.pinned:
+            return
+        try:
+            self.cgroups.pin(cpus)
+        except CgroupUnavailable as e:
+            if self.unpinned_reason is None:
+                log.warning(
+                    "share enforcement: replicas NOT pinned to %d CPU(s) %s (%s): the budget's "
+                    "quota alone bounds them, under which a busy service may get less than its "
+                    "entitlement (budget.enforcement: limit guarantees it)",
+                    len(cpus or ()),
+                    ",".join(str(c) for c in cpus or ()),
+                    e,
+                )
+            self.unpinned_reason = str(e)
+            return
+        self.unpinned_reason = None
+        if cpus is not None:
+            log.info(
+                "share enforcement: replicas pinned to CPU(s) %s (budget %g cores)",
+                ",".join(str(c) for c in cpus),
+                self.total_cpu_cores,
+            )
 
     def _open_group(self, svc: ServiceEntry) -> None:
         """Share enforcement: the service's own cgroup (once), weighted by its entitlement."""

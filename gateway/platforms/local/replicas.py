@@ -93,7 +93,7 @@ class ReplicaProcess:
             raise RuntimeError(f"{self!r} was already started")
         procs: list[str] = []
         if self.cgroup is not None:
-            for f in self.cgroup.procs_files:
+            for f in self.cgroup.join_files:
                 procs += ["--procs", str(f)]
         if self.identity is not None:
             procs += self.identity.launcher_args()
