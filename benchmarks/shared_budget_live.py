@@ -83,6 +83,9 @@ def scenario_config(
 ) -> dict[str, Any]:
     demo = ["{python}", "-m", "gateway.tools.demo", "--port", "{port}"]
     env = {"PYTHONPATH": str(ROOT), "DEMO_CPU_MS": "40"}
+    # the floors (0.5 and 0.75 cores: a third and a half of the default 1.5-core budget),
+    # scaled down to fit a smaller budget
+    scale = min(1.0, args.budget_cpu / 1.5)
     return {
         "listen": {"host": "127.0.0.1", "port": 0},
         "admin": {"host": "127.0.0.1", "port": 0},
@@ -109,7 +112,7 @@ def scenario_config(
                     "min_replicas": 1,
                     "max_replicas": 3,
                     "cpu": {"min": 0.1, "max": 0.5, "request": 0.5},
-                    "guaranteed_cpu": 0.5,
+                    "guaranteed_cpu": round(0.5 * scale, 3),
                     "weight": 1,
                 },
             },
@@ -127,7 +130,7 @@ def scenario_config(
                     "min_replicas": 1,
                     "max_replicas": 4,
                     "cpu": {"min": 0.1, "max": 1.0, "request": 0.25},
-                    "guaranteed_cpu": 0.75,
+                    "guaranteed_cpu": round(0.75 * scale, 3),
                     "weight": 2,
                 },
             },
