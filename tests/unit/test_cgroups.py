@@ -430,8 +430,12 @@ def test_v1_pin_makes_a_cpuset_every_replica_joins_and_destroy_removes_it(
     parent = CgroupParent(layout, "sluice-7-111", rmdir=shutil.rmtree)
     parent.create()
     before = parent.child("api-0", "api")
+    (before.cpu_dir / "cgroup.procs").write_text("4242\n")  # a replica already running
     parent.pin([3, 2])
     pinned = tmp_path / "cpuset" / "sluice-7-111"
+    assert (pinned / "cgroup.procs").read_text() == "4242"  # moved into the cpuset
+    for procs in (before.cpu_dir / "cgroup.procs", pinned / "cgroup.procs"):
+        procs.write_text("")  # a made-up pid: not one for destroy() to signal
     assert (pinned / "cpuset.cpus").read_text() == "2,3"
     assert (pinned / "cpuset.mems").read_text() == "0"  # a v1 cpuset needs memory nodes first
     assert parent.pinned == (2, 3) and parent.cpuset_dir == pinned

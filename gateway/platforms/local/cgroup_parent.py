@@ -124,6 +124,9 @@ class CgroupParent:
         if self.layout.version == 1:
             for cg in self._children.values():
                 cg.cpuset_dir = directory  # replicas launched from now on join it
+                for pid in cg.pids():  # and those running now move into it
+                    with contextlib.suppress(OSError):  # gone meanwhile
+                        write_control(directory / "cgroup.procs", str(pid))
 
     def service(self, name: str) -> ReplicaCgroup:
         """Create (or reuse) the cgroup that holds the replicas of the service ``name`` (share
@@ -315,9 +318,8 @@ def sweep_stale(
         pid_namespace = current_pid_namespace()
     swept = []
     names = {d.name for d in _subdirs(layout.cpu_root)}
-    pinned = _cpuset_dir(layout, "x")
-    if pinned is not None:  # v1: a cpuset parent may outlive its cpu one
-        names |= {d.name for d in _subdirs(pinned.parent)}
+    if layout.version == 1 and layout.cpuset_root is not None:
+        names |= {d.name for d in _subdirs(layout.cpuset_root)}  # may outlive its cpu parent
     for name in sorted(names):
         m = _STALE_PARENT.match(name)
         if m is None or int(m.group(1)) != pid_namespace or pid_alive(int(m.group(2))):
