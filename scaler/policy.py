@@ -547,11 +547,13 @@ class BudgetConfig(_Model):
             "(CFS quota; Kubernetes limits = requests); idle CPU is lent by the next decision "
             "and, with lending, between ticks. auto (default): share where the kernel keeps "
             "the guarantee exact -- on local and static when the budget is the whole machine "
-            "(no cap below the CPUs the replicas can run on), on kubernetes (the budget bounds "
-            "the pods' requests, the kernel's weights; a service whose pods are Guaranteed "
-            "keeps requests = limits and is decided as under limit), and in sluice simulate "
-            "(the node is the budget); limit otherwise (a budget below the machine's CPUs is a "
-            "parent quota that throttles every replica alike)."
+            "(no cap below the CPUs the replicas can run on), on local also when it is a whole "
+            "number of CPUs (the replicas pinned to that many CPUs with a cpuset), on "
+            "kubernetes (the budget bounds the pods' requests, the kernel's weights; a service "
+            "whose pods are Guaranteed keeps requests = limits and is decided as under limit), "
+            "and in sluice simulate (the node is the budget); limit otherwise (a fraction of a "
+            "CPU below the machine's, or no cpuset controller: a parent quota that throttles "
+            "every replica alike)."
         ),
     )
     lending: bool = Field(
