@@ -6,6 +6,7 @@ user could read: HTTP answers through the proxy, the cgroup files, and /proc.
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import threading
@@ -26,6 +27,7 @@ from gateway.platforms.local.cgroups import (
     detect_layout,
     weight_for,
 )
+from gateway.platforms.machine import cpuset_usable
 from scaler.policy import ScalingPolicy
 from tests.support.localpool import REPLICA_USER_FIELDS, ROOT, needs_cgroups
 from tests.support.processes import Gateway
@@ -128,8 +130,14 @@ def test_sluice_run_local_starts_scales_and_stops_replicas(
             assert service.quota_us is None
             budget = admin.get("/api/decisions").json()["budget"]
             assert budget["entitlement_cores"] == {"api": pytest.approx(entitled)}
+            # below every CPU the replicas run on the budget's own (the highest-numbered)
+            allowed = sorted(os.sched_getaffinity(0))
+            pinned = allowed[-2:] if len(allowed) > 2 and cpuset_usable() else None
+            assert budget["pinned_cpus"] == pinned
         else:
-            assert admin.get("/api/decisions").json()["budget"]["entitlement_cores"] == {}
+            budget = admin.get("/api/decisions").json()["budget"]
+            assert budget["entitlement_cores"] == {}
+            assert budget["pinned_cpus"] is None
 
         # Load: more requests in flight than one replica's target -> more replicas and/or CPU.
         failures: list[str] = []

@@ -119,11 +119,16 @@ class LocalPlatform:
 
     def report(self) -> Mapping[str, Any]:
         """Whether CPU is lent between ticks, who is idle, what is lent, the quota in force;
-        with share enforcement each service's entitlement (its cgroup's weight, cores); and
-        per service how its replicas run (``replicas``: user, memory limit, OOM kills)."""
+        with share enforcement each service's entitlement (its cgroup's weight, cores) and
+        the CPUs the replicas are pinned to below the whole machine (``pinned_cpus``, None:
+        not pinned); and per service how its replicas run (``replicas``: user, memory limit,
+        OOM kills)."""
+        cgroups = self.parts.pool.cgroups
+        pinned = None if cgroups is None or cgroups.pinned is None else list(cgroups.pinned)
         return {
             **lending_report(self.parts.pool, self.lender, self._settings),
             "entitlement_cores": entitlements_in_force(self.parts.pool),
+            "pinned_cpus": pinned,
             "replicas": replicas_report(self.parts.pool),
         }
 
