@@ -16,6 +16,9 @@ from dataclasses import dataclass
 
 from scaler.signals import LATENCY_BUCKETS_S, ServiceSignals
 
+_AREA_ROUNDING = 1e-9
+"""Relative rounding the concurrency integral's sums may carry (far above float64's)."""
+
 DEFAULT_RATE_WINDOW_S = 10
 DEFAULT_LATENCY_WINDOW_S = 10.0
 
@@ -288,7 +291,6 @@ class ServiceStats:
         """The signals now; ``app_metrics`` and (with ``latency_histogram``) the latency
         histogram since start are added for the services whose ``scaling.metrics`` read them."""
         recent = self.recent_latency_counts(now)
-        area = self.concurrency_base_s + self.in_flight * now
         return ServiceSignals(
             service=self.service,
             at=now,
@@ -304,9 +306,20 @@ class ServiceStats:
             app_metrics=app_metrics,
             latency_counts=tuple(self.latency_counts) if latency_histogram else None,
             latency_bounds_s=LATENCY_BUCKETS_S if latency_histogram else None,
-            # not one when ``now`` is not the clock the requests were counted on
-            concurrency_seconds_total=area if area >= 0.0 else None,
+            concurrency_seconds_total=self._area(now),
         )
+
+    def _area(self, now: float) -> float | None:
+        """The concurrency integral at ``now``: None when ``now`` is not the clock the
+        requests were counted on (the integral would be negative); a rounding error's
+        negative (the sums cancel: requests that arrived and left at ``now``) is 0."""
+        base = self.concurrency_base_s
+        area = base + self.in_flight * now
+        if area >= 0.0:
+            return area
+        # the sums' terms are times of the order of ``now``: their rounding is relative to it
+        slack = _AREA_ROUNDING * (abs(base) + abs(now) * (self.in_flight + 1))
+        return 0.0 if area >= -slack else None
 
     # -- across processes (``workers: N``) ----------------------------------------------------
 
