@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from gateway.platforms.cgroupfs import CgroupUnavailable, detect_layout
 from scaler.policy import BudgetConfig, BudgetCpu
 
 
@@ -116,27 +117,10 @@ def budget_cpu(budget: BudgetConfig) -> BudgetCpu:
 
 def cpuset_usable(mountinfo_path: Path = Path("/proc/self/mountinfo")) -> bool:
     """Whether this process can confine the replicas to CPUs with a cpuset cgroup (local
-    share enforcement below every CPU), in the hierarchy the local platform uses: a v2
-    hierarchy with the ``cpu`` controller that offers ``cpuset`` too, else (no v2 with
-    ``cpu``) a v1 ``cpuset`` hierarchy; writable either way."""
+    share enforcement below every CPU): the hierarchies the local platform uses
+    (:func:`gateway.platforms.cgroupfs.detect_layout`) have a writable ``cpuset`` one."""
     try:
-        lines = mountinfo_path.read_text().splitlines()
-    except OSError:
+        layout = detect_layout(mountinfo_path.read_text())
+    except (OSError, CgroupUnavailable):
         return False
-    v1: list[Path] = []
-    for line in lines:
-        head, _, tail = line.partition(" - ")
-        fields, rest = head.split(), tail.split()
-        if len(fields) < 5 or len(rest) < 3:
-            continue
-        point, fstype, options = Path(fields[4]), rest[0], rest[2].split(",")
-        if fstype == "cgroup" and "cpuset" in options:
-            v1.append(point)
-        elif fstype == "cgroup2":
-            try:
-                offered = (point / "cgroup.controllers").read_text().split()
-            except OSError:
-                continue
-            if "cpu" in offered:
-                return "cpuset" in offered and os.access(point, os.W_OK)
-    return bool(v1) and os.access(v1[0], os.W_OK)
+    return layout.cpuset_root is not None and os.access(layout.cpuset_root, os.W_OK)

@@ -248,10 +248,17 @@ def test_cpuset_usable_reads_the_hierarchy_the_local_platform_uses(tmp_path: Pat
         info.write_text("\n".join(lines) + "\n")
         return info
 
+    cpu = tmp_path / "cpu"
+    cpu.mkdir()
     # this machine's shape: v2 without cpu, v1 cpu and cpuset apart
     (unified / "cgroup.controllers").write_text("\n")
-    assert cpuset_usable(mounts((unified, "cgroup2", "rw"), (cpuset, "cgroup", "rw,cpuset")))
-    assert not cpuset_usable(mounts((unified, "cgroup2", "rw"), (cpuset, "cgroup", "rw,cpu")))
+    v1_cpu = (cpu, "cgroup", "rw,cpu,cpuacct")
+    assert cpuset_usable(
+        mounts((unified, "cgroup2", "rw"), v1_cpu, (cpuset, "cgroup", "rw,cpuset"))
+    )
+    assert not cpuset_usable(mounts((unified, "cgroup2", "rw"), v1_cpu))
+    # no cpu controller anywhere: no local cgroups at all, so nothing to pin with
+    assert not cpuset_usable(mounts((unified, "cgroup2", "rw"), (cpuset, "cgroup", "rw,cpuset")))
     # v2 with cpu: its own offer decides, whatever v1 mounts there are
     (unified / "cgroup.controllers").write_text("cpu memory\n")
     assert not cpuset_usable(mounts((unified, "cgroup2", "rw"), (cpuset, "cgroup", "rw,cpuset")))

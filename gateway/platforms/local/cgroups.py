@@ -1,6 +1,7 @@
-"""CPU cgroups for local replicas: detection (v2 or v1), one cgroup per replica, limits, usage.
+"""CPU cgroups for local replicas: one cgroup per replica, limits, usage.
 
-One cgroup per replica (:class:`ReplicaCgroup`; the same class handles a service's cgroup
+Which hierarchies to use (v2 or v1) is detected by :mod:`gateway.platforms.cgroupfs`.  One
+cgroup per replica (:class:`ReplicaCgroup`; the same class handles a service's cgroup
 and the parent); the Sluice-owned parent that holds them, and the sweep of parents left by
 a dead Sluice, are in :mod:`gateway.platforms.local.cgroup_parent`.
 
@@ -32,6 +33,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from gateway.platforms.cgroupfs import CgroupLayout, CgroupUnavailable, detect_layout
+
 log = logging.getLogger(__name__)
 
 PERIOD_US = 100_000
@@ -41,27 +44,6 @@ MIN_QUOTA_US = 1_000
 DEFAULT_WEIGHT_CORES = 1.0
 """The weight a new cgroup gets from the kernel (v1 ``cpu.shares`` 1024, v2 ``cpu.weight``
 100), in the cores :func:`weight_for` converts."""
-
-
-class CgroupUnavailable(Exception):
-    """CPU cgroups cannot be used here; ``str(e)`` says why in one sentence."""
-
-
-@dataclass(frozen=True, slots=True)
-class CgroupLayout:
-    """Where the kernel's CPU controller is mounted and which interface it speaks."""
-
-    version: int
-    """2 (unified hierarchy) or 1 (legacy per-controller hierarchies)."""
-    cpu_root: Path
-    """Root of the hierarchy that has the ``cpu`` controller."""
-    cpuacct_root: Path | None = None
-    """v1 only: root of a separately mounted ``cpuacct`` hierarchy (usage), if any."""
-    memory_root: Path | None = None
-    """Root of the hierarchy with the ``memory`` controller (v2: ``cpu_root``), None if none."""
-    cpuset_root: Path | None = None
-    """Root of the hierarchy with the ``cpuset`` controller (v2: ``cpu_root``), None if none:
-    where the parent pins every replica to the budget's CPUs (``CgroupParent.pin``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,78 +72,6 @@ class CpuUsage:
     """Time the cgroup's tasks were held back by the quota."""
     periods: int
     throttled_periods: int
-
-
-@dataclass(frozen=True, slots=True)
-class _Mount:
-    mount_point: Path
-    fstype: str
-    super_options: frozenset[str]
-
-
-def _parse_mountinfo(text: str) -> list[_Mount]:
-    mounts = []
-    for line in text.splitlines():
-        left, sep, right = line.partition(" - ")
-        if not sep:
-            continue
-        fields = left.split()
-        rest = right.split()
-        if len(fields) < 5 or len(rest) < 3:
-            continue
-        point = Path(fields[4].replace("\\040", " "))
-        mounts.append(_Mount(point, rest[0], frozenset(rest[2].split(","))))
-    return mounts
-
-
-def detect_layout(mountinfo_text: str) -> CgroupLayout:
-    """Pick the CPU cgroup interface from ``/proc/self/mountinfo`` text (v2 preferred).
-
-    v2 is used only when its hierarchy offers the ``cpu`` controller (``cgroup.controllers``);
-    otherwise a v1 hierarchy with ``cpu`` is used.  Raise :class:`CgroupUnavailable` if neither.
-    """
-    mounts = _parse_mountinfo(mountinfo_text)
-    reasons = []
-    for m in mounts:
-        if m.fstype != "cgroup2":
-            continue
-        try:
-            controllers = (m.mount_point / "cgroup.controllers").read_text().split()
-        except OSError as e:
-            reasons.append(f"cgroup2 at {m.mount_point}: unreadable ({e.strerror})")
-            continue
-        if "cpu" in controllers:
-            memory = m.mount_point if "memory" in controllers else None
-            cpuset = m.mount_point if "cpuset" in controllers else None
-            return CgroupLayout(
-                version=2, cpu_root=m.mount_point, memory_root=memory, cpuset_root=cpuset
-            )
-        reasons.append(f"cgroup2 at {m.mount_point} has no cpu controller")
-    v1 = [m for m in mounts if m.fstype == "cgroup"]
-    cpu = next((m for m in v1 if "cpu" in m.super_options), None)
-    if cpu is not None:
-        mem = next((m for m in v1 if "memory" in m.super_options), None)
-        memory_root = mem.mount_point if mem else None
-        pinning = next((m for m in v1 if "cpuset" in m.super_options), None)
-        cpuset_root = pinning.mount_point if pinning else None
-        if "cpuacct" in cpu.super_options:
-            return CgroupLayout(
-                version=1,
-                cpu_root=cpu.mount_point,
-                cpuacct_root=None,
-                memory_root=memory_root,
-                cpuset_root=cpuset_root,
-            )
-        acct = next((m for m in v1 if "cpuacct" in m.super_options), None)
-        return CgroupLayout(
-            version=1,
-            cpu_root=cpu.mount_point,
-            cpuacct_root=acct.mount_point if acct else None,
-            memory_root=memory_root,
-            cpuset_root=cpuset_root,
-        )
-    reasons.append("no cgroup v1 hierarchy with the cpu controller")
-    raise CgroupUnavailable("; ".join(reasons))
 
 
 def _read_int(path: Path) -> int:
