@@ -7,6 +7,7 @@ message names the exact key (``services.api.scaling.max_replicas: ...``).
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -501,6 +502,13 @@ Enforcement = Literal["limit", "share"]
 _ENFORCEMENT_EPS = 1e-6
 
 
+def cpus_for(cores: float) -> int:
+    """The whole CPUs a budget of ``cores`` runs on: rounded up, a budget within 1e-6 of a
+    whole number being that number (what ``enforcement: auto`` counts as whole, and the CPUs
+    the local platform pins the replicas to)."""
+    return max(1, math.ceil(cores - _ENFORCEMENT_EPS))
+
+
 @dataclass(frozen=True, slots=True)
 class BudgetCpu:
     """The budget in force: how many cores, and where that figure came from."""
@@ -661,8 +669,11 @@ class BudgetConfig(_Model):
         cores = machine_cores - self.reserved if self.cpu == "auto" else self.cpu
         if cores >= machine_cores - _ENFORCEMENT_EPS:
             return "share"
-        whole = round(cores)
-        if pinnable and whole >= 1 and abs(cores - whole) <= _ENFORCEMENT_EPS:
+        if (
+            pinnable
+            and cores >= 1 - _ENFORCEMENT_EPS
+            and cpus_for(cores) - cores <= _ENFORCEMENT_EPS
+        ):
             return "share"
         return "limit"
 

@@ -265,3 +265,27 @@ def test_cpuset_usable_reads_the_hierarchy_the_local_platform_uses(tmp_path: Pat
     (unified / "cgroup.controllers").write_text("cpuset cpu memory\n")
     assert cpuset_usable(mounts((unified, "cgroup2", "rw")))
     assert not cpuset_usable(tmp_path / "missing")
+
+
+def test_the_pool_pins_share_to_the_budgets_cpus_rounded_up_the_highest_numbered() -> None:
+    """What the local pool pins, from the same notion of a whole number of CPUs as the
+    ``auto`` rule: within 1e-6 of a whole number is that number."""
+    from gateway.platforms.local.pool import LocalPool
+
+    def pinned(cores: float, enforcement: str = "share") -> tuple[int, ...] | None:
+        pool = LocalPool(
+            {},
+            cgroups=None,
+            total_cpu_cores=cores,
+            enforcement=enforcement,  # type: ignore[arg-type]
+            allowed_cpus=lambda: {0, 1, 2, 5},
+        )
+        return pool.pin_cpus()
+
+    assert pinned(1.0) == (5,)
+    assert pinned(2.0000005) == (2, 5)  # whole, as auto counts it: share on 2 CPUs
+    assert BudgetConfig(cpu=2.0000005).auto_enforcement(4.0, pinnable=True) == "share"
+    assert pinned(1.5) == (2, 5)  # a fraction: auto says limit; written share is pinned too
+    assert pinned(0.25) == (5,)
+    assert pinned(4.0) is None  # every allowed CPU: nothing to pin
+    assert pinned(2.0, "limit") is None

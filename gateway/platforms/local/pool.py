@@ -34,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import os
 import signal
 import socket
@@ -66,6 +65,7 @@ from gateway.platforms.local.state import (
     Subscriber,
     restart_delay_s,
 )
+from scaler.policy import cpus_for
 
 log = logging.getLogger(__name__)
 
@@ -80,8 +80,6 @@ STABLE_RUN_S = 10.0
 """A replica ready this long resets its slot's crash count (and so its restart backoff)."""
 _RMDIR_ATTEMPTS = 50
 _RMDIR_PAUSE_S = 0.02
-_WHOLE_EPS = 1e-9
-"""A budget within this of a whole number of CPUs is that number (pinning rounds up)."""
 
 
 async def _no_drain(service: str, address: str) -> None:
@@ -414,7 +412,7 @@ class LocalPool:
         if self.enforcement != "share" or self.total_cpu_cores is None:
             return None
         allowed = sorted(self._allowed_cpus())
-        n = math.ceil(self.total_cpu_cores - _WHOLE_EPS)
+        n = cpus_for(self.total_cpu_cores)
         if n >= len(allowed):
             return None
         return tuple(allowed[-n:])
