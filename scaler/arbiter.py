@@ -10,8 +10,9 @@
    a frozen service (stale signals) demands what it holds and keeps at least its replicas ×
    ``cpu.min``, unless another service's floor needs it; a service deciding normally keeps
    its serving replicas at ``cpu.min`` the same way, unless another service's floor or
-   claim (its fair share; under share, one replica at full size) needs it: such a hold
-   yields whole replicas, and the claims are met before the water-fill shares the rest;
+   claim (its fair share) needs it: such a hold yields whole replicas' worth (under limit
+   the replicas go; under share they stay, see :func:`size_arrays`), and the claims are met
+   before the water-fill shares the rest;
 3. hysteresis: a service keeps last tick's allocation when the new one is within the band
    (``max(hysteresis_cores, hysteresis_ratio × previous)``) and within ``[low, demand]`` —
    in practice a borrower does not creep up by small amounts — unless it is below
@@ -49,6 +50,9 @@ IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
 _EPS = 1e-9
+WEIGHT_MIN_CORES = 0.001
+"""The least CPU per replica a replica kept in place under share is decided at (a weight:
+Kubernetes' smallest CPU request, 1m)."""
 
 
 @dataclass(slots=True)
@@ -289,6 +293,7 @@ def size_arrays(
     claimed: FloatArray | None = None,
     usable: FloatArray | None = None,
     one_more: BoolArray | None = None,
+    in_place: BoolArray | None = None,
 ) -> tuple[IntArray, FloatArray, IntArray]:
     """Give each service's ``want`` replicas its ``cores``: ``(replicas, cpu per replica)``.
 
@@ -308,9 +313,14 @@ def size_arrays(
     more replicas than its cores fill runs one more than they fill -- its weight is its
     cores however many replicas share them, so the extra replica takes nothing another
     service is entitled to; it only lets the service use CPU the others leave idle, which
-    replicas capped at ``cpu.max`` could not.
+    replicas capped at ``cpu.max`` could not.  ``in_place`` (share enforcement, per
+    service): where set, the replicas it runs now are kept when its cores no longer give
+    each ``cpu.min``, at the cores shared equally (down to :data:`WEIGHT_MIN_CORES` each):
+    the decided CPU is then a weight, the kernel takes the CPU back in place, and no replica
+    is removed to restart after another service's burst.
 
-    Returns ``(replicas, cpu per replica, note)`` with note codes 0 none, 2 fewer replicas
+    Returns ``(replicas, cpu per replica, note)`` with note codes 0 none, 1 replicas kept in
+    place below ``cpu.min`` (``in_place``), 2 fewer replicas
     fit at cpu.min, 3 resize blocked, 4 resize blocked and CPU cut, 6 new replicas held
     back by the cores, 9 new replicas started into idle CPU (``usable``), 10 one replica
     more than the cores fill (``one_more``).
@@ -334,12 +344,21 @@ def size_arrays(
     r = np.where(held, room, r)
     note = np.where(extra, 10, np.where(idle, 9, np.where(held, 6, 0)))
     fit = np.maximum(min_r, np.floor(cores / cpu_min + eps).astype(np.int64))
+    kept = np.zeros(r.shape, dtype=bool)
+    if in_place is not None and in_place.any():
+        weights = np.floor(cores / WEIGHT_MIN_CORES + eps).astype(np.int64)
+        kept_r = np.where(in_place, np.minimum(np.minimum(r, current), weights), 0)
+        kept = kept_r > fit
+        fit = np.maximum(fit, kept_r)
     thin = r > fit
     r = np.where(thin, fit, r)
     note = np.where(thin, 2, note)
     r = np.minimum(np.maximum(r, min_r), max_r)
     per = cores / np.maximum(r, 1)
     cpu = np.minimum(np.maximum(per, cpu_min), cpu_max)
+    below = kept & (per < cpu_min - eps)
+    cpu = np.where(below, per, cpu)
+    note = np.where(below, 1, note)
     cpu = np.where(r > 0, cpu, cpu_ref)
     fixed = ~np.isnan(fixed_cpu)
     if fixed.any():

@@ -481,11 +481,13 @@ class Engine:
             run, load, (now_load > 0) & (value >= 0), value, (cur_r, cur_cpu, frozen)
         )
         # The replicas a service keeps serving keep cpu.min each instead of being removed for
-        # another service's burst, as far as the others' floors and claims leave room (the
-        # arbiter's ``yielding``/``claim`` below): under share the kernel gives that burst
-        # its entitlement in any case (the decided CPU is a weight); under limit the burst's
-        # fair share comes first.  A frozen service's hold gives way to floors only.
-        hold = np.where(frozen, hold, np.minimum(run, cur_r) * self.cpu_min)
+        # another service's burst, as far as the others' floors and claims (their fair
+        # share) leave room (the arbiter's ``yielding`` below).  Where a hold gives way,
+        # under limit replicas go; under share they stay and run on less in place (sizing's
+        # ``in_place``) and hold what they run on until the CPU comes back.  A frozen
+        # service's hold gives way to floors only.
+        per_replica = np.minimum(cur_cpu, self.cpu_min) if self.share else self.cpu_min
+        hold = np.where(frozen, hold, np.minimum(run, cur_r) * per_replica)
         # CPU the replicas could use beyond the load's demand: served from spare CPU only.
         soft = np.where(frozen, demand, np.minimum(run * self.cpu_max, self.cap))
         soft = np.maximum(soft, demand)
@@ -511,11 +513,6 @@ class Engine:
                 hysteresis_ratio=self.hysteresis_ratio,
                 soft=soft,
                 yielding=~frozen,
-                # Under share a weighted service's entitlement comes from the kernel through
-                # its replicas: the others' held replicas yield to it only what runs one
-                # replica at full size (none at all would lock it out); under limit the
-                # decided CPU is the cap, so they yield its fair share.
-                claim=np.where(weighted, np.minimum(self.fair, self.unit), self.fair),
                 step=self.cpu_min,
             )
             replicas, cpu, split_note = size_arrays(
@@ -553,6 +550,11 @@ class Engine:
                     if self.share
                     else None
                 ),
+                # Under share a weighted service's decided CPU is a weight: when another
+                # service claims its fair share back, the replicas running keep running on
+                # less (below cpu.min) and the kernel takes the CPU in place, instead of
+                # replicas removed now and restarted after the burst.
+                in_place=weighted if self.share else None,
             )
             pending = {}
             split_note = np.where((split_note == 0) & (replicas == run), run_note, split_note)
@@ -888,10 +890,13 @@ class Engine:
         least = np.maximum(np.minimum(run, cur_r), np.minimum(run, 1)) * self.cpu_min
         demand = np.maximum(np.minimum(wanted_cores, run * self.cpu_max), least)
         held_r = np.minimum(np.maximum(cur_r, self.min_r), self.max_r)
-        held_cpu = np.minimum(np.maximum(cur_cpu, self.cpu_min), self.cpu_max)
+        # A frozen service keeps what it has: under share that may be replicas kept in place
+        # below cpu.min (a weight), which hold no more than they run on.
+        least_cpu = np.minimum(cur_cpu, self.cpu_min) if self.share else self.cpu_min
+        held_cpu = np.minimum(np.maximum(cur_cpu, least_cpu), self.cpu_max)
         demand = np.where(frozen, held_r * held_cpu, demand)
         demand = np.minimum(demand, self.cap)
-        hold = np.where(frozen, held_r * self.cpu_min, 0.0)
+        hold = np.where(frozen, held_r * least_cpu, 0.0)
         return demand, hold
 
     def _independent(

@@ -271,7 +271,7 @@ class TickView:
             trace.clamp("cores", demand, a, "budget")
         note = int(self.split_note[i])
         if note == 1:
-            trace.step("split.squeezed", replicas=r)
+            trace.step("split.in_place", replicas=r, cpu=cpu, cpu_min=e._pols[i].cpu.min)
         elif note == 2:
             trace.clamp("replicas", int(self.wanted[i]), r, "cpu.min")
         elif note == 3:

@@ -223,7 +223,11 @@ TEMPLATES: dict[str, str] = {
         "independent: wants {wanted} replicas of {cpu_ref:g} cores -> {replicas}×{cpu:.2f} = "
         "{cores:.2f} cores"
     ),
-    "split.squeezed": "squeezed: shrinking CPU per replica in place, keeping {replicas} replicas",
+    "split.in_place": (
+        "squeezed in place: keeps its {replicas} replicas at {cpu:.3f} cores each, below "
+        "cpu.min {cpu_min:g}: under share the decided CPU is a weight, the kernel takes the "
+        "CPU back by weight and no replica is removed to restart later"
+    ),
     "enforcement.capped": (
         "decided as under limit: the platform holds its replicas at their decided CPU (pods "
         "of Guaranteed QoS: requests = limits), so they cannot use idle CPU"

@@ -603,33 +603,33 @@ def test_a_lone_request_wakes_a_service_at_zero_whose_work_reads_below_cpu_min()
 
 def test_replicas_held_at_cpu_min_never_lock_a_scaled_to_zero_service_out() -> None:
     # "long" runs 8 replicas of 0.25 cores (cpu.min = cpu.max): at cpu.min they hold the
-    # whole budget.  "short" (no floor: min_replicas 0) then gets requests.  Under limit its
-    # fair share (1 core, 4 replicas) comes out of long's held replicas; under share the kernel
-    # gives it its entitlement through its replicas, so long's hold yields what runs one at
-    # full size (it used to yield nothing: short stayed at 0 replicas for good).
+    # whole budget.  "short" (no floor: min_replicas 0) then gets requests: its fair share
+    # (1 core, 4 replicas) comes out of long's held replicas (it used to get nothing: short
+    # stayed at 0 replicas for good).  Under limit two of long's replicas go; under share
+    # long keeps all 8 in place at 0.125 cores each (a weight: the kernel takes the CPU
+    # back), so none of them restarts after short's burst.
     pols = {
         "long": policy(max_replicas=8, cpu={"min": 0.25, "max": 0.25}),
         "short": policy(min_replicas=0, max_replicas=8, cpu={"min": 0.25, "max": 0.25}),
     }
-    for enforcement, short_gets in (("limit", (4, 1.0)), ("share", (1, 0.25))):
+    for enforcement, long_gets in (("limit", (4, 0.25)), ("share", (8, 0.125))):
         engine = Engine(pols, BudgetConfig(cpu=2, enforcement=enforcement))
         states: dict[str, ServiceState] = {}
         d = tick_loop(engine, range(10), {"long": 500, "short": 0}, states)
         assert (d["long"].replicas, d["short"].replicas) == (8, 0), enforcement
         d = tick_loop(engine, range(10, 14), {"long": 500, "short": 500}, states)
-        short = (d["short"].replicas, d["short"].allocated_cores)
-        assert short == (short_gets[0], pytest.approx(short_gets[1])), enforcement
+        assert (d["short"].replicas, d["short"].allocated_cores) == (4, pytest.approx(1.0))
+        long = (d["long"].replicas, d["long"].cpu_per_replica_cores)
+        assert long == (long_gets[0], pytest.approx(long_gets[1])), enforcement
         assert sum(x.allocated_cores for x in d.values()) <= 2.0 + 1e-9
+        assert d["short"].explanation.flows == d["long"].explanation.flows == ()
+        in_place = [s for s in d["long"].explanation.steps if s.kind == "split.in_place"]
+        assert bool(in_place) == (enforcement == "share"), d["long"].reasons
         if enforcement == "share":
-            # short lends nothing: what it wants of its fair share is held by long's replicas
-            held = pytest.approx(0.75)
-            assert d["short"].explanation.flows == (Flow("held_from", held, ("long",)),)
-            assert d["long"].explanation.flows == (Flow("held", held, ("short",)),)
             assert any(
-                r.startswith("gets 0.75 cores of its fair share") for r in d["short"].reasons
+                r.startswith("squeezed in place: keeps its 8 replicas at 0.125")
+                for r in d["long"].reasons
             )
-        else:
-            assert d["short"].explanation.flows == d["long"].explanation.flows == ()
 
 
 def test_under_limit_a_burst_takes_the_cpu_that_held_serving_replicas() -> None:
@@ -640,14 +640,18 @@ def test_under_limit_a_burst_takes_the_cpu_that_held_serving_replicas() -> None:
     assert during["steady"].replicas == 6
 
 
-def test_under_share_serving_replicas_keep_cpu_min_while_another_service_bursts() -> None:
-    # the steady service's 8 replicas keep cpu.min (3.2 cores decided); the burst is decided
-    # the rest, and the kernel gives it its entitlement (2.5 cores) at once in any case
+def test_under_share_serving_replicas_stay_in_place_while_another_service_bursts() -> None:
+    # the burst gets its fair share (2.5 cores) as under limit, but the steady service keeps
+    # its 8 replicas, squeezed in place below cpu.min (2.5 cores: 0.3125 each, a weight):
+    # none of them is removed to restart after the burst
     before, during = _squeeze("share")
     assert before["steady"].replicas == 8
+    assert during["burst"].allocated_cores == pytest.approx(2.5)
     assert during["steady"].replicas == 8
-    assert during["steady"].cpu_per_replica_cores == pytest.approx(0.4)
-    assert during["burst"].allocated_cores == pytest.approx(1.8)
+    assert during["steady"].cpu_per_replica_cores == pytest.approx(0.3125)
+    assert [s.kind for s in during["steady"].explanation.steps if s.kind.startswith("split.")] == [
+        "split.in_place"
+    ]
 
 
 def _settle(

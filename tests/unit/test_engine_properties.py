@@ -21,6 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from scaler.arbiter import WEIGHT_MIN_CORES
 from scaler.decision import Decision, ServiceState
 from scaler.engine import Engine
 from scaler.policy import BudgetConfig, ScalingPolicy
@@ -178,7 +179,15 @@ def check_tick(
         assert p.min_replicas <= d.replicas <= p.max_replicas, (name, d.replicas)
         assert abs(d.allocated_cores - d.replicas * d.cpu_per_replica_cores) < EPS
         if d.replicas:
-            assert p.cpu.min - EPS <= d.cpu_per_replica_cores <= p.cpu.max + EPS, d
+            assert d.cpu_per_replica_cores <= p.cpu.max + EPS, d
+            if d.cpu_per_replica_cores < p.cpu.min - EPS:
+                # below cpu.min only under share: replicas it already ran, kept in place at
+                # a weight (the kernel takes the CPU back), and the decision says so
+                prev = before.get(name)
+                assert budget.enforcement == "share" and budget.arbitration == "shared", d
+                assert prev is not None and d.replicas <= prev.replicas, (prev, d)
+                assert d.cpu_per_replica_cores >= WEIGHT_MIN_CORES - EPS, d
+                assert any(s.kind == "split.in_place" for s in d.explanation.steps), d.reasons
         if d.frozen:
             prev = before.get(name)
             held = prev.replicas if prev else 0
