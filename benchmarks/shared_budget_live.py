@@ -31,6 +31,7 @@ limits to mean anything; it says so when they are not applied.
 
     python benchmarks/shared_budget_live.py            # ~2 x 150 s (share)
     python benchmarks/shared_budget_live.py --enforcement both --duration 60 --period-s 20
+    python benchmarks/shared_budget_live.py --fixed-size   # replicas of one size, no floors
 """
 
 from __future__ import annotations
@@ -86,6 +87,19 @@ def scenario_config(
     # the floors (0.5 and 0.75 cores: a third and a half of the default 1.5-core budget),
     # scaled down to fit a smaller budget
     scale = min(1.0, args.budget_cpu / 1.5)
+    api_scaling: dict[str, Any] = {
+        "cpu": {"min": 0.1, "max": 0.5, "request": 0.5},
+        "guaranteed_cpu": round(0.5 * scale, 3),
+    }
+    reports_scaling: dict[str, Any] = {
+        "cpu": {"min": 0.1, "max": 1.0, "request": 0.25},
+        "guaranteed_cpu": round(0.75 * scale, 3),
+    }
+    if getattr(args, "fixed_size", False):
+        # replicas of one size (cpu.min = cpu.max) and no floor but min_replicas × cpu.min:
+        # CPU moves between the services only by replicas (or, under share, weights)
+        api_scaling = {"cpu": {"min": 0.5, "max": 0.5, "request": 0.5}}
+        reports_scaling = {"cpu": {"min": 0.25, "max": 0.25, "request": 0.25}}
     return {
         "listen": {"host": "127.0.0.1", "port": 0},
         "admin": {"host": "127.0.0.1", "port": 0},
@@ -111,8 +125,7 @@ def scenario_config(
                     "target": 2,
                     "min_replicas": 1,
                     "max_replicas": 3,
-                    "cpu": {"min": 0.1, "max": 0.5, "request": 0.5},
-                    "guaranteed_cpu": round(0.5 * scale, 3),
+                    **api_scaling,
                     "weight": 1,
                 },
             },
@@ -129,8 +142,7 @@ def scenario_config(
                     "target": 2,
                     "min_replicas": 1,
                     "max_replicas": 4,
-                    "cpu": {"min": 0.1, "max": 1.0, "request": 0.25},
-                    "guaranteed_cpu": round(0.75 * scale, 3),
+                    **reports_scaling,
                     "weight": 2,
                 },
             },
@@ -562,6 +574,7 @@ async def main_async(args: argparse.Namespace) -> int:
             "cpu_ms_per_request": 40,
             "isolated_from_other_processes": bool(iso and iso.enabled),
             "first_burst_s": args.first_burst_s,
+            "fixed_size": bool(args.fixed_size),
         },
         "machine": machine(),
         "results": {
@@ -619,6 +632,12 @@ def main() -> int:
         type=Path,
         default=Path("live-out"),
         help="directory for the JSON, the plots and the decision logs (default: live-out)",
+    )
+    p.add_argument(
+        "--fixed-size",
+        action="store_true",
+        help="replicas of one size (cpu.min = cpu.max: api 0.5, reports 0.25 cores) and no "
+        "guaranteed_cpu beyond min_replicas x cpu.min",
     )
     p.add_argument(
         "--no-isolate",

@@ -50,6 +50,18 @@ def test_the_scenario_is_a_valid_config_with_the_enforcement(
     assert settings.budget.cpu == 1.5
 
 
+def test_fixed_size_gives_replicas_one_size_and_no_floor_beyond_min_replicas(
+    bench: ModuleType,
+) -> None:
+    settings = parse_settings(bench.scenario_config(args(fixed_size=True), "shared", "share"))
+    sizes = {name: svc.scaling.cpu for name, svc in settings.services.items()}
+    assert {n: (c.min, c.max) for n, c in sizes.items()} == {
+        "api": (0.5, 0.5),
+        "reports": (0.25, 0.25),
+    }
+    assert all(svc.scaling.guaranteed_cpu is None for svc in settings.services.values())
+
+
 def test_burst_windows_follow_the_schedule(bench: ModuleType) -> None:
     assert bench.burst_windows(args()) == [(20.0, 30.0), (60.0, 70.0), (100.0, 110.0)]
     assert bench.burst_windows(args(duration=25.0)) == [(20.0, 25.0)]
