@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scaler.arbiter import (
+    WEIGHT_MIN_CORES,
     IndependentClaim,
     arbitrate_arrays,
     arbitrate_independent,
@@ -97,6 +98,7 @@ def size(
     fixed: float | None = None,
     usable: float | None = None,
     one_more: bool = False,
+    in_place: bool = False,
 ) -> tuple[int, float, int]:
     ref = p.cpu.initial_cores
     r, cpu, note = size_arrays(
@@ -112,6 +114,7 @@ def size(
         fixed_cpu=np.array([np.nan if fixed is None else fixed]),
         usable=None if usable is None else np.array([usable]),
         one_more=np.array([one_more]),
+        in_place=np.array([in_place]),
     )
     return int(r[0]), float(cpu[0]), int(note[0])
 
@@ -129,6 +132,7 @@ def size(
     st.one_of(st.none(), st.floats(0.01, 3.0)),
     st.one_of(st.none(), st.floats(0.0, 16.0)),
     st.booleans(),
+    st.booleans(),
 )
 def test_sizing_keeps_the_bounds_and_the_cores(
     cores: float,
@@ -142,6 +146,7 @@ def test_sizing_keeps_the_bounds_and_the_cores(
     fixed: float | None,
     usable: float | None,
     one_more: bool,
+    in_place: bool,
 ) -> None:
     p = policy(
         min_replicas=min_r,
@@ -158,11 +163,20 @@ def test_sizing_keeps_the_bounds_and_the_cores(
         fixed=fixed if current else None,
         usable=usable,
         one_more=one_more,
+        in_place=in_place,
     )
     assert p.min_replicas <= r <= p.max_replicas
     assert r * cpu <= cores + 1e-9 or fixed is not None
     if r:
-        assert p.cpu.min - 1e-9 <= cpu <= p.cpu.max + 1e-9
+        assert cpu <= p.cpu.max + 1e-9
+        if cpu < p.cpu.min - 1e-9:
+            # only replicas it already runs, kept in place (share), at a weight of 1m or more
+            assert in_place and r <= current and cpu >= WEIGHT_MIN_CORES - 1e-12
+    if in_place and fixed is None:
+        # in place, it keeps every replica it wants and runs while 1m each fits
+        kept = min(want, current, p.max_replicas)
+        if kept * WEIGHT_MIN_CORES <= cores + 1e-12:
+            assert r >= kept
     if fixed is None or not current:
         # Never more replicas than wanted (beyond min_replicas), nor than cpu.min each fits.
         assert r <= max(want, p.min_replicas)
@@ -178,6 +192,20 @@ def test_replicas_follow_the_recommendation_and_cpu_shrinks_in_place() -> None:
     assert size(4.0, p, want=8, current=8) == (8, pytest.approx(0.5), 0)
     # Too little for cpu.min each: only then do replicas go (note 2).
     assert size(1.0, p, want=8, current=8) == (4, pytest.approx(0.25), 2)
+
+
+def test_under_share_replicas_it_runs_stay_in_place_below_cpu_min() -> None:
+    p = policy(min_replicas=0, max_replicas=8, cpu={"min": 0.25, "max": 0.25})
+    # 8 replicas of a fixed size running, 1 core left after another service's claim: all 8
+    # kept at 0.125 each (a weight; note 1) instead of 4 kept and 4 removed (note 2).
+    assert size(1.0, p, want=8, current=8) == (4, pytest.approx(0.25), 2)
+    assert size(1.0, p, want=8, current=8, in_place=True) == (8, pytest.approx(0.125), 1)
+    # Only those it runs: none started below cpu.min, and fewer wanted are fewer kept.
+    assert size(1.0, p, want=8, current=2, in_place=True) == (4, pytest.approx(0.25), 6)
+    assert size(1.0, p, want=6, current=8, in_place=True) == (6, pytest.approx(1 / 6), 1)
+    # Down to 1m each: 0.003 cores keep 3 replicas, nothing keeps none.
+    assert size(0.003, p, want=8, current=8, in_place=True)[0] == 3
+    assert size(0.0, p, want=8, current=8, in_place=True)[0] == 0
 
 
 def test_new_replicas_start_only_as_far_as_the_cores_fill_them() -> None:
