@@ -189,17 +189,15 @@ def arbitrate_arrays(
     hysteresis_ratio: float,
     soft: FloatArray | None = None,
     yielding: BoolArray | None = None,
-    claim: FloatArray | None = None,
     step: FloatArray | None = None,
 ) -> tuple[FloatArray, FloatArray, FloatArray]:
     """Shared arbitration (see the module docstring) on arrays.
 
     ``hold``: cores a service keeps (its serving replicas × cpu.min), floors permitting.
     Where ``yielding`` is set (a service deciding normally, not frozen) its hold also gives
-    way to the others' reclaim: every service gets ``min(demand, claim)`` (``claim``: by
-    default its fair share) before a hold keeps more than its holder's own -- a replica kept
-    at ``cpu.min`` never takes what another may claim (a frozen service's hold yields to
-    floors only).  ``step`` (``cpu.min`` per service): a hold that gives way to a claim
+    way to the others' reclaim: every service gets its claim, ``min(demand, fair share)``,
+    before a hold keeps more than its holder's own -- a replica kept at ``cpu.min`` never
+    takes what another may claim (a frozen service's hold yields to floors only).  ``step`` (``cpu.min`` per service): a hold that gives way to a claim
     keeps whole replicas' worth (a part of one would hold CPU no replica runs on; the rest
     is water-filled with everything else).
     ``soft``: demand beyond ``demand`` that is only served from what is left once every
@@ -213,10 +211,10 @@ def arbitrate_arrays(
     taken = np.zeros_like(low)
     claimed: FloatArray | None = None
     if yielding is not None and yielding.any():
-        # The others' reclaim first: what the services below min(demand, claim) need beyond
-        # the CPU the lows leave free comes out of the yielding holds above their holders'
-        # own min(demand, claim), in proportion.
-        entitled = np.maximum(guarantee, np.minimum(demand, fair if claim is None else claim))
+        # The others' reclaim first: what the services below min(demand, fair share) need
+        # beyond the CPU the lows leave free comes out of the yielding holds above their
+        # holders' own, in proportion.
+        entitled = np.maximum(guarantee, np.minimum(demand, fair))
         gap = np.maximum(entitled - low, 0.0)
         short = float(gap.sum())
         need = short - (budget - float(low.sum()))
@@ -231,7 +229,7 @@ def arbitrate_arrays(
                 low = cut
             # ... and the claims keep what the holds leave them (max-min by weight when it is
             # less than they claim): the water-fill below shares by its level alone, and a
-            # claim above that level (one replica of a larger size) would go short of it.
+            # claim above that level (a holder's lows keep it down) would go short of it.
             free = budget - float(low.sum())
             if free > _EPS:
                 claimed = low + water_fill(free, np.zeros_like(gap), gap, weight)

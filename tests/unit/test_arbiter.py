@@ -297,8 +297,8 @@ def test_a_held_replica_gives_way_to_another_services_claim_but_a_frozen_one_to_
     None
 ):
     # "long" holds 8 serving replicas at cpu.min (2 cores: the whole budget); "short" (no
-    # floor) asks for 2.  A hold that yields leaves "short" its claim (by default its fair
-    # share); a frozen service's hold gives way to floors only; a smaller claim takes less.
+    # floor) asks for 2.  A hold that yields leaves "short" its claim (its fair share); a
+    # frozen service's hold gives way to floors only.
     base = arrays(minimum=[0, 0], floor=[0, 0], cap=[2, 2], weight=[1, 1], fair=[1, 1])
     args = {
         "demand": np.array([2.0, 2.0]),
@@ -311,10 +311,6 @@ def test_a_held_replica_gives_way_to_another_services_claim_but_a_frozen_one_to_
     assert cores.tolist() == pytest.approx([1.0, 1.0])
     frozen, _, _ = arbitrate_arrays(2.0, **base, **args, yielding=np.array([False, True]))
     assert frozen.tolist() == pytest.approx([2.0, 0.0])
-    one, _, _ = arbitrate_arrays(
-        2.0, **base, **args, yielding=np.array([True, True]), claim=np.array([1.0, 0.25])
-    )
-    assert one.tolist() == pytest.approx([1.75, 0.25])
     # a hold within its holder's own claim is kept
     kept, _, _ = arbitrate_arrays(
         2.0,
@@ -327,7 +323,8 @@ def test_a_held_replica_gives_way_to_another_services_claim_but_a_frozen_one_to_
 
 def test_a_hold_that_gives_way_meets_every_claim_and_keeps_whole_replicas() -> None:
     # "long" holds 9 replicas of 0.1 cores (0.9 of a 0.925-core budget); four services wake
-    # from zero, claiming one replica each: of 0.1 cores, but 0.25 for "big".  The hold yields
+    # from zero, claiming their fair shares, one replica each: of 0.1 cores, but 0.25 for
+    # "big".  The hold yields
     # what the claims need and each claim is met: the water-fill's level alone (0.2125) would
     # leave "big" short of its one replica, and "mid" (0.2 cap) would take it.
     base = arrays(
@@ -335,7 +332,7 @@ def test_a_hold_that_gives_way_meets_every_claim_and_keeps_whole_replicas() -> N
         floor=[0] * 5,
         cap=[1.2, 0.1, 0.1, 0.2, 0.25],
         weight=[1] * 5,
-        fair=[0.275, 0.1, 0.1, 0.2, 0.25],
+        fair=[0.375, 0.1, 0.1, 0.1, 0.25],
     )
     cores, _, _ = arbitrate_arrays(
         0.925,
@@ -346,25 +343,23 @@ def test_a_hold_that_gives_way_meets_every_claim_and_keeps_whole_replicas() -> N
         hysteresis_cores=0.05,
         hysteresis_ratio=0.05,
         yielding=np.ones(5, dtype=bool),
-        claim=np.array([0.1, 0.1, 0.1, 0.1, 0.25]),
         step=np.array([0.1, 0.1, 0.1, 0.1, 0.25]),
     )
     assert cores[4] == pytest.approx(0.25)
     assert cores.tolist()[:4] == pytest.approx([0.3, 0.1, 0.1, 0.175])
     assert cores.sum() == pytest.approx(0.925)
-    # "long" holds 2 replicas of 0.1 (cpu.max 0.15), "short" wakes claiming one of 0.1: the
-    # hold gives way by whole replicas (1.6 of them would hold CPU no replica runs on), and
-    # the rest is shared by the water-fill, so both get their fair share
+    # "long" holds 2 replicas of 0.1 (cpu.max 0.15), "short" wakes claiming one of 0.1 (its
+    # fair share): the hold gives way by whole replicas (1.6 of them would hold CPU no
+    # replica runs on), and the rest is shared by the water-fill
     two = {
         **arrays(minimum=[0, 0], floor=[0, 0], cap=[0.3, 0.5], weight=[1, 1], fair=[0, 0]),
-        "fair": np.array([0.13125, 0.13125]),
+        "fair": np.array([0.1625, 0.1]),
         "demand": np.array([0.3, 0.5]),
         "previous": np.array([0.2, 0.0]),
         "hold": np.array([0.2, 0.0]),
         "hysteresis_cores": 0.05,
         "hysteresis_ratio": 0.05,
         "yielding": np.array([True, True]),
-        "claim": np.array([0.1, 0.1]),
     }
     whole, _, _ = arbitrate_arrays(0.2625, **two, step=np.array([0.1, 0.1]))
     assert whole.tolist() == pytest.approx([0.13125, 0.13125])
