@@ -632,6 +632,31 @@ def test_replicas_held_at_cpu_min_never_lock_a_scaled_to_zero_service_out() -> N
             )
 
 
+def test_a_frozen_service_gives_cpu_to_floors_in_place_under_share() -> None:
+    # "long" fills the budget with 8 replicas of a fixed size, then its signals go missing
+    # (frozen) as "short" wakes with a 1-core floor: the floor is met from long's hold either
+    # way; under limit 4 of long's replicas go, under share all 8 stay at 0.125 cores each.
+    pols = {
+        "long": policy(max_replicas=8, cpu={"min": 0.25, "max": 0.25}),
+        "short": policy(
+            min_replicas=0, max_replicas=8, guaranteed_cpu=1.0, cpu={"min": 0.25, "max": 0.25}
+        ),
+    }
+    for enforcement, long_gets in (("limit", (4, 0.25)), ("share", (8, 0.125))):
+        engine = Engine(pols, BudgetConfig(cpu=2, enforcement=enforcement))
+        states: dict[str, ServiceState] = {}
+        d = tick_loop(engine, range(10), {"long": 500, "short": 0}, states)
+        assert (d["long"].replicas, d["short"].replicas) == (8, 0), enforcement
+        d = tick_loop(engine, range(10, 11), {"short": 500}, states)
+        assert d["long"].frozen and d["short"].allocated_cores == pytest.approx(1.0)
+        long = (d["long"].replicas, d["long"].cpu_per_replica_cores)
+        assert long == (long_gets[0], pytest.approx(long_gets[1])), enforcement
+        assert d["long"].explanation.flow_cores("taken_for_floors") == pytest.approx(1.0)
+        # and it stays so while frozen: what it runs on is what it holds
+        d = tick_loop(engine, range(11, 15), {"short": 500}, states)
+        assert (d["long"].replicas, d["long"].allocated_cores) == (long_gets[0], pytest.approx(1.0))
+
+
 def test_under_limit_a_burst_takes_the_cpu_that_held_serving_replicas() -> None:
     before, during = _squeeze("limit")
     assert before["steady"].replicas == 8
