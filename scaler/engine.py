@@ -486,8 +486,7 @@ class Engine:
         # under limit replicas go; under share they stay and run on less in place (sizing's
         # ``in_place``) and hold what they run on until the CPU comes back.  A frozen
         # service's hold gives way to floors only.
-        per_replica = np.minimum(cur_cpu, self.cpu_min) if self.share else self.cpu_min
-        hold = np.where(frozen, hold, np.minimum(run, cur_r) * per_replica)
+        hold = np.where(frozen, hold, np.minimum(run, cur_r) * self._held_cpu(cur_cpu))
         # CPU the replicas could use beyond the load's demand: served from spare CPU only.
         soft = np.where(frozen, demand, np.minimum(run * self.cpu_max, self.cap))
         soft = np.maximum(soft, demand)
@@ -784,6 +783,13 @@ class Engine:
             wanted[i] = verdict.replicas
         return verdicts
 
+    def _held_cpu(self, cur_cpu: FloatArray) -> FloatArray:
+        """What each running replica holds against the others: cpu.min, or under share
+        what it runs on when kept in place below it."""
+        if self.share:
+            return np.minimum(cur_cpu, self.cpu_min)
+        return self.cpu_min
+
     def _usable(
         self,
         now: float,
@@ -892,7 +898,7 @@ class Engine:
         held_r = np.minimum(np.maximum(cur_r, self.min_r), self.max_r)
         # A frozen service keeps what it has: under share that may be replicas kept in place
         # below cpu.min (a weight), which hold no more than they run on.
-        least_cpu = np.minimum(cur_cpu, self.cpu_min) if self.share else self.cpu_min
+        least_cpu = self._held_cpu(cur_cpu)
         held_cpu = np.minimum(np.maximum(cur_cpu, least_cpu), self.cpu_max)
         demand = np.where(frozen, held_r * held_cpu, demand)
         demand = np.minimum(demand, self.cap)
