@@ -193,13 +193,14 @@ def arbitrate_arrays(
 ) -> tuple[FloatArray, FloatArray, FloatArray]:
     """Shared arbitration (see the module docstring) on arrays.
 
-    ``hold``: cores a service keeps (its serving replicas × cpu.min), floors permitting.
-    Where ``yielding`` is set (a service deciding normally, not frozen) its hold also gives
-    way to the others' reclaim: every service gets its claim, ``min(demand, fair share)``,
-    before a hold keeps more than its holder's own -- a replica kept at ``cpu.min`` never
-    takes what another may claim (a frozen service's hold yields to floors only).  ``step`` (``cpu.min`` per service): a hold that gives way to a claim
-    keeps whole replicas' worth (a part of one would hold CPU no replica runs on; the rest
-    is water-filled with everything else).
+    ``hold``: cores a service keeps (its serving replicas × cpu.min, or under share what
+    replicas kept in place below it run on), floors permitting.  Where ``yielding`` is set
+    (a service deciding normally, not frozen) its hold also gives way to the others'
+    reclaim: every service gets its claim, ``min(demand, fair share)``, before a hold keeps
+    more than its holder's own -- a replica kept at ``cpu.min`` never takes what another may
+    claim (a frozen service's hold yields to floors only).  ``step`` (``cpu.min`` per
+    service): a hold that gives way to a claim keeps whole replicas' worth (a part of one
+    would hold CPU no replica runs on; the rest is water-filled with everything else).
     ``soft``: demand beyond ``demand`` that is only served from what is left once every
     ``demand`` is met (a panicking service's held replicas: it keeps them, but their CPU is
     lent while its load is lower, and comes back in one tick when the load returns).
