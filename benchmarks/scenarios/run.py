@@ -91,7 +91,7 @@ from scaler.simulate.baselines import (  # noqa: E402
     StaticController,
     Target,
 )
-from scaler.simulate.report import budget_summary, service_summary  # noqa: E402
+from scaler.simulate.report import budget_summary, json_ready, service_summary  # noqa: E402
 from scaler.simulate.runner import RunResult, Scenario, build_scenario, run  # noqa: E402
 from scaler.simulate.workload import ServiceLoad, load_workload  # noqa: E402
 
@@ -265,10 +265,11 @@ class ReactiveEntitledBound(ReactiveBound):
 
 
 def p99s(result: RunResult, services: list[str]) -> dict[str, float | None]:
-    """Each service's p99 latency in ``result`` (None without requests)."""
+    """Each service's p99 latency in ``result`` (None without requests; ``inf`` when it falls
+    among the requests admission rejected, as in every run's figures)."""
     out: dict[str, float | None] = {}
     for s in services:
-        lat = result.latencies_s[s]
+        lat = result.outcomes_s(s)
         out[s] = float(np.quantile(lat, 0.99, method="inverted_cdf")) if lat.size else None
     return out
 
@@ -551,10 +552,13 @@ def run_scenario(
 
 
 def _ratio(a: Any, b: Any) -> float | None:
+    """``a ÷ b``; two p99s that both fall among rejected requests (``inf``) are equal."""
     if a is None or b is None:
         return None
     if b == 0:
         return 1.0 if a == 0 else math.inf
+    if math.isinf(b):
+        return 1.0 if math.isinf(a) else 0.0
     return float(a) / float(b)
 
 
@@ -1138,7 +1142,9 @@ def main() -> int:
         # --seeds: the other seeds' runs, per scenario (figures and verdicts, as above)
         "other_seeds": [sc for _, sc in sorted(others, key=lambda ks: (ks[1]["name"], ks[0]))],
     }
-    args.out.write_text(json.dumps(doc, allow_nan=False, default=float) + "\n", encoding="utf-8")
+    args.out.write_text(
+        json.dumps(json_ready(doc), allow_nan=False, default=float) + "\n", encoding="utf-8"
+    )
     if args.table is not None:
         args.table.parent.mkdir(parents=True, exist_ok=True)
         buf = io.StringIO()

@@ -13,6 +13,7 @@ it is installed and how to install it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -120,19 +121,25 @@ def _summary(report: Mapping[str, Any], path: Path) -> None:
             colour, style = _RUN_STYLE[min(k, 2)]
             rejected = figures.get("rejected", 0)
             shed = f", {rejected} rejected" if rejected else ""
-            if not cdf:  # nothing served: say so rather than leave the run out unexplained
+            # rejected requests are never served (inf): the curve stops short of 1 at their share
+            x = np.asarray([np.nan if v is None else v for v in cdf or []], dtype=float)
+            x[~np.isfinite(x)] = np.nan
+            if np.isnan(x).all():  # nothing served: say so rather than leave the run out
                 if figures.get("requests"):
                     ax.plot(
                         [], [], color=colour, linestyle=style, label=f"{run}: none served{shed}"
                     )
                 continue
             p99 = figures["latency_p99_s"]
+            p99_text = (
+                f"p99 {p99:.3g} s" if p99 is not None and math.isfinite(p99) else "p99 rejected"
+            )
             ax.plot(
-                np.maximum(cdf, 1e-4),
+                np.maximum(x, 1e-4),
                 levels,
                 color=colour,
                 linestyle=style,
-                label=f"{run} (p99 {p99:.3g} s{shed})",
+                label=f"{run} ({p99_text}{shed})",
                 drawstyle="steps-post",
             )
         ax.axvline(slo, color="red", linewidth=0.8, label=f"SLO {slo:g} s")

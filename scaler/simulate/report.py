@@ -77,9 +77,11 @@ def service_summary(
     scenario: Scenario, result: RunResult, service: str, budget_cores: float
 ) -> dict[str, Any]:
     """The figures one run gives one service (latencies count unfinished requests by their
-    age; requests the gateway's admission rejected count as over the SLO)."""
+    age; requests the gateway's admission rejected count as over the SLO and, in the latency
+    quantiles, as never served: ``inf``, written ``null`` in JSON)."""
     s = result.series[service]
     lat = result.latencies_s[service]
+    outcomes = result.outcomes_s(service)
     slo = scenario.loads[service].slo_s
     ready = s["ready_replicas"]
     running = s["cpu_per_replica_cores"][s["cpu_per_replica_cores"] > 0]
@@ -91,10 +93,10 @@ def service_summary(
         "unfinished": result.unfinished[service],
         "rejected": result.rejected.get(service, 0),
         "throughput_rps": result.completed[service] / scenario.duration_s,
-        "latency_p50_s": _quantile(lat, 0.5),
-        "latency_p99_s": _quantile(lat, 0.99),
-        "latency_max_s": float(lat.max()) if lat.size else None,
-        "latency_cdf_s": latency_cdf(lat),
+        "latency_p50_s": _quantile(outcomes, 0.5),
+        "latency_p99_s": _quantile(outcomes, 0.99),
+        "latency_max_s": float(outcomes.max()) if outcomes.size else None,
+        "latency_cdf_s": latency_cdf(outcomes),
         "slo_s": slo,
         "requests_over_slo": int((lat > slo).sum()) + result.rejected.get(service, 0),
         "time_over_slo_s": float(s["over_slo"].sum() * scenario.tick_s),
@@ -245,8 +247,23 @@ def build_report(
     return out
 
 
+def json_ready(value: Any) -> Any:
+    """``value`` with every non-finite float as ``None`` (JSON has no infinity: a latency
+    quantile that falls among rejected requests is written ``null``, as is one without
+    requests; the ``rejected`` count next to it tells the two apart)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {k: json_ready(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_ready(v) for v in value]
+    return value
+
+
 def write_json(report: Mapping[str, Any], path: Path) -> None:
-    path.write_text(json.dumps(report, indent=1, allow_nan=False) + "\n", encoding="utf-8")
+    path.write_text(
+        json.dumps(json_ready(report), indent=1, allow_nan=False) + "\n", encoding="utf-8"
+    )
 
 
 _ROWS: list[tuple[str, str, str]] = [

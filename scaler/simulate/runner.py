@@ -257,6 +257,17 @@ class RunResult:
     def early_ticks(self) -> int:
         return len(self.early_ticks_at)
 
+    def outcomes_s(self, service: str) -> FloatArray:
+        """Every request of ``service`` by how long it took: the latencies, then ``+inf`` once
+        per request admission rejected (a 503 is no answer, however soon it comes: a run that
+        sheds requests must not read as faster than one that serves them).  What the runs'
+        latency quantiles (p50, p99, the CDF) are taken over."""
+        lat = self.latencies_s[service]
+        rejected = self.rejected.get(service, 0)
+        if not rejected:
+            return lat
+        return np.concatenate((lat, np.full(rejected, math.inf)))
+
 
 TickHook = Callable[[float, Mapping[str, ServiceModel], Node], None]
 """Called after every tick (regular or early) with its time, the models and the node."""

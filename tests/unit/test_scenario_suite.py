@@ -196,6 +196,31 @@ def test_an_own_policy_direction_miss_shows_whether_hindsight_avoids_it() -> Non
     assert "api (<= 3) 0/h at p99 1.25 s (as configured 1 s)" in goal["why"]
 
 
+def test_a_baseline_that_rejects_a_services_requests_does_not_read_as_faster() -> None:
+    # independent answered 503 to more than 1 % of jobs' requests: its p99 is among them (inf)
+    rejecting = float("inf")
+    sc = scenario(
+        {"api": figures(1.0, 1000, 0, 0.0, 0), "jobs": figures(40.0, 100, 0, 0.0, 0)},
+        {"api": figures(1.0, 1000, 0, 0.0, 0), "jobs": figures(rejecting, 2, 0, 0.0, 0, 98)},
+        (0.95, 0.90),
+    )
+    verdict = {g["goal"]: g for g in run.verdict(sc)}
+    assert verdict["jobs: p99 <= 1.10 x independent"]["met"]
+    assert verdict["jobs: p99 <= 1.10 x independent"]["detail"].startswith("40 s vs inf s (0.00x)")
+    assert verdict[SHORT_LIVED]["met"]
+    # both shed more than 1 %: neither p99 is a latency, they are equal; the 503 goal decides
+    sc["runs"]["sluice"]["services"]["jobs"] = figures(rejecting, 50, 0, 0.0, 0, 50)
+    verdict = {g["goal"]: g for g in run.verdict(sc)}
+    assert verdict["jobs: p99 <= 1.10 x independent"]["met"]
+    assert not verdict[SHORT_LIVED]["met"]
+    assert verdict["rejected (503) <= independent"]["met"]
+    # Sluice sheds what independent serves: a miss, however fast the rest was
+    sc["runs"]["independent"]["services"]["jobs"] = figures(3.0, 100, 0, 0.0, 0)
+    verdict = {g["goal"]: g for g in run.verdict(sc)}
+    assert not verdict["jobs: p99 <= 1.10 x independent"]["met"]
+    assert not verdict["rejected (503) <= independent"]["met"]
+
+
 SHORT_LIVED = "seed: short-lived jobs p99 >= 10x lower than independent"
 
 

@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -17,7 +18,8 @@ from scaler.signals import LATENCY_BUCKETS_S
 from scaler.simulate.arrivals import Arrivals
 from scaler.simulate.loop import EventLoop
 from scaler.simulate.model import UNBOUNDED, Admission, ServiceModel
-from scaler.simulate.runner import build_scenario, run
+from scaler.simulate.report import json_ready
+from scaler.simulate.runner import RunResult, build_scenario, run
 from scaler.simulate.workload import parse_workload
 from tests.support.sim_scenarios import placed, requests
 
@@ -136,6 +138,37 @@ def test_the_summary_figure_says_when_a_run_served_none_of_a_services_requests(
     github = report["runs"]["independent"]["services"]["github"]
     assert github["completed"] == 0 and github["rejected"] == github["requests"] > 0
     assert f"independent: none served, {github['rejected']} rejected" in legends
+    # a 503 is no answer: rejected requests sit above every served one in the quantiles
+    # (inf, written null), so a run that sheds requests never reads as the faster one
+    shed = 0
+    for name, figures in report["runs"].items():
+        for service, f in figures["services"].items():
+            if f["rejected"] > 0.01 * f["requests"]:
+                shed += 1
+                assert f["latency_p99_s"] is None and f["latency_cdf_s"][-1] is None
+                assert f"{name} (p99 rejected, {f['rejected']} rejected)" in legends or (
+                    f["completed"] == f["unfinished"] == 0
+                ), (name, service)
+    assert shed >= 2
+
+
+def test_a_runs_outcomes_are_its_latencies_then_one_inf_per_rejected_request() -> None:
+    result = RunResult(
+        name="independent",
+        series={},
+        latencies_s={"hook": np.array([0.5, 2.0])},
+        arrivals={"hook": 4},
+        completed={"hook": 1},
+        unfinished={"hook": 1},
+        cpu_seconds={"hook": 0.1},
+        rejected={"hook": 2},
+    )
+    assert result.outcomes_s("hook").tolist() == [0.5, 2.0, math.inf, math.inf]
+    assert json_ready({"p99": math.inf, "cdf": [0.5, math.inf], "n": 2}) == {
+        "p99": None,
+        "cdf": [0.5, None],
+        "n": 2,
+    }
 
 
 @settings(max_examples=40, deadline=None)
