@@ -39,7 +39,7 @@ from rich.table import Table  # noqa: E402
 from gateway.settings import load_settings  # noqa: E402
 from scaler.policy import BudgetConfig, ScalingPolicy  # noqa: E402
 from scaler.simulate.cli import simulate_runs  # noqa: E402
-from scaler.simulate.report import build_report  # noqa: E402
+from scaler.simulate.report import build_report, json_ready  # noqa: E402
 from scaler.simulate.runner import Enforcement, build_scenario, run  # noqa: E402
 from scaler.simulate.workload import Workload, load_workload, parse_workload  # noqa: E402
 
@@ -281,7 +281,7 @@ def main() -> int:
                 out["speed" + _suffix(enforcement, early)] = speed(console, early, enforcement)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "shared_budget_sim.json"
-    path.write_text(json.dumps(out, indent=1) + "\n")
+    path.write_text(json.dumps(json_ready(out), indent=1, allow_nan=False) + "\n")
     console.print(f"wrote {path}")
     return 0
 
