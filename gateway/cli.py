@@ -178,6 +178,7 @@ def simulated_admission(settings: Settings) -> dict[str, Admission]:
             slots_per_replica=service.limits.concurrency_per_replica,
             queue_max=service.limits.queue.max,
             queue_timeout_s=service.limits.queue.timeout_s,
+            cold_start_timeout_s=service.limits.queue.cold_start_timeout_s,
         )
         for name, service in settings.services.items()
     }

@@ -215,6 +215,14 @@ class QueueConfig(_Model):
         gt=0,
         description="Longest wait for a slot; then 503 (Sluice-Error: queue-timeout) with Retry-After.",
     )
+    cold_start_timeout_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="Longest wait for a request queued while the service has no endpoint "
+        "(scale from zero, platform: local): it is held through the replica's start-up "
+        "(Knative's activator and revision timeout of 300 s); then 503 (Sluice-Error: "
+        "queue-timeout).",
+    )
 
 
 class RateLimitConfig(_Model):

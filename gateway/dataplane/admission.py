@@ -14,9 +14,12 @@ A request is admitted in three steps, all on the event loop, none needing a task
    its own loop callback (never nested inside the caller that freed the slot).
 
 **Scale from zero** (``platform: local``, :meth:`Admission.hold_at_zero`): while a service has
-no endpoint at all its capacity is 0, so requests wait in the same bounded queue (with the same
-timeout) instead of getting 503 at once; ``on_hold`` wakes the scaler, and the first ready
-endpoint (``set_replicas``) dispatches them in order.
+no endpoint at all its capacity is 0, so requests wait in the same bounded queue instead of
+getting 503 at once; ``on_hold`` wakes the scaler, and the first ready endpoint
+(``set_replicas``) dispatches them in order.  A request that starts waiting then is held
+through the cold start: up to ``cold_start_timeout_s`` (default 300 s, Knative's revision
+timeout), not ``timeout_s``, since a replica's start-up routinely takes longer than a wait for
+a slot should (Knative's activator and KEDA's interceptor hold such requests too).
 
 **Early ticks** (:meth:`Admission.arm_early_wake`): after each scaler tick the service is
 armed with its decision's ``wake_concurrency``; the request that takes the concurrency (slots
@@ -111,17 +114,20 @@ class QueueGauge(Protocol):
 class Waiter:
     """One queued request: its callbacks, when it was queued, its timeout timer."""
 
-    __slots__ = ("enqueued_at", "live", "on_admit", "on_reject", "timer")
+    __slots__ = ("cold", "enqueued_at", "live", "on_admit", "on_reject", "timer")
 
     def __init__(
         self,
         on_admit: Callable[[float], None],
         on_reject: Callable[[AdmissionError], None],
         enqueued_at: float,
+        cold: bool = False,
     ) -> None:
         self.on_admit = on_admit
         self.on_reject = on_reject
         self.enqueued_at = enqueued_at
+        self.cold = cold
+        """Queued while the service had no endpoint (held through a cold start)."""
         self.live = True
         self.timer: asyncio.TimerHandle | None = None
 
@@ -141,6 +147,7 @@ class Admission:
         "_rate_tolerance_s",
         "_wake_scheduled",
         "capacity",
+        "cold_start_timeout_s",
         "early_wake_at",
         "gated",
         "gauge",
@@ -204,6 +211,7 @@ class Admission:
         self.capacity = math.inf
         self.queue_max = 0
         self.queue_timeout_s = 0.0
+        self.cold_start_timeout_s = 0.0
         self.max_body_bytes: int | None = None
         self._limiter: AsyncLimiter | None = None
         self._rate_retry_after_s = 1
@@ -227,6 +235,7 @@ class Admission:
         self.per_replica = limits.concurrency_per_replica
         self.queue_max = limits.queue.max
         self.queue_timeout_s = limits.queue.timeout_s
+        self.cold_start_timeout_s = limits.queue.cold_start_timeout_s
         self.max_body_bytes = limits.max_body_bytes
         rate = limits.rate_limit
         if rate is None:
@@ -408,8 +417,10 @@ class Admission:
         loop = self._loop_now()
         if now is None:
             now = loop.time()
-        waiter = Waiter(on_admit, on_reject, now)
-        waiter.timer = loop.call_at(now + self.queue_timeout_s, self._expire, waiter)
+        cold = self.replicas == 0 and self.hold_when_empty
+        waiter = Waiter(on_admit, on_reject, now, cold)
+        timeout = self.cold_start_timeout_s if cold else self.queue_timeout_s
+        waiter.timer = loop.call_at(now + timeout, self._expire, waiter)
         self._queue.append(waiter)
         self.queued += 1
         if self.gauge is not None:
@@ -447,13 +458,11 @@ class Admission:
         self._maybe_idle()
         self.rejected[QueueTimeout.code] += 1
         self._observe_wait(self._loop_now().time() - waiter.enqueued_at)
-        waiter.on_reject(
-            QueueTimeout(
-                self.service,
-                QUEUE_RETRY_AFTER_S,
-                f"no free slot within queue.timeout_s ({self.queue_timeout_s:g}s)",
-            )
-        )
+        if waiter.cold:
+            why = f"no endpoint ready within queue.cold_start_timeout_s ({self.cold_start_timeout_s:g}s)"
+        else:
+            why = f"no free slot within queue.timeout_s ({self.queue_timeout_s:g}s)"
+        waiter.on_reject(QueueTimeout(self.service, QUEUE_RETRY_AFTER_S, why))
 
     def _schedule_wake(self) -> None:
         self._wake_scheduled = True

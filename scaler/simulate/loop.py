@@ -565,8 +565,7 @@ class EventLoop:
                     if lending and conc[j] == 0:
                         self._quiet(j, ta)
                 else:
-                    m.queue.append((ta, m.works[i]))
-                    m.in_system_arrivals += ta
+                    m.enqueue(ta, m.works[i], cold=not ready)
                 if conc[j] >= wake[j]:
                     stop = (m.name, ta)
                     t1 = ta
@@ -600,7 +599,7 @@ class EventLoop:
             r = _free(ready, slots)
             if r is None:
                 break
-            arrived, w = queue.popleft()
+            arrived, w = m.dequeue()
             if self.lending is not None:
                 self._replica_wake(r, j, t)
             r.flow(t)

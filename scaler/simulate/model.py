@@ -19,7 +19,8 @@ Assumptions (docs/simulate.md repeats them):
   it waits in the queue, and a freed slot takes the oldest waiter; the queue (also where
   requests wait while no replica is ready, as on ``platform: local``) holds at most
   ``queue.max`` requests -- one more is rejected at once (503 queue-full) -- and a request
-  that has waited ``queue.timeout_s`` is rejected (503 queue-timeout).  Without limits
+  that has waited ``queue.timeout_s`` is rejected (503 queue-timeout); one that arrived while
+  no replica was ready is held through the cold start, up to ``queue.cold_start_timeout_s``.  Without limits
   (:data:`UNBOUNDED`) nothing is rejected.
 * **The CPU rule** is a strategy of the one event loop that drives these models
   (:mod:`scaler.simulate.loop`): limit as above, limit with lending, or share (a replica's
@@ -64,6 +65,8 @@ class Admission:
     """Most requests waiting at once; None: unbounded."""
     queue_timeout_s: float = math.inf
     """Longest wait in the queue before a 503."""
+    cold_start_timeout_s: float = math.inf
+    """Longest wait for a request that arrived while no replica was ready (a cold start)."""
 
 
 UNBOUNDED = Admission()
@@ -173,8 +176,15 @@ class ServiceModel:
         self.cores_max = cores_max
         """Share enforcement: the most CPU one replica may use (the service's ``cpu.max``)."""
         self.replicas: list[Replica] = []
-        self.queue: deque[tuple[float, float]] = deque()
-        """Requests waiting in the gateway: (arrival time, CPU-seconds)."""
+        self.queue: deque[tuple[float, float, float, bool]] = deque()
+        """Requests waiting in the gateway: (arrival time, CPU-seconds, deadline, cold), in
+        arrival order; ``cold``: it arrived while no replica was ready (:meth:`enqueue`)."""
+        self._cold_queued = 0
+        """Cold requests in :attr:`queue`: while there are any, deadlines are not in order."""
+        self._expiry = math.inf
+        """While cold requests wait: no queued request's deadline is before this."""
+        self._timeout_waits: list[float] = []
+        """How long each request rejected by a queue timeout had waited."""
         self.arrivals_total = 0
         self.completions_total = 0
         self.in_system_arrivals = 0.0
@@ -197,8 +207,8 @@ class ServiceModel:
         only then): the gateway's latency histogram of every completed request so far."""
         self._latency_counted = (0, 0, 0)
         """What :attr:`_latency_counts` holds: how many of :attr:`latencies`, of the requests
-        rejected at once (queue full: 0 s) and of those that timed out in the queue (at
-        ``queue_timeout_s``) -- the gateway records its own 503s in the histogram too."""
+        rejected at once (queue full: 0 s) and of those that timed out in the queue (after
+        their wait) -- the gateway records its own 503s in the histogram too."""
         self._window_ticks = max(1, round(signal_window_s / tick_s))
         self._window_s = self._window_ticks * tick_s
         self._arrivals_window: deque[int] = deque(maxlen=self._window_ticks)
@@ -250,25 +260,61 @@ class ServiceModel:
     def rejected_total(self) -> int:
         return self.rejected_queue_full + self.rejected_timeout
 
+    def enqueue(self, t: float, work: float, *, cold: bool) -> None:
+        """Queue a request arriving at ``t``; ``cold``: no replica is ready, so it is held
+        through the start-up (``cold_start_timeout_s``) rather than ``queue_timeout_s``."""
+        adm = self.admission
+        deadline = t + (adm.cold_start_timeout_s if cold else adm.queue_timeout_s)
+        if cold:
+            if not self._cold_queued:  # the oldest waiter has the earliest deadline so far
+                self._expiry = self.queue[0][2] if self.queue else math.inf
+            self._cold_queued += 1
+        if self._cold_queued and deadline < self._expiry:
+            self._expiry = deadline
+        self.queue.append((t, work, deadline, cold))
+        self.in_system_arrivals += t
+
+    def dequeue(self) -> tuple[float, float]:
+        """The oldest queued request, handed to a replica: (arrival time, CPU-seconds)."""
+        arrived, work, _, cold = self.queue.popleft()
+        if cold:
+            self._cold_queued -= 1
+        return arrived, work
+
     def expire(self, t: float) -> int:
-        """Reject the queued requests that have waited ``queue_timeout_s`` by ``t`` (the
-        oldest first); returns how many."""
-        queue, limit = self.queue, self.admission.queue_timeout_s
+        """Reject the queued requests whose wait reached its bound by ``t`` (``queue_timeout_s``,
+        or ``cold_start_timeout_s`` for those held through a cold start); returns how many."""
+        queue = self.queue
         n = 0
-        while queue and t - queue[0][0] >= limit:
-            arrived, _ = queue.popleft()
-            self.in_system_arrivals -= arrived
-            self.residence_total_s += limit  # it left when it timed out
-            n += 1
+        if not self._cold_queued:  # one bound for all: the deadlines are in arrival order
+            while queue and queue[0][2] <= t:
+                arrived, _, deadline, _ = queue.popleft()
+                self._timed_out(arrived, deadline)
+                n += 1
+        elif t >= self._expiry:
+            kept = [item for item in queue if item[2] > t]
+            for arrived, _, deadline, cold in queue:
+                if deadline <= t:
+                    self._timed_out(arrived, deadline)
+                    self._cold_queued -= cold
+                    n += 1
+            queue.clear()
+            queue.extend(kept)
+            self._expiry = min((item[2] for item in kept), default=math.inf)
         self.rejected_timeout += n
         return n
+
+    def _timed_out(self, arrived: float, deadline: float) -> None:
+        self.in_system_arrivals -= arrived
+        self.residence_total_s += deadline - arrived  # it left when it timed out
+        self._timeout_waits.append(deadline - arrived)
 
     def count(self, phase: str) -> int:
         return sum(1 for r in self.replicas if r.phase == phase)
 
     def oldest_arrival(self) -> float | None:
         """Arrival time of the oldest request still waiting or in flight."""
-        oldest = self.queue[0][0] if self.queue else math.inf
+        oldest = self.queue[0][0] if self.queue else math.inf  # arrival order
         for r in self.replicas:
             if r.tags:
                 oldest = min(oldest, *(a for _, a in r.tags))
@@ -306,9 +352,8 @@ class ServiceModel:
             for latency in self.latencies[served:]:
                 counts[bisect_left(LATENCY_BUCKETS_S, latency)] += 1
             counts[0] += self.rejected_queue_full - full
-            timeout = self.admission.queue_timeout_s
-            if self.rejected_timeout > timed_out:
-                counts[bisect_left(LATENCY_BUCKETS_S, timeout)] += self.rejected_timeout - timed_out
+            for waited in self._timeout_waits[timed_out:]:
+                counts[bisect_left(LATENCY_BUCKETS_S, waited)] += 1
             self._latency_counted = (
                 len(self.latencies),
                 self.rejected_queue_full,

@@ -412,7 +412,7 @@ def run(
     latencies: dict[str, FloatArray] = {}
     unfinished: dict[str, int] = {}
     for s, m in models.items():
-        waiting = [end - a for a, _ in m.queue]
+        waiting = [end - a for a, *_ in m.queue]
         waiting += [end - a for r in m.replicas for _, a in r.tags]
         unfinished[s] = len(waiting)
         latencies[s] = np.asarray(m.latencies + waiting, dtype=np.float64)

@@ -177,3 +177,35 @@ def test_admin_json_is_finite_before_any_request(tmp_path: Path) -> None:
         gw.signal(signal.SIGTERM)
         code = gw.wait(30)
     assert code == 0, gw.output()[-3000:]
+
+
+@needs_cgroups
+def test_a_cold_start_longer_than_the_queue_timeout_is_held_not_refused(tmp_path: Path) -> None:
+    """A replica that takes 12 s to start (heavy imports), the queue at its defaults
+    (``timeout_s`` 10): requests that came to a service at zero are held through the cold
+    start (``cold_start_timeout_s``, 300 s) and answered, none 503."""
+    marker = uuid.uuid4().hex
+    config = zero_config(marker)
+    reports = config["services"]["reports"]
+    del reports["limits"]  # the defaults, as a user who set nothing has them
+    replicas = reports["replicas"]
+    replicas["command"] = [
+        "sh",
+        "-c",
+        "sleep 12; exec {python} -m gateway.tools.demo --port {port}",
+    ]
+    gw = Gateway(config, tmp_path / "zero.yaml")
+    try:
+        answers = burst(gw.url, 3)
+        assert [r.status_code for r in answers] == [200] * 3, [
+            (r.status_code, r.headers.get("sluice-error"), r.text[:80]) for r in answers
+        ]
+        assert all(r.elapsed.total_seconds() >= 11 for r in answers)  # they waited for it
+        metrics = httpx.get(f"{gw.admin_url}/metrics", timeout=10).text
+        assert 'sluice_admission_rejected_total{cause="queue-timeout",service="reports"} 0.0' in (
+            metrics
+        )
+    finally:
+        gw.signal(signal.SIGTERM)
+        code = gw.wait(30)
+    assert code == 0, gw.output()[-3000:]

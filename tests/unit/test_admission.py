@@ -304,13 +304,45 @@ def test_held_at_zero_endpoints_then_dispatched_in_order_by_the_first_replica(
     assert all(e[2] == pytest.approx(5) for e in rec.events)
 
 
-def test_held_at_zero_times_out_like_any_queued_request(loop: SteppedLoop) -> None:
-    a = Admission("reports", limits(per=None, qmax=5, timeout_s=2), replicas=0, loop=loop)
+def test_held_at_zero_waits_through_the_cold_start_then_times_out(loop: SteppedLoop) -> None:
+    """A request queued while there is no endpoint is held past ``timeout_s``, up to
+    ``cold_start_timeout_s`` (a replica's start-up is not a wait for a slot)."""
+    lim = ServiceLimits(
+        concurrency_per_replica=None,
+        queue=QueueConfig(max=5, timeout_s=2, cold_start_timeout_s=30),
+    )
+    a = Admission("reports", lim, replicas=0, loop=loop)
+    a.hold_at_zero(lambda: None)
+    errors: list[AdmissionError] = []
+    assert a.admit(lambda _w: None, errors.append) is not None
+    loop.advance(29.9)
+    assert errors == []
+    loop.advance(0.2)
+    assert [e.code for e in errors] == [QueueTimeout.code]
+    assert "no endpoint ready within queue.cold_start_timeout_s (30s)" in str(errors[0])
+    assert a.queued == 0
+
+
+def test_held_at_zero_dispatched_when_ready_and_later_waits_get_timeout_s(
+    loop: SteppedLoop,
+) -> None:
+    """Only a wait that began with no endpoint gets the cold-start bound: once a replica is
+    ready, a request queued for a slot times out after ``timeout_s`` as usual."""
+    lim = ServiceLimits(
+        concurrency_per_replica=1,
+        queue=QueueConfig(max=5, timeout_s=2, cold_start_timeout_s=300),
+    )
+    a = Admission("reports", lim, replicas=0, loop=loop)
     a.hold_at_zero(lambda: None)
     rec = Recorder()
-    assert a.admit(*rec.callbacks("r0")) is not None
+    assert a.admit(*rec.callbacks("cold")) is not None
+    loop.advance(20)  # a 20 s start-up: longer than timeout_s
+    a.set_replicas(1)
+    loop.settle()
+    assert rec.events == [("admit", "cold", pytest.approx(20))]
+    assert a.admit(*rec.callbacks("warm")) is not None  # the one slot is taken
     loop.advance(2.01)
-    assert rec.events == [("reject", "r0", QueueTimeout.code)]
+    assert rec.events[1:] == [("reject", "warm", QueueTimeout.code)]
 
 
 def test_without_hold_zero_endpoints_dispatch_at_once(loop: SteppedLoop) -> None:

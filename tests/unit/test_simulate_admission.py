@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -17,7 +18,7 @@ from scaler.policy import BudgetConfig, ScalingPolicy
 from scaler.signals import LATENCY_BUCKETS_S
 from scaler.simulate.arrivals import Arrivals
 from scaler.simulate.loop import EventLoop
-from scaler.simulate.model import UNBOUNDED, Admission, ServiceModel
+from scaler.simulate.model import UNBOUNDED, Admission, Node, ServiceModel
 from scaler.simulate.report import json_ready
 from scaler.simulate.runner import RunResult, build_scenario, run
 from scaler.simulate.workload import parse_workload
@@ -70,13 +71,35 @@ def test_with_no_ready_replica_requests_wait_in_the_bounded_queue() -> None:
         THREE,
         startup_s=0.0,
         request_cores_max=1.0,
-        admission=Admission(queue_max=2, queue_timeout_s=5.0),
+        admission=Admission(queue_max=2, queue_timeout_s=5.0, cold_start_timeout_s=8.0),
     )
     loop = EventLoop(1.0, {"a": m}, rule="limit")
     loop.run(1.0)
     assert len(m.queue) == 2 and m.rejected_queue_full == 1
-    loop.run(10.0)  # no replica ever: both time out
+    loop.run(7.9)  # past queue_timeout_s: held, since no replica was ready when they came
+    assert len(m.queue) == 2 and m.rejected_timeout == 0
+    loop.run(10.0)  # no replica ever: both time out at cold_start_timeout_s
     assert not m.queue and m.rejected_timeout == 2 and m.latencies == []
+    assert m.residence_total_s == pytest.approx(16.0)  # each left after its 8 s
+
+
+def test_a_wait_for_a_slot_behind_cold_requests_times_out_on_its_own_bound() -> None:
+    """Cold requests hold the head of the queue past ``queue_timeout_s``; one queued behind
+    them once a replica is ready still times out after ``queue_timeout_s``, out of order."""
+    arrivals = requests((0.0, 5.0), (0.1, 5.0), (1.5, 1.0))
+    adm = Admission(slots_per_replica=1, queue_timeout_s=2.0, cold_start_timeout_s=100.0)
+    m = ServiceModel("a", arrivals, startup_s=1.0, request_cores_max=1.0, admission=adm)
+    node = Node(1.0, {"a": m})
+    m.set_target(1, 1.0, node.claims())
+    node.schedule(0.0)  # ready at 1 s: the first two requests arrive to no ready replica
+    loop = EventLoop(1.0, node.services, rule="limit")
+    loop.run(3.4)
+    assert [q[0] for q in m.queue] == [0.1, 1.5]
+    loop.run(3.6)  # the third's 2 s are up; the second, ahead of it, is still held
+    assert [q[0] for q in m.queue] == [0.1] and m.rejected_timeout == 1
+    loop.run(20.0)
+    assert m.latencies == pytest.approx([6.0, 10.9])  # served in order: 1 -> 6 -> 11
+    assert m.concurrency == 0 and m.arrivals_total == 3
 
 
 WAKE = {
@@ -93,18 +116,20 @@ WAKE = {
 }
 
 
-@pytest.mark.parametrize("timeout_s", [5.0, 10.0, 30.0])
-def test_a_cold_start_longer_than_the_timeout_rejects_what_waited_too_long(
-    timeout_s: float,
+@pytest.mark.parametrize(("timeout_s", "cold_s"), [(5.0, 5.0), (5.0, 300.0), (30.0, 10.0)])
+def test_a_cold_start_longer_than_the_cold_start_timeout_rejects_what_waited_too_long(
+    timeout_s: float, cold_s: float
 ) -> None:
     policies = {"hook": ScalingPolicy(min_replicas=0, max_replicas=2, cpu={"max": 1.0})}
-    admission = {"hook": Admission(queue_max=1000, queue_timeout_s=timeout_s)}
+    admission = {
+        "hook": Admission(queue_max=1000, queue_timeout_s=timeout_s, cold_start_timeout_s=cold_s)
+    }
     scenario = build_scenario(parse_workload(WAKE), policies, admission=admission)
     result = run(scenario, "sluice", policies, BudgetConfig(cpu=2))
     arrived, done = result.arrivals["hook"], result.completed["hook"]
     rejected, left = result.rejected["hook"], result.unfinished["hook"]
     assert done + rejected + left == arrived  # nothing lost: each one is accounted for
-    if timeout_s < 12:  # the replica starts 12 s after the first request
+    if cold_s < 12:  # the replica starts 12 s after the first request
         assert rejected > 0
     else:
         assert rejected == 0
@@ -130,11 +155,16 @@ def test_the_summary_figure_says_when_a_run_served_none_of_a_services_requests(
 
     monkeypatch.setattr(Figure, "savefig", spy)
     scenario = ROOT / "benchmarks" / "scenarios" / "scale-to-zero-4c-three-hooks-slow-start"
-    args = ["simulate", "--config", str(scenario / "config.yaml")]
+    config = yaml.safe_load((scenario / "config.yaml").read_text())
+    for hook in ("github", "stripe", "slack"):  # fail fast rather than hold a cold start
+        config["services"][hook]["limits"] = {"queue": {"cold_start_timeout_s": 10}}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    args = ["simulate", "--config", str(tmp_path / "config.yaml")]
     args += ["--workload", str(scenario / "workload.yaml"), "--duration", "150"]
-    assert main([*args, "--out", str(tmp_path), "--no-progress", "--plot"]) == 0
+    out = tmp_path / "out"
+    assert main([*args, "--out", str(out), "--no-progress", "--plot"]) == 0
     # independent never starts the hooks (the app holds the budget): all their requests 503
-    report = json.loads((tmp_path / "report.json").read_text())
+    report = json.loads((out / "report.json").read_text())
     github = report["runs"]["independent"]["services"]["github"]
     assert github["completed"] == 0 and github["rejected"] == github["requests"] > 0
     assert f"independent: none served, {github['rejected']} rejected" in legends

@@ -17,7 +17,10 @@ budget: {cpu: 2}
 services:
   api:
     endpoints: ["127.0.0.1:9001"]
-    limits: {concurrency_per_replica: 4, queue: {max: 20, timeout_s: 2}, rate_limit: {rps: 50}}
+    limits:
+      concurrency_per_replica: 4
+      queue: {max: 20, timeout_s: 2, cold_start_timeout_s: 60}
+      rate_limit: {rps: 50}
   hook:
     endpoints: ["127.0.0.1:9101"]
     scaling: {min_replicas: 0, max_replicas: 2}
@@ -32,8 +35,8 @@ def settings(tmp_path: Path) -> Settings:
 
 def test_the_model_follows_each_services_slots_and_queue(tmp_path: Path) -> None:
     assert simulated_admission(settings(tmp_path)) == {
-        "api": Admission(slots_per_replica=4, queue_max=20, queue_timeout_s=2.0),
-        "hook": Admission(slots_per_replica=None, queue_max=100, queue_timeout_s=10.0),
+        "api": Admission(4, queue_max=20, queue_timeout_s=2.0, cold_start_timeout_s=60.0),
+        "hook": Admission(None, queue_max=100, queue_timeout_s=10.0, cold_start_timeout_s=300.0),
     }
 
 
