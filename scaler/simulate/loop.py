@@ -31,6 +31,16 @@ lending timer, a tick), so the loop is exact.  Under limit an event touches only
 replica; under share, while ``sum d <= B`` too, and the water-filling is recomputed only when
 the node is (or becomes) oversubscribed and a replica's demand changes, rescheduling only
 the replicas whose rate moved.
+
+With entitlements, every replica of a service that its share does not meet whole gets the
+same rate, the service's **level** (:class:`scaler.simulate.model.Level`), and any event
+elsewhere on an oversubscribed node moves every level.  So such a replica is scheduled on
+its level's clock (the CPU one replica at the level has had), not in seconds: its first
+request finishes when the clock has grown by its remaining work times its requests,
+whatever the level does meanwhile.  An event then costs the water-filling over the
+services and over the few demand values within each (``k * request_cores_max`` up to
+``cpu.max``), one reschedule per level that moved, and one per replica that crossed a level
+(met whole before, not after, or the reverse) -- not one per busy replica of the node.
 """
 
 from __future__ import annotations
@@ -47,6 +57,7 @@ from scaler.simulate.model import (
     PENDING,
     READY,
     STARTING,
+    Level,
     Replica,
     ServiceModel,
 )
@@ -153,7 +164,7 @@ class EventLoop:
         self._busy: dict[Replica, int] = {}
         """Replicas holding requests -> index of their model (insertion ordered: deterministic)."""
         self._sum_d = 0.0
-        self._heap: list[tuple[float, int, int, Replica]] = []
+        self._heap: list[tuple[float, int, int, Replica | Level]] = []
         self._seq = 0
         self.recomputes = 0
         """How many times the water-filling ran (a cost figure, for profiling)."""
@@ -164,6 +175,17 @@ class EventLoop:
             self.entitlements = [float(entitlements[m.name]) for m in self.models]
             if not all(e > 0.0 for e in self.entitlements):
                 raise ValueError(f"entitlements must be > 0, got {dict(entitlements)!r}")
+        self._levels = [Level(j, 0.0) for j in range(n)]
+        """Share by entitlement: each service's level (:class:`Level`)."""
+        self._mu = [math.inf] * n
+        """Share by entitlement: each service's level now (inf: every busy replica met whole)."""
+        self._buckets: list[dict[float, dict[Replica, None]]] = [{} for _ in range(n)]
+        """Share by entitlement: each service's busy replicas by their demand (a handful of
+        values: ``k * request_cores_max`` up to ``cpu.max``)."""
+        self._dirty: set[int] = set()
+        """Share by entitlement: services whose level's next completion must be rescheduled."""
+        self._totals = [0.0] * n
+        """Share by entitlement: each service's busy replicas' demands together."""
 
     def __repr__(self) -> str:
         return (
@@ -173,7 +195,12 @@ class EventLoop:
 
     def rates(self) -> dict[str, list[float]]:
         """Cores each replica gets now, per service (replicas in model order; idle ones 0)."""
-        return {m.name: [r.x if r.tags else 0.0 for r in m.replicas] for m in self.models}
+        return {
+            m.name: [
+                (r.level.mu if r.level is not None else r.x) if r.tags else 0.0 for r in m.replicas
+            ]
+            for m in self.models
+        }
 
     # ---- rates ------------------------------------------------------------------------------
 
@@ -215,6 +242,9 @@ class EventLoop:
             self._busy.pop(r, None)
             r.x = r.per = 0.0
             r.capped = False
+        if self.entitlements is not None:
+            self._changed_by_service(r, j, t, d, old)
+            return
         if d == old:  # its demand and so every rate is unchanged; only its per-request rate
             if n:
                 self._schedule(r, r.x, m)
@@ -229,29 +259,149 @@ class EventLoop:
             return
         self._refill(t, r)
 
-    def _fill_by_service(
-        self, items: list[tuple[Replica, int]], demands: list[float], weights: list[float]
-    ) -> list[float]:
-        """Share with entitlements: the node's cores water-filled over the services with busy
-        replicas (weight: the entitlement; demand: their replicas' together), then each
-        service's cores over its busy replicas, equally up to each one's demand."""
-        by_service: dict[int, list[int]] = {}
-        for k, (_, j) in enumerate(items):
-            by_service.setdefault(j, []).append(k)
-        services = list(by_service)
-        totals = [math.fsum(demands[k] for k in by_service[j]) for j in services]
-        cores = water_fill(self.capacity_cores, totals, [weights[j] for j in services])
-        xs = [0.0] * len(items)
-        for j, got, total in zip(services, cores, totals, strict=True):
-            ks = by_service[j]
-            if got >= total - _EPS:
-                for k in ks:
-                    xs[k] = demands[k]
+    # ---- share by entitlement: a level per service -----------------------------------------
+
+    def _changed_by_service(self, r: Replica, j: int, t: float, d: float, old: float) -> None:
+        """Share by entitlement: ``r`` (flowed to ``t``) of service ``j`` now demands ``d``
+        (was ``old``): re-level the node if that can move a level, then reschedule ``r``."""
+        if d != old:
+            bucket = self._buckets[j]
+            if old:
+                holders = bucket[old]
+                del holders[r]
+                if not holders:
+                    del bucket[old]
+            if d:
+                bucket.setdefault(d, {})[r] = None
+            r.d = d
+            self._totals[j] = math.fsum(v * len(rs) for v, rs in bucket.items())
+            total = self._sum_d - old + d
+            capacity = self.capacity_cores
+            if self._sum_d > capacity or total > capacity:
+                self._relevel(t, r, j)
+                return
+            self._sum_d = total  # not oversubscribed, before or after: every level is inf
+        if d:
+            self._place(r, j, t)
+        else:
+            r.level = None
+            r.ver += 1  # its pending completion, if any, is void
+        self._push_levels()
+
+    def _place(self, r: Replica, j: int, t: float) -> None:
+        """Schedule busy ``r`` (flowed to ``t``) of service ``j`` at its rate under the service's
+        level: its demand when that is met whole, else the level (on the level's clock)."""
+        mu = self._mu[j]
+        m = self.models[j]
+        if r.d <= mu:
+            r.level = None
+            self._schedule(r, r.d, m)
+            return
+        level = self._levels[j]
+        level.move(t)
+        n = len(r.tags)
+        r.level = level
+        r.u0 = level.u
+        r.x = mu
+        r.per = mu / n
+        r.capped = mu >= m.cores_max - _EPS and n * m.cap > m.cores_max + _EPS
+        r.ver += 1
+        self._seq += 1
+        due = level.u + max(r.tags[0][0] - r.v, 0.0) * n
+        heapq.heappush(level.heap, (due, self._seq, r.ver, r))
+        self._dirty.add(j)
+
+    def _push_levels(self) -> None:
+        """(Re)schedule the next completion at each changed level: the replica first to finish
+        on the level's clock, at the time the clock reaches it at the level in force."""
+        for j in self._dirty:
+            level = self._levels[j]
+            heap = level.heap
+            while heap and heap[0][2] != heap[0][3].ver:
+                heapq.heappop(heap)  # rescheduled or gone since
+            level.ver += 1
+            if heap and level.mu > 0.0:
+                due, seq, _, _ = heap[0]
+                level.pushed = seq
+                self._seq += 1
+                done = level.t + max(due - level.u, 0.0) / level.mu
+                heapq.heappush(self._heap, (done, self._seq, level.ver, level))
+        self._dirty.clear()
+
+    def _level_of(self, j: int, got: float) -> float:
+        """The level at which service ``j``'s busy replicas, weighted equally, share ``got``
+        cores (less than they demand together): demands below it met whole (weighted max-min,
+        as :func:`water_fill` with equal weights)."""
+        holders = self._buckets[j]
+        count = sum(len(rs) for rs in holders.values())
+        left = got
+        for d in sorted(holders):
+            c = len(holders[d])
+            if d * count <= left:  # d <= the level the rest would share: met whole
+                left -= d * c
+                count -= c
                 continue
-            split = water_fill(got, [demands[k] for k in ks], [1.0] * len(ks))
-            for k, x in zip(ks, split, strict=True):
-                xs[k] = x
-        return xs
+            return max(left, 0.0) / count
+        return math.inf
+
+    def _relevel(
+        self, t: float, changed: Replica | None, cj: int = -1, *, everyone: bool = False
+    ) -> None:
+        """Share by entitlement: the node's cores water-filled over the services with busy
+        replicas (weight: the entitlement; demand: their replicas' together), then each
+        service's cores over its busy replicas equally: each service's level.  Replicas whose
+        class (met whole or at the level) moved are rescheduled, and ``changed`` (of service
+        ``cj``), or every busy replica; those that stay at a level that moved are not."""
+        self.recomputes += 1
+        n = len(self.models)
+        if everyone:  # a tick: decisions, replicas and demands may have changed
+            self._buckets = [{} for _ in range(n)]
+            for r, j in self._busy.items():
+                self._buckets[j].setdefault(r.d, {})[r] = None
+            self._levels = [Level(j, t) for j in range(n)]
+            self._mu = [math.inf] * n
+            self._dirty.clear()
+            self._totals = [
+                math.fsum(d * len(rs) for d, rs in bucket.items()) for bucket in self._buckets
+            ]
+        assert self.entitlements is not None
+        busy = [j for j in range(n) if self._buckets[j]]
+        totals = [self._totals[j] for j in busy]
+        self._sum_d = math.fsum(totals)
+        mus = [math.inf] * n
+        if self._sum_d > self.capacity_cores:
+            got = water_fill(self.capacity_cores, totals, [self.entitlements[j] for j in busy])
+            for j, g, total in zip(busy, got, totals, strict=True):
+                if g < total - _EPS:
+                    mus[j] = self._level_of(j, g)
+        for j in range(n):
+            old, new = self._mu[j], mus[j]
+            if old == new:
+                continue
+            level = self._levels[j]
+            level.move(t)
+            self._mu[j] = new
+            level.mu = new if new != math.inf else 0.0
+            self._dirty.add(j)
+            if everyone:
+                continue
+            low, high = min(old, new), max(old, new)
+            for d, holders in self._buckets[j].items():
+                if low < d <= high:  # met whole under one level, at the level under the other
+                    for r in holders:
+                        if r is not changed:
+                            r.flow(t)
+                            self._place(r, j, t)
+        if everyone:
+            for r, j in self._busy.items():
+                r.flow(t)
+                self._place(r, j, t)
+        elif changed is not None and changed.tags:
+            self._place(changed, cj, t)
+        elif changed is not None:
+            changed.level = None
+            changed.ver += 1
+        self._push_levels()
 
     def _refill(self, t: float, changed: Replica | None, *, everyone: bool = False) -> None:
         """Water-fill the node over the busy replicas at ``t``; reschedule those whose rate
@@ -265,13 +415,13 @@ class EventLoop:
                     r.flow(t)
                     self._schedule_capped(r, j)
             return
+        if self.entitlements is not None:
+            self._relevel(t, changed, everyone=everyone)
+            return
         self.recomputes += 1
         items = list(self._busy.items())
         demands = [r.d for r, _ in items]
-        if self.entitlements is None:
-            xs = water_fill(self.capacity_cores, demands, [r.cores for r, _ in items])
-        else:
-            xs = self._fill_by_service(items, demands, self.entitlements)
+        xs = water_fill(self.capacity_cores, demands, [r.cores for r, _ in items])
         self._sum_d = math.fsum(demands)
         models = self.models
         for (r, j), x in zip(items, xs, strict=True):
@@ -497,9 +647,19 @@ class EventLoop:
             tc = heap[0][0] if heap else inf
             tt = timers[0][0] if timers else inf
             if tc < t1 and tc <= ta and tc <= tr and tc <= tt:
-                _, _, ver, r = heappop(heap)
-                if ver != r.ver:
+                _, _, ver, due = heappop(heap)
+                if ver != due.ver:
                     continue
+                if isinstance(due, Level):  # the first replica on a level's clock
+                    top = due.heap
+                    if not top or top[0][1] != due.pushed or top[0][2] != top[0][3].ver:
+                        self._dirty.add(due.j)  # not the replica it was computed for
+                        self._push_levels()
+                        continue
+                    r = heappop(top)[3]
+                    self._dirty.add(due.j)  # its event is spent: the next one is due
+                else:
+                    r = due
                 j = self._busy[r]
                 r.flow(tc)
                 tag, arrived = heappop(r.tags)
@@ -576,6 +736,10 @@ class EventLoop:
                 m.expire(t1)  # the queue a tick's signals read holds no expired request
             for r in list(m.replicas):
                 r.flow(t1)
+                if r.level is not None:  # its rate in force, off the level's clock
+                    r.x = r.level.mu
+                    r.per = r.x / len(r.tags)
+                    r.level = None
                 if r.phase == DRAINING and not r.tags:
                     m.remove(r)
             m.clock = t1

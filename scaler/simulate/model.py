@@ -82,6 +82,7 @@ class Replica:
         "cores",
         "cpu_s",
         "d",
+        "level",
         "per",
         "phase",
         "ready_at",
@@ -90,6 +91,7 @@ class Replica:
         "tags",
         "target_cores",
         "throttled_s",
+        "u0",
         "v",
         "ver",
         "x",
@@ -120,6 +122,11 @@ class Replica:
         """Cores each resident request gets now (``x / n``)."""
         self.capped = False
         """Held at its service's cpu.max while its requests could use more (throttled time)."""
+        self.level: Level | None = None
+        """Share by entitlement: while it gets its service's level (less than its requests could
+        use), that level's clock; its rate then moves with the level, without a reschedule."""
+        self.u0 = 0.0
+        """With :attr:`level`: the level's clock at :attr:`t`."""
 
     def __repr__(self) -> str:
         return (
@@ -130,12 +137,54 @@ class Replica:
         """Move this replica's clock to ``t`` at the rates in force: resident requests progress,
         CPU (and throttled time) is counted."""
         if self.tags and t > self.t:
-            dt = t - self.t
-            self.v += self.per * dt
-            self.cpu_s += self.x * dt
-            if self.capped:
-                self.throttled_s += dt
+            level = self.level
+            if level is not None:  # it got the level since t: the CPU the level's clock counted
+                u = level.u + level.mu * (t - level.t)
+                du = u - self.u0
+                self.u0 = u
+                self.v += du / len(self.tags)
+                self.cpu_s += du
+            else:
+                dt = t - self.t
+                self.v += self.per * dt
+                self.cpu_s += self.x * dt
+                if self.capped:
+                    self.throttled_s += dt
         self.t = t
+
+
+class Level:
+    """Share by entitlement: the cores each busy replica of one service gets when its share
+    does not meet every replica whole (``mu``, the same for all such replicas), and a clock
+    of the CPU one of them has had since the run began (``u`` at ``t``, growing at ``mu``).
+
+    A replica at the level finishes its first request when the clock has grown by its
+    remaining work times its requests (they share it equally), whatever ``mu`` does
+    meanwhile, so a change of the level moves one clock, not every replica's schedule
+    (:mod:`scaler.simulate.loop`)."""
+
+    __slots__ = ("heap", "j", "mu", "pushed", "t", "u", "ver")
+
+    def __init__(self, j: int, t: float) -> None:
+        self.j = j
+        """The service's index in the loop."""
+        self.u = 0.0
+        self.t = t
+        self.mu = 0.0
+        self.heap: list[tuple[float, int, int, Replica]] = []
+        """(the clock when it finishes its first request, seq, its version, replica)."""
+        self.ver = 0
+        self.pushed = -1
+        """The seq of the heap entry the loop's pending event for this level was computed from."""
+
+    def __repr__(self) -> str:
+        return f"Level(mu={self.mu:g}, u={self.u:g} at t={self.t:g}, {len(self.heap)} queued)"
+
+    def move(self, t: float) -> None:
+        """Advance the clock to ``t`` at the level in force (before the level changes)."""
+        if t > self.t:
+            self.u += self.mu * (t - self.t)
+            self.t = t
 
 
 def _quantile(ordered: list[float], q: float) -> float:

@@ -250,6 +250,135 @@ def test_the_event_model_matches_a_fine_time_stepped_reference() -> None:
         assert sorted(m.latencies) == pytest.approx(sorted(expected), abs=2e-3)
 
 
+def fluid_by_service(
+    capacity: float,
+    services: list[tuple[Arrivals, float, float, float, int]],
+    end_s: float,
+    dt: float,
+) -> list[list[float]]:
+    """Time-stepped share by entitlement: (arrivals, entitlement, cpu.max, request max,
+    replicas) per service.  An arrival goes to the replica with the fewest requests (ties:
+    the first).  Per step: the node's cores water-filled over the busy services by
+    entitlement (demand: their replicas' together), each service's cores over its busy
+    replicas equally up to each one's demand, each request its replica's rate / n."""
+    pending = [list(zip(a.times_s.tolist(), a.cpu_s.tolist(), strict=True)) for a, *_ in services]
+    present = [[[] for _ in range(spec[4])] for spec in services]  # [[remaining, arrived]]
+    out: list[list[float]] = [[] for _ in services]
+    t = 0.0
+    while t < end_s:
+        for j, p in enumerate(pending):
+            while p and p[0][0] <= t:
+                arrived, work = p.pop(0)
+                to = min(range(len(present[j])), key=lambda k: len(present[j][k]))
+                present[j][to].append([work, arrived])
+        busy = [j for j in range(len(services)) if any(present[j])]
+        demands = {
+            (j, k): min(len(reqs) * services[j][3], services[j][2])
+            for j in busy
+            for k, reqs in enumerate(present[j])
+            if reqs
+        }
+        totals = [math.fsum(d for (i, _), d in demands.items() if i == j) for j in busy]
+        got = water_fill(capacity, totals, [services[j][1] for j in busy])
+        for j, g in zip(busy, got, strict=True):
+            ks = [k for k, reqs in enumerate(present[j]) if reqs]
+            xs = water_fill(g, [demands[j, k] for k in ks], [1.0] * len(ks))
+            for k, x in zip(ks, xs, strict=True):
+                reqs = present[j][k]
+                per = x / len(reqs)
+                for req in reqs:
+                    req[0] -= per * dt
+                for req in [q for q in reqs if q[0] <= 0]:
+                    reqs.remove(req)
+                    out[j].append(t + dt - req[1])
+        t += dt
+    return out
+
+
+def test_by_entitlement_the_event_model_matches_a_fine_time_stepped_reference() -> None:
+    """Several replicas per service, requests that use less than a replica's cpu.max: each
+    service's level moves with the others' demand while its replicas keep their schedules."""
+    rnd = np.random.default_rng(11)
+    specs = [(1.0, 1.0, 0.5, 2), (2.0, 2.0, 1.0, 2), (1.0, 1.5, 0.5, 3)]
+    arrivals = []
+    for _ in specs:
+        times = np.sort(rnd.uniform(0.0, 4.0, 8))
+        arrivals.append(Arrivals(times, rnd.uniform(0.1, 0.8, 8)))
+    models = [
+        service(f"s{j}", a, cores_max=cmax, request_cores_max=req)
+        for j, (a, (_, cmax, req, _)) in enumerate(zip(arrivals, specs, strict=True))
+    ]
+    node = placed(2.0, {m: (spec[3], 0.1) for m, spec in zip(models, specs, strict=True)})
+    entitled = {m.name: spec[0] for m, spec in zip(models, specs, strict=True)}
+    cpu = EventLoop(2.0, node.services, rule="share", entitlements=entitled)
+    for cut in (0.7, 1.3, 2.2, 30.0):  # runs in pieces, as between ticks
+        cpu.run(cut)
+    ref = fluid_by_service(2.0, [(a, *s) for a, s in zip(arrivals, specs, strict=True)], 30.0, 1e-4)
+    for m, expected in zip(models, ref, strict=True):
+        assert len(m.latencies) == len(expected) == 8
+        assert sorted(m.latencies) == pytest.approx(sorted(expected), abs=2e-3)
+    work = sum(float(a.cpu_s.sum()) for a in arrivals)
+    assert sum(m.cpu_seconds_total for m in models) == pytest.approx(work)
+
+
+def by_entitlement(
+    capacity: float, models: Mapping[str, ServiceModel], entitled: Mapping[str, float]
+) -> dict[str, list[float]]:
+    """The rule's definition, at one instant: the rates each replica should have."""
+    busy = [m for m in models.values() if any(r.tags for r in m.replicas)]
+    demand = {r: min(len(r.tags) * m.cap, m.cores_max) for m in busy for r in m.replicas if r.tags}
+    totals = [math.fsum(demand[r] for r in m.replicas if r.tags) for m in busy]
+    got = water_fill(capacity, totals, [entitled[m.name] for m in busy])
+    out = {m.name: [0.0] * len(m.replicas) for m in models.values()}
+    for m, g in zip(busy, got, strict=True):
+        ks = [k for k, r in enumerate(m.replicas) if r.tags]
+        xs = water_fill(g, [demand[m.replicas[k]] for k in ks], [1.0] * len(ks))
+        for k, x in zip(ks, xs, strict=True):
+            out[m.name][k] = x
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_by_entitlement_the_rates_follow_the_rule_at_every_instant(seed: int) -> None:
+    """Random targets, run in random pieces: at every cut each replica's rate is what the
+    two-level rule gives for the requests it holds then."""
+    rnd = random.Random(seed)
+    names = ["a", "b", "c"]
+    scenario = build_scenario(
+        parse_workload(random_workload(rnd, names)), random_policies(rnd, names)
+    )
+    capacity = rnd.uniform(1.0, 3.0)
+    models = {
+        s: ServiceModel(
+            s,
+            scenario.arrivals[s],
+            startup_s=scenario.loads[s].startup_s,
+            request_cores_max=scenario.loads[s].request_cores_max,
+            cores_max=rnd.choice([0.5, 1.0, 2.0]),
+        )
+        for s in names
+    }
+    entitled = {s: rnd.uniform(0.2, 1.0) for s in names}
+    node = Node(capacity, models)
+    claims = node.claims()
+    cpu = EventLoop(capacity, models, rule="share", entitlements=entitled)
+    checked = 0
+    for k in range(60):
+        for m in models.values():
+            m.set_target(rnd.randint(1, 4), min(rnd.uniform(0.1, 1.0), m.cores_max), claims)
+        node.schedule(float(k))
+        for cut in [*sorted(rnd.uniform(k, k + 1) for _ in range(5)), k + 1.0]:
+            cpu.run(cut)
+            expected = by_entitlement(capacity, models, entitled)
+            rates = cpu.rates()
+            for s in names:
+                assert rates[s] == pytest.approx(expected[s], abs=1e-9), (k, cut, s)
+            checked += sum(1 for m in models.values() for r in m.replicas if r.tags)
+        for m in models.values():
+            m.close_tick()
+    assert checked > 100
+
+
 # ---- invariants at many instants of random runs ---------------------------------------------
 
 
