@@ -319,7 +319,7 @@ def size_arrays(
     is removed to restart after another service's burst.
 
     Returns ``(replicas, cpu per replica, note)`` with note codes 0 none, 1 replicas kept in
-    place below ``cpu.min`` (``in_place``), 2 fewer replicas
+    place below ``cpu.min`` (``in_place``, a blocked resize's too), 2 fewer replicas
     fit at cpu.min, 3 resize blocked, 4 resize blocked and CPU cut, 6 new replicas held
     back by the cores, 9 new replicas started into idle CPU (``usable``), 10 one replica
     more than the cores fill (``one_more``).
@@ -365,12 +365,17 @@ def size_arrays(
         # at the CPU in force becomes more replicas of that CPU.  Less CPU is a shrink in
         # place on the replicas it has (a decrease frees node CPU: it is not refused for
         # capacity) -- never a serving replica removed because a resize up is pending.
+        # The replicas (``r``: no more than the cores give cpu.min each, or kept in place
+        # under share) share the cores down to the least each may run on: cpu.min, or a
+        # weight where kept in place -- never more than the cores, a blocked resize included.
         fc = np.minimum(np.maximum(np.where(fixed, fixed_cpu, 1.0), cpu_min), cpu_max)
+        least = cpu_min if in_place is None else np.where(in_place, WEIGHT_MIN_CORES, cpu_min)
         room_r = np.floor(cores / fc + eps).astype(np.int64)
         rf = np.maximum(np.minimum(np.minimum(np.maximum(room_r, current), r), max_r), min_r)
         cut = (rf > 0) & (rf * fc > cores + eps)
-        cf = np.where(cut, np.maximum(cores / np.maximum(rf, 1), cpu_min), fc)
+        cf = np.where(cut, np.maximum(cores / np.maximum(rf, 1), least), fc)
         r = np.where(fixed, rf, r)
         cpu = np.where(fixed, np.where(rf > 0, cf, cpu_ref), cpu)
-        note = np.where(fixed, np.where(cut, 4, 3), note)
+        squeezed = cut & (cf < cpu_min - eps)
+        note = np.where(fixed, np.where(squeezed, 1, np.where(cut, 4, 3)), note)
     return r, cpu, note

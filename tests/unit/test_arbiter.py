@@ -253,6 +253,16 @@ def test_a_blocked_resize_keeps_the_cpu_and_changes_the_count() -> None:
     assert size(1.0, p, want=4, current=4, fixed=0.5) == (4, pytest.approx(0.25), 4)
 
 
+def test_a_blocked_resize_never_keeps_more_replicas_than_the_budget_gives_cpu_min() -> None:
+    """cpu.min = cpu.max = 0.5, 9 replicas (2 still starting), resize blocked, and the budget
+    gives 4.33 cores: 9 × 0.5 would overrun it.  Replicas go (8 fit at cpu.min), unless
+    under share they are kept in place, each at a weight below cpu.min, and say so."""
+    p = policy(max_replicas=9, cpu={"min": 0.5, "max": 0.5})
+    assert size(4.333, p, want=9, current=9, fixed=0.5) == (8, pytest.approx(0.5), 3)
+    kept = size(4.333, p, want=9, current=9, fixed=0.5, in_place=True)
+    assert kept == (9, pytest.approx(4.333 / 9), 1)
+
+
 def arrays(**kw: list[float]) -> dict[str, np.ndarray]:
     return {k: np.array(v, dtype=float) for k, v in kw.items()}
 
