@@ -179,6 +179,7 @@ def simulated_admission(settings: Settings) -> dict[str, Admission]:
             queue_max=service.limits.queue.max,
             queue_timeout_s=service.limits.queue.timeout_s,
             cold_start_timeout_s=service.limits.queue.cold_start_timeout_s,
+            cold_start_max=service.limits.queue.cold_start_max,
         )
         for name, service in settings.services.items()
     }

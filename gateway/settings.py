@@ -215,6 +215,13 @@ class QueueConfig(_Model):
         gt=0,
         description="Longest wait for a slot; then 503 (Sluice-Error: queue-timeout) with Retry-After.",
     )
+    cold_start_max: int = Field(
+        default=10000,
+        ge=0,
+        description="Most requests held at once while the service has no endpoint (scale "
+        "from zero, platform: local), in place of max (Knative's activator holds 10,000 per "
+        "revision); one more gets 503 (Sluice-Error: queue-full).",
+    )
     cold_start_timeout_s: float = Field(
         default=300.0,
         gt=0,

@@ -19,7 +19,9 @@ getting 503 at once; ``on_hold`` wakes the scaler, and the first ready endpoint
 (``set_replicas``) dispatches them in order.  A request that starts waiting then is held
 through the cold start: up to ``cold_start_timeout_s`` (default 300 s, Knative's revision
 timeout), not ``timeout_s``, since a replica's start-up routinely takes longer than a wait for
-a slot should (Knative's activator and KEDA's interceptor hold such requests too).
+a slot should, and up to ``cold_start_max`` of them (default 10,000, the depth of Knative's
+activator queue), not ``max``, since a burst's first seconds arrive before any replica can
+serve (Knative's activator and KEDA's interceptor hold such requests too).
 
 **Early ticks** (:meth:`Admission.arm_early_wake`): after each scaler tick the service is
 armed with its decision's ``wake_concurrency``; the request that takes the concurrency (slots
@@ -147,6 +149,7 @@ class Admission:
         "_rate_tolerance_s",
         "_wake_scheduled",
         "capacity",
+        "cold_start_max",
         "cold_start_timeout_s",
         "early_wake_at",
         "gated",
@@ -212,6 +215,7 @@ class Admission:
         self.queue_max = 0
         self.queue_timeout_s = 0.0
         self.cold_start_timeout_s = 0.0
+        self.cold_start_max = 0
         self.max_body_bytes: int | None = None
         self._limiter: AsyncLimiter | None = None
         self._rate_retry_after_s = 1
@@ -236,6 +240,7 @@ class Admission:
         self.queue_max = limits.queue.max
         self.queue_timeout_s = limits.queue.timeout_s
         self.cold_start_timeout_s = limits.queue.cold_start_timeout_s
+        self.cold_start_max = limits.queue.cold_start_max
         self.max_body_bytes = limits.max_body_bytes
         rate = limits.rate_limit
         if rate is None:
@@ -398,13 +403,22 @@ class Admission:
         coro.close()  # pragma: no cover - has_capacity() just said it would not wait
         raise AssertionError("aiolimiter waited although it had capacity")  # pragma: no cover
 
+    @property
+    def cold(self) -> bool:
+        """No endpoint, and requests are held for one (scale from zero): a cold start."""
+        return self.replicas == 0 and self.hold_when_empty
+
+    def _queue_bound(self) -> int:
+        """Most requests waiting at once now: ``cold_start_max`` through a cold start."""
+        return self.cold_start_max if self.cold else self.queue_max
+
     def _queue_full(self) -> QueueFull:
         self.rejected[QueueFull.code] += 1
-        return QueueFull(
-            self.service,
-            QUEUE_RETRY_AFTER_S,
-            f"{self.queue_max} request(s) already waiting (queue.max {self.queue_max})",
-        )
+        if self.cold:
+            why = f"{self.queued} request(s) already held (queue.cold_start_max {self.cold_start_max})"
+        else:
+            why = f"{self.queued} request(s) already waiting (queue.max {self.queue_max})"
+        return QueueFull(self.service, QUEUE_RETRY_AFTER_S, why)
 
     def _enqueue(
         self,
@@ -412,12 +426,12 @@ class Admission:
         on_reject: Callable[[AdmissionError], None],
         now: float | None = None,
     ) -> Waiter:
-        if now is None and self.queued >= self.queue_max:
+        if now is None and self.queued >= self._queue_bound():
             raise self._queue_full()
         loop = self._loop_now()
         if now is None:
             now = loop.time()
-        cold = self.replicas == 0 and self.hold_when_empty
+        cold = self.cold
         waiter = Waiter(on_admit, on_reject, now, cold)
         timeout = self.cold_start_timeout_s if cold else self.queue_timeout_s
         waiter.timer = loop.call_at(now + timeout, self._expire, waiter)
@@ -499,7 +513,7 @@ class Admission:
         limiter = self._limiter
         verdict = row.enter(
             self.capacity,
-            self.queue_max,
+            self._queue_bound(),
             now,
             0.0 if limiter is None else self._rate_interval_s,
             self._rate_tolerance_s,

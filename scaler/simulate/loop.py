@@ -57,6 +57,7 @@ from scaler.simulate.model import (
     PENDING,
     READY,
     STARTING,
+    Admission,
     Level,
     Replica,
     ServiceModel,
@@ -719,7 +720,7 @@ class EventLoop:
                     heapq.heappush(to.tags, (to.v + m.works[i], ta))
                     m.in_system_arrivals += ta
                     self._changed(to, j, ta)
-                elif adm.queue_max is not None and len(m.queue) >= adm.queue_max:
+                elif (bound := _queue_bound(adm, ready)) is not None and len(m.queue) >= bound:
                     m.rejected_queue_full += 1  # 503 queue-full, at once
                     conc[j] -= 1
                     if lending and conc[j] == 0:
@@ -770,6 +771,12 @@ class EventLoop:
             heapq.heappush(r.tags, (r.v + w, arrived))
             self._changed(r, j, t)
         return expired
+
+
+def _queue_bound(adm: Admission, ready: list[Replica]) -> int | None:
+    """Most requests the gateway's queue holds now: ``cold_start_max`` while no replica is
+    ready (a cold start), ``queue_max`` otherwise; None: unbounded."""
+    return adm.queue_max if ready else adm.cold_start_max
 
 
 def _free(ready: list[Replica], slots: int | None) -> Replica | None:

@@ -19,8 +19,9 @@ Assumptions (docs/simulate.md repeats them):
   it waits in the queue, and a freed slot takes the oldest waiter; the queue (also where
   requests wait while no replica is ready, as on ``platform: local``) holds at most
   ``queue.max`` requests -- one more is rejected at once (503 queue-full) -- and a request
-  that has waited ``queue.timeout_s`` is rejected (503 queue-timeout); one that arrived while
-  no replica was ready is held through the cold start, up to ``queue.cold_start_timeout_s``.  Without limits
+  that has waited ``queue.timeout_s`` is rejected (503 queue-timeout); while no replica is
+  ready the queue holds up to ``queue.cold_start_max`` requests, each through the cold start,
+  up to ``queue.cold_start_timeout_s``.  Without limits
   (:data:`UNBOUNDED`) nothing is rejected.
 * **The CPU rule** is a strategy of the one event loop that drives these models
   (:mod:`scaler.simulate.loop`): limit as above, limit with lending, or share (a replica's
@@ -67,6 +68,8 @@ class Admission:
     """Longest wait in the queue before a 503."""
     cold_start_timeout_s: float = math.inf
     """Longest wait for a request that arrived while no replica was ready (a cold start)."""
+    cold_start_max: int | None = None
+    """Most requests waiting at once while no replica is ready; None: unbounded."""
 
 
 UNBOUNDED = Admission()

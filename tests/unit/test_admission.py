@@ -283,9 +283,10 @@ def test_held_at_zero_endpoints_then_dispatched_in_order_by_the_first_replica(
     loop: SteppedLoop, per: int | None
 ) -> None:
     gauge = Gauge()
-    a = Admission(
-        "reports", limits(per=per, qmax=3, timeout_s=30), replicas=0, gauge=gauge, loop=loop
+    lim = ServiceLimits(
+        concurrency_per_replica=per, queue=QueueConfig(max=1, timeout_s=30, cold_start_max=3)
     )
+    a = Admission("reports", lim, replicas=0, gauge=gauge, loop=loop)
     woken: list[int] = []
     a.hold_at_zero(lambda: woken.append(a.queued))
     rec = Recorder()
@@ -293,8 +294,8 @@ def test_held_at_zero_endpoints_then_dispatched_in_order_by_the_first_replica(
     assert all(isinstance(w, Waiter) for w in waiters)
     assert woken == [1, 2, 3]  # the scaler is woken as each request starts waiting
     assert gauge.queued == 3  # the held requests count as demand
-    with pytest.raises(QueueFull):
-        a.admit(*rec.callbacks("r3"))  # the queue stays bounded
+    with pytest.raises(QueueFull, match=r"queue\.cold_start_max 3"):
+        a.admit(*rec.callbacks("r3"))  # held up to cold_start_max (not max): still bounded
     loop.advance(5)
     assert rec.events == []
     a.set_replicas(1)  # the first replica is ready

@@ -49,6 +49,10 @@ def problems(data: object) -> list[str]:
             "cfg.yaml: services.a.limits.queue.cold_start_timeout_s: must be > 0, got -1",
         ),
         (
+            {"services": {"a": {"limits": {"queue": {"cold_start_max": -1}}}}},
+            "cfg.yaml: services.a.limits.queue.cold_start_max: must be >= 0, got -1",
+        ),
+        (
             {"services": {"a": {"limits": {"concurrency_per_replica": 0}}}},
             "cfg.yaml: services.a.limits.concurrency_per_replica: must be >= 1, got 0",
         ),
@@ -85,7 +89,7 @@ def test_defaults() -> None:
     a = s.services["a"]
     assert a.limits.concurrency_per_replica is None and a.limits.rate_limit is None
     assert (a.limits.queue.max, a.limits.queue.timeout_s) == (100, 10.0)
-    assert a.limits.queue.cold_start_timeout_s == 300.0
+    assert (a.limits.queue.cold_start_max, a.limits.queue.cold_start_timeout_s) == (10000, 300.0)
     assert (
         a.retries.max_attempts == 2 and a.retries.budget_percent == 20 and a.retries.budget_min == 3
     )

@@ -133,6 +133,25 @@ def test_the_queue_bound_counts_every_worker(loop: SteppedLoop) -> None:
         w.close()
 
 
+def test_held_at_zero_the_cold_start_bound_counts_every_worker(loop: SteppedLoop) -> None:
+    lim = ServiceLimits(
+        concurrency_per_replica=1, queue=QueueConfig(max=1, timeout_s=5.0, cold_start_max=3)
+    )
+    w = Workers(loop, lim, replicas=0)
+    a0, a1 = w.admissions
+    for a in w.admissions:
+        a.hold_at_zero(lambda: None)
+    rec = Recorder()
+    try:
+        assert a0.admit(*rec.callbacks("q1")) is not None
+        assert a1.admit(*rec.callbacks("q2")) is not None
+        assert a0.admit(*rec.callbacks("q3")) is not None  # past max: held for the cold start
+        with pytest.raises(QueueFull, match=r"cold_start_max 3"):
+            a1.admit(*rec.callbacks("r4"))
+    finally:
+        w.close()
+
+
 def test_a_request_that_leaves_with_its_grant_frees_the_slot(loop: SteppedLoop) -> None:
     w = Workers(loop, limits(per=1))
     a0, a1 = w.admissions

@@ -71,7 +71,9 @@ def test_with_no_ready_replica_requests_wait_in_the_bounded_queue() -> None:
         THREE,
         startup_s=0.0,
         request_cores_max=1.0,
-        admission=Admission(queue_max=2, queue_timeout_s=5.0, cold_start_timeout_s=8.0),
+        admission=Admission(
+            queue_max=1, queue_timeout_s=5.0, cold_start_timeout_s=8.0, cold_start_max=2
+        ),
     )
     loop = EventLoop(1.0, {"a": m}, rule="limit")
     loop.run(1.0)

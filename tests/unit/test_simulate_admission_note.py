@@ -35,8 +35,8 @@ def settings(tmp_path: Path) -> Settings:
 
 def test_the_model_follows_each_services_slots_and_queue(tmp_path: Path) -> None:
     assert simulated_admission(settings(tmp_path)) == {
-        "api": Admission(4, queue_max=20, queue_timeout_s=2.0, cold_start_timeout_s=60.0),
-        "hook": Admission(None, queue_max=100, queue_timeout_s=10.0, cold_start_timeout_s=300.0),
+        "api": Admission(4, 20, 2.0, cold_start_timeout_s=60.0, cold_start_max=10000),
+        "hook": Admission(None, 100, 10.0, cold_start_timeout_s=300.0, cold_start_max=10000),
     }
 
 
