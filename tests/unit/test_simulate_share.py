@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 import pytest
@@ -193,57 +193,28 @@ def test_entitlements_only_with_share_and_positive() -> None:
         EventLoop(1.0, node.services, rule="share", entitlements={"a": 0.0})
 
 
-def fluid_reference(
-    capacity: float,
-    services: list[tuple[Arrivals, float, float, float]],
-    end_s: float,
-    dt: float,
-) -> list[list[float]]:
-    """Time-stepped GPS, one replica per service: (arrivals, weight, cpu.max, request max).
-
-    Per step: demands from the requests present, rates by water-filling, each request gets
-    its replica's rate / n.  Latencies per service, in completion order."""
-    pending = [list(zip(a.times_s.tolist(), a.cpu_s.tolist(), strict=True)) for a, *_ in services]
-    present: list[list[list[float]]] = [[] for _ in services]  # [remaining, arrived]
-    out: list[list[float]] = [[] for _ in services]
-    t = 0.0
-    while t < end_s:
-        for j, p in enumerate(pending):
-            while p and p[0][0] <= t:
-                arrived, work = p.pop(0)
-                present[j].append([work, arrived])
-        demands = [
-            min(len(present[j]) * req, cmax) if present[j] else 0.0
-            for j, (_, _, cmax, req) in enumerate(services)
-        ]
-        busy = [j for j in range(len(services)) if present[j]]
-        xs = water_fill(capacity, [demands[j] for j in busy], [services[j][1] for j in busy])
-        for j, x in zip(busy, xs, strict=True):
-            per = x / len(present[j])
-            for req in present[j]:
-                req[0] -= per * dt
-            for req in [q for q in present[j] if q[0] <= 0]:
-                present[j].remove(req)
-                out[j].append(t + dt - req[1])
-        t += dt
+def random_arrivals(seed: int, services: int, each: int) -> list[Arrivals]:
+    """``each`` requests per service, arriving within 4 s, of 0.1-0.8 CPU-seconds."""
+    rnd = np.random.default_rng(seed)
+    out = []
+    for _ in range(services):
+        times = np.sort(rnd.uniform(0.0, 4.0, each))
+        out.append(Arrivals(times, rnd.uniform(0.1, 0.8, each)))
     return out
 
 
 def test_the_event_model_matches_a_fine_time_stepped_reference() -> None:
-    rnd = np.random.default_rng(5)
     specs = [(0.25, 1.0, 1.0), (0.5, 1.0, 1.0), (0.75, 2.0, 2.0)]  # weight, cpu.max, req max
-    arrivals = []
-    for _ in specs:
-        times = np.sort(rnd.uniform(0.0, 4.0, 6))
-        arrivals.append(Arrivals(times, rnd.uniform(0.1, 0.8, 6)))
+    arrivals = random_arrivals(5, len(specs), 6)
     models = [
         service(f"s{j}", a, cores_max=cmax, request_cores_max=req)
         for j, (a, (_, cmax, req)) in enumerate(zip(arrivals, specs, strict=True))
     ]
     cpu, _ = on_node(1.5, {m: (1, w) for m, (w, _, _) in zip(models, specs, strict=True)})
     cpu.run(30.0)
-    ref = fluid_reference(
-        1.5, [(a, *spec) for a, spec in zip(arrivals, specs, strict=True)], 30.0, 1e-4
+    # one replica per service: weighing services is weighing replicas
+    ref = fluid_by_service(
+        1.5, [(a, *spec, 1) for a, spec in zip(arrivals, specs, strict=True)], 30.0, 1e-4
     )
     for m, expected in zip(models, ref, strict=True):
         assert len(m.latencies) == len(expected) == 6
@@ -298,12 +269,8 @@ def fluid_by_service(
 def test_by_entitlement_the_event_model_matches_a_fine_time_stepped_reference() -> None:
     """Several replicas per service, requests that use less than a replica's cpu.max: each
     service's level moves with the others' demand while its replicas keep their schedules."""
-    rnd = np.random.default_rng(11)
     specs = [(1.0, 1.0, 0.5, 2), (2.0, 2.0, 1.0, 2), (1.0, 1.5, 0.5, 3)]
-    arrivals = []
-    for _ in specs:
-        times = np.sort(rnd.uniform(0.0, 4.0, 8))
-        arrivals.append(Arrivals(times, rnd.uniform(0.1, 0.8, 8)))
+    arrivals = random_arrivals(11, len(specs), 8)
     models = [
         service(f"s{j}", a, cores_max=cmax, request_cores_max=req)
         for j, (a, (_, cmax, req, _)) in enumerate(zip(arrivals, specs, strict=True))
@@ -336,47 +303,6 @@ def by_entitlement(
         for k, x in zip(ks, xs, strict=True):
             out[m.name][k] = x
     return out
-
-
-@pytest.mark.parametrize("seed", range(6))
-def test_by_entitlement_the_rates_follow_the_rule_at_every_instant(seed: int) -> None:
-    """Random targets, run in random pieces: at every cut each replica's rate is what the
-    two-level rule gives for the requests it holds then."""
-    rnd = random.Random(seed)
-    names = ["a", "b", "c"]
-    scenario = build_scenario(
-        parse_workload(random_workload(rnd, names)), random_policies(rnd, names)
-    )
-    capacity = rnd.uniform(1.0, 3.0)
-    models = {
-        s: ServiceModel(
-            s,
-            scenario.arrivals[s],
-            startup_s=scenario.loads[s].startup_s,
-            request_cores_max=scenario.loads[s].request_cores_max,
-            cores_max=rnd.choice([0.5, 1.0, 2.0]),
-        )
-        for s in names
-    }
-    entitled = {s: rnd.uniform(0.2, 1.0) for s in names}
-    node = Node(capacity, models)
-    claims = node.claims()
-    cpu = EventLoop(capacity, models, rule="share", entitlements=entitled)
-    checked = 0
-    for k in range(60):
-        for m in models.values():
-            m.set_target(rnd.randint(1, 4), min(rnd.uniform(0.1, 1.0), m.cores_max), claims)
-        node.schedule(float(k))
-        for cut in [*sorted(rnd.uniform(k, k + 1) for _ in range(5)), k + 1.0]:
-            cpu.run(cut)
-            expected = by_entitlement(capacity, models, entitled)
-            rates = cpu.rates()
-            for s in names:
-                assert rates[s] == pytest.approx(expected[s], abs=1e-9), (k, cut, s)
-            checked += sum(1 for m in models.values() for r in m.replicas if r.tags)
-        for m in models.values():
-            m.close_tick()
-    assert checked > 100
 
 
 # ---- invariants at many instants of random runs ---------------------------------------------
@@ -419,9 +345,9 @@ def random_policies(rnd: random.Random, names: list[str]) -> dict[str, ScalingPo
     return out
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_rates_keep_every_bound_at_every_instant(seed: int) -> None:
-    """Random targets, run in random pieces: at every cut the rates in force are checked."""
+def random_node(seed: int) -> tuple[random.Random, dict[str, ServiceModel], float]:
+    """Three services of a random workload, each with a random ``cpu.max``, and a random
+    node capacity; the generator, to draw the rest from."""
     rnd = random.Random(seed)
     names = ["a", "b", "c"]
     scenario = build_scenario(
@@ -438,10 +364,15 @@ def test_rates_keep_every_bound_at_every_instant(seed: int) -> None:
         )
         for s in names
     }
+    return rnd, models, capacity
+
+
+def random_cuts(
+    rnd: random.Random, models: dict[str, ServiceModel], capacity: float, cpu: EventLoop
+) -> Iterator[tuple[int, float]]:
+    """60 ticks of random targets, each run in random pieces: yields (tick, cut) after each."""
     node = Node(capacity, models)
     claims = node.claims()
-    cpu = EventLoop(capacity, models, rule="share")
-    checked = 0
     for k in range(60):
         for m in models.values():
             m.set_target(rnd.randint(1, 4), min(rnd.uniform(0.1, 1.0), m.cores_max), claims)
@@ -449,20 +380,47 @@ def test_rates_keep_every_bound_at_every_instant(seed: int) -> None:
         assert node.reserved_cores() <= capacity + EPS
         for cut in [*sorted(rnd.uniform(k, k + 1) for _ in range(5)), k + 1.0]:
             cpu.run(cut)
-            total = 0.0
-            for m in models.values():
-                for r in m.replicas:
-                    n = len(r.tags)
-                    if not n:
-                        continue
-                    checked += 1
-                    demand = min(n * m.cap, m.cores_max)
-                    assert r.x <= demand + EPS, "never above cpu.max nor n * request_cores_max"
-                    assert r.x >= min(demand, r.cores) - EPS, "the guarantee held"
-                    total += r.x
-            assert total <= capacity + EPS
+            yield k, cut
         for m in models.values():
             m.close_tick()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_rates_keep_every_bound_at_every_instant(seed: int) -> None:
+    """Random targets, run in random pieces: at every cut the rates in force are checked."""
+    rnd, models, capacity = random_node(seed)
+    cpu = EventLoop(capacity, models, rule="share")
+    checked = 0
+    for _ in random_cuts(rnd, models, capacity, cpu):
+        total = 0.0
+        for m in models.values():
+            for r in m.replicas:
+                n = len(r.tags)
+                if not n:
+                    continue
+                checked += 1
+                demand = min(n * m.cap, m.cores_max)
+                assert r.x <= demand + EPS, "never above cpu.max nor n * request_cores_max"
+                assert r.x >= min(demand, r.cores) - EPS, "the guarantee held"
+                total += r.x
+        assert total <= capacity + EPS
+    assert checked > 100
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_by_entitlement_the_rates_follow_the_rule_at_every_instant(seed: int) -> None:
+    """Random targets, run in random pieces: at every cut each replica's rate is what the
+    two-level rule gives for the requests it holds then."""
+    rnd, models, capacity = random_node(seed)
+    entitled = {s: rnd.uniform(0.2, 1.0) for s in models}
+    cpu = EventLoop(capacity, models, rule="share", entitlements=entitled)
+    checked = 0
+    for k, cut in random_cuts(rnd, models, capacity, cpu):
+        expected = by_entitlement(capacity, models, entitled)
+        rates = cpu.rates()
+        for s in models:
+            assert rates[s] == pytest.approx(expected[s], abs=1e-9), (k, cut, s)
+        checked += sum(1 for m in models.values() for r in m.replicas if r.tags)
     assert checked > 100
 
 
