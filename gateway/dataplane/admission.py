@@ -415,9 +415,10 @@ class Admission:
     def _queue_full(self) -> QueueFull:
         self.rejected[QueueFull.code] += 1
         if self.cold:
-            why = f"{self.queued} request(s) already held (queue.cold_start_max {self.cold_start_max})"
+            n = self.cold_start_max
+            why = f"{n} request(s) already held for a cold start (queue.cold_start_max {n})"
         else:
-            why = f"{self.queued} request(s) already waiting (queue.max {self.queue_max})"
+            why = f"{self.queue_max} request(s) already waiting (queue.max {self.queue_max})"
         return QueueFull(self.service, QUEUE_RETRY_AFTER_S, why)
 
     def _enqueue(
