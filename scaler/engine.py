@@ -552,8 +552,10 @@ class Engine:
                 # Under share a weighted service's decided CPU is a weight: when another
                 # service claims its fair share back, the replicas running keep running on
                 # less (below cpu.min) and the kernel takes the CPU in place, instead of
-                # replicas removed now and restarted after the burst.
-                in_place=weighted if self.share else None,
+                # replicas removed now and restarted after the burst.  A frozen service keeps
+                # the replicas it runs on what they hold, kept in place or not: missing or
+                # invalid signals never remove a replica (its CPU may have become capped since).
+                in_place=(weighted | frozen) if self.share else None,
             )
             pending = {}
             split_note = np.where((split_note == 0) & (replicas == run), run_note, split_note)

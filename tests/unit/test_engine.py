@@ -657,6 +657,34 @@ def test_a_frozen_service_gives_cpu_to_floors_in_place_under_share() -> None:
         assert (d["long"].replicas, d["long"].allocated_cores) == (long_gets[0], pytest.approx(1.0))
 
 
+def test_a_frozen_service_squeezed_in_place_keeps_its_replicas_when_its_cpu_becomes_capped() -> (
+    None
+):
+    # Under share "long" runs 8 replicas of a fixed size squeezed in place (0.125 cores each, a
+    # weight) while "short" takes its fair share.  Then long's signals go missing and the
+    # platform reports its CPU capped (the decided CPU a hard limit, not a weight): a frozen
+    # service still keeps every replica on what they hold (found by the engine's property
+    # test: it used to shed to what cpu.min fits, 8 -> 4, without a reason).
+    pols = {
+        "long": policy(max_replicas=8, cpu={"min": 0.25, "max": 0.25}),
+        "short": policy(min_replicas=0, max_replicas=8, cpu={"min": 0.25, "max": 0.25}),
+    }
+    engine = Engine(pols, BudgetConfig(cpu=2, enforcement="share"))
+    states: dict[str, ServiceState] = {}
+    tick_loop(engine, range(10), {"long": 500, "short": 0}, states)
+    d = tick_loop(engine, range(10, 14), {"long": 500, "short": 500}, states)
+    assert (d["long"].replicas, d["long"].cpu_per_replica_cores) == (8, pytest.approx(0.125))
+    long = states["long"]
+    states["long"] = ServiceState(
+        "long", long.replicas, long.ready_replicas, long.cpu_per_replica_cores, cpu_capped=True
+    )
+    signals = {"short": ServiceSignals("short", 14.0, in_flight=500)}
+    d = engine.tick(14.0, signals, states)
+    assert d["long"].frozen
+    assert (d["long"].replicas, d["long"].cpu_per_replica_cores) == (8, pytest.approx(0.125))
+    assert sum(x.allocated_cores for x in d.values()) <= 2.0 + 1e-9
+
+
 def test_under_limit_a_burst_takes_the_cpu_that_held_serving_replicas() -> None:
     before, during = _squeeze("limit")
     assert before["steady"].replicas == 8
