@@ -275,7 +275,7 @@ class EventLoop:
             if d:
                 bucket.setdefault(d, {})[r] = None
             r.d = d
-            self._totals[j] = math.fsum(v * len(rs) for v, rs in bucket.items())
+            self._totals[j] = _demand_of(bucket)
             total = self._sum_d - old + d
             capacity = self.capacity_cores
             if self._sum_d > capacity or total > capacity:
@@ -362,9 +362,7 @@ class EventLoop:
             self._levels = [Level(j, t) for j in range(n)]
             self._mu = [math.inf] * n
             self._dirty.clear()
-            self._totals = [
-                math.fsum(d * len(rs) for d, rs in bucket.items()) for bucket in self._buckets
-            ]
+            self._totals = [_demand_of(bucket) for bucket in self._buckets]
         assert self.entitlements is not None
         busy = [j for j in range(n) if self._buckets[j]]
         totals = [self._totals[j] for j in busy]
@@ -771,6 +769,11 @@ class EventLoop:
             heapq.heappush(r.tags, (r.v + w, arrived))
             self._changed(r, j, t)
         return expired
+
+
+def _demand_of(bucket: dict[float, dict[Replica, None]]) -> float:
+    """Share by entitlement: a service's busy replicas' demands together (by demand value)."""
+    return math.fsum(d * len(rs) for d, rs in bucket.items())
 
 
 def _queue_bound(adm: Admission, ready: list[Replica]) -> int | None:

@@ -344,12 +344,15 @@ class ServiceModel:
                 self._timed_out(arrived, deadline)
                 n += 1
         elif t >= self._expiry:
-            kept = [item for item in queue if item[2] > t]
-            for arrived, _, deadline, cold in queue:
-                if deadline <= t:
-                    self._timed_out(arrived, deadline)
-                    self._cold_queued -= cold
-                    n += 1
+            kept = []
+            for item in queue:
+                arrived, _, deadline, cold = item
+                if deadline > t:
+                    kept.append(item)
+                    continue
+                self._timed_out(arrived, deadline)
+                self._cold_queued -= cold
+                n += 1
             queue.clear()
             queue.extend(kept)
             self._expiry = min((item[2] for item in kept), default=math.inf)
