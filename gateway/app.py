@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -240,6 +241,26 @@ class Scaling:
         self.runtime.budget = cpu
         return engine if self.tracer is None else TracedEngine(engine, self.tracer)
 
+    def _hold_at_zero(self) -> None:
+        """Give every service the scale-from-zero hold its platform asks for
+        (:meth:`Platform.holds_at_zero`), and send a change on to the workers."""
+        changed = False
+        for name, service in self.runtime.services.items():
+            hold = self.platform.holds_at_zero(name, self._policies.get(name))
+            admission = service.admission
+            if hold != admission.hold_when_empty:
+                admission.hold_at_zero(functools.partial(self._wake_for, name) if hold else None)
+                changed = True
+        if changed and self.runtime.workers is not None:
+            self.runtime.workers.sync_hooks()
+
+    def _wake_for(self, service: str) -> None:
+        """A request is held for ``service`` (no ready endpoint): tick now, unless the last
+        decision already runs a replica (it is starting; more ticks would not help)."""
+        last = self.loop.last.get(service)
+        if last is None or last.replicas == 0:
+            self.loop.wake()
+
     def _budget_cpu(self) -> BudgetCpu:
         """The platform's budget, held at the services' floors when it is smaller."""
         return within_floors(self.platform.budget_cpu(), self._policies)
@@ -254,6 +275,7 @@ class Scaling:
                 self.loop.engine = self._engine()
             except ValueError:
                 log.exception("the new scaling policies are not usable; keeping the old ones")
+            self._hold_at_zero()
         cpu = self._budget_cpu()
         if self._core is not None and cpu != self._core.cpu:
             log.info("budget: %g cores (%s)", cpu.cores, cpu.source)
@@ -265,6 +287,7 @@ class Scaling:
         self.runtime.scaler = self.loop
         self.runtime.platform = self.platform
         await self.platform.start(self.loop)
+        self._hold_at_zero()
         self._tasks = [
             asyncio.create_task(self._feed_routes(), name=f"{self.platform.name} routes"),
             asyncio.create_task(self._feed_endpoints(), name=f"{self.platform.name} endpoints"),
@@ -286,6 +309,7 @@ class Scaling:
                     self.loop.engine = self._engine()
                 except ValueError:
                     log.exception("the new scaling policies are not usable; keeping the old ones")
+            self._hold_at_zero()  # the new services', and those whose policy changed
 
     async def _feed_endpoints(self) -> None:
         async for update in self.platform.endpoints():

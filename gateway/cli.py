@@ -204,12 +204,6 @@ def not_modelled(settings: Settings) -> list[str]:
                 f"{key}.limits.rate_limit: not modelled: the gateway answers 429 above "
                 f"{limits.rate_limit.rps:g} req/s; the model admits every request"
             )
-        if service.scaling.min_replicas == 0 and settings.platform == "kubernetes":
-            lines.append(
-                f"{key}.scaling.min_replicas: 0: while it has no ready endpoint the gateway "
-                "answers 503 (no-endpoints) at once on platform kubernetes; the model holds "
-                "requests in limits.queue, as platform local does"
-            )
     return lines
 
 

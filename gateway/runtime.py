@@ -55,6 +55,11 @@ class WorkerView(Protocol):
         """Fresh counters from every worker."""
         ...
 
+    def sync_hooks(self) -> None:
+        """Send the workers the hooks this process's admissions now carry (scale-from-zero
+        holds, busy edges)."""
+        ...
+
 
 class Runtime:
     """Routes, services (endpoints, balancer, stats) and readiness of one gateway process."""

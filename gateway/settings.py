@@ -219,14 +219,14 @@ class QueueConfig(_Model):
         default=10000,
         ge=0,
         description="Most requests held at once while the service has no endpoint (scale "
-        "from zero, platform: local), in place of max (Knative's activator holds 10,000 per "
+        "from zero: platform local, or kubernetes with min_replicas 0), in place of max (Knative's activator holds 10,000 per "
         "revision); one more gets 503 (Sluice-Error: queue-full).",
     )
     cold_start_timeout_s: float = Field(
         default=300.0,
         gt=0,
         description="Longest wait for a request queued while the service has no endpoint "
-        "(scale from zero, platform: local): it is held through the replica's start-up "
+        "(scale from zero, as for cold_start_max): it is held through the replica's start-up "
         "(Knative's activator and revision timeout of 300 s); then 503 (Sluice-Error: "
         "queue-timeout).",
     )

@@ -43,7 +43,8 @@ class Platform(Protocol):
     ``signals`` as the loop's signals provider, ``actuator`` to apply decisions; it feeds
     ``routes()``, ``endpoints()`` and ``certificates()`` into the data plane, rebuilds the engine when
     ``policies()`` changes after a routes update, and calls ``on_busy_change`` from each
-    service's admission on its busy/idle edges (one call per edge, not per request).
+    service's admission on its busy/idle edges (one call per edge, not per request); the
+    services ``holds_at_zero`` names hold their requests while they have no endpoint.
     """
 
     name: str
@@ -83,6 +84,12 @@ class Platform(Protocol):
 
     def on_busy_change(self, service: str, busy: bool) -> None:
         """A service went from idle to busy or back (admission's edge hook; must be cheap)."""
+        ...
+
+    def holds_at_zero(self, service: str, policy: ScalingPolicy | None) -> bool:
+        """Whether ``service`` (scaled by ``policy``; None: not scaled) holds its requests
+        while it has no endpoint (scale from zero: the composition root queues them in its
+        admission and ticks the scaler at once) rather than answering 503 no-endpoints."""
         ...
 
     def report(self) -> Mapping[str, Any]:

@@ -73,6 +73,10 @@ class StaticPlatform:
     def on_busy_change(self, service: str, busy: bool) -> None:
         pass
 
+    def holds_at_zero(self, service: str, policy: ScalingPolicy | None) -> bool:
+        """No: the endpoints are the config file's; nothing starts one (503 at once)."""
+        return False
+
     def report(self) -> Mapping[str, Any]:
         return {"lending": False}
 

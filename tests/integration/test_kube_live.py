@@ -70,13 +70,14 @@ current-context: fake
 
 @contextlib.asynccontextmanager
 async def live_gateway(
-    fake: FakeKube, capsys: pytest.CaptureFixture[str], tmp_path: Path
+    fake: FakeKube, capsys: pytest.CaptureFixture[str], tmp_path: Path, workers: int = 1
 ) -> AsyncIterator[tuple[str, str, KubernetesPlatform]]:
     """The real gateway (``serve``, as ``sluice run`` runs it) on platform kubernetes, reaching
-    the fake API through a kubeconfig: the composition root starts the KubernetesPlatform."""
+    the fake API through a kubeconfig: the composition root starts the KubernetesPlatform.
+    ``workers: 1`` (default): the data plane in this process."""
     settings = parse_settings(
         {
-            "workers": 1,  # the data plane in this process: the test reads its runtime
+            "workers": workers,
             "listen": {"host": "127.0.0.1", "port": 0},
             "admin": {"host": "127.0.0.1", "port": 0},
             "platform": "kubernetes",
@@ -336,3 +337,73 @@ async def test_admin_json_is_finite_for_a_service_without_traffic(
             answer = await admin.get(path)
             assert answer.status_code == 200, (path, answer.text[:200])
             strict_json(answer.text)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+async def test_a_request_at_zero_is_held_until_the_replica_it_wakes_is_ready(
+    fake: FakeKube, capsys: pytest.CaptureFixture[str], tmp_path: Path, workers: int
+) -> None:
+    """Scale from zero (``min-replicas: 0``): the request waits in the gateway while the
+    leader scales the Deployment 0 -> 1 and the pod becomes ready, then it is served (with
+    ``workers: 2`` the hold reaches the worker processes).  A service whose policy keeps a
+    replica and has no ready endpoint still gets 503 no-endpoints at once."""
+    with upstreams("w1") as (w1,):
+        fake.put(
+            ingress(
+                "shop",
+                [(None, "/", "Prefix", "web", "http")],
+                annotations={"sluice.io/min-replicas": "0", "sluice.io/max-replicas": "3"},
+            )
+        )
+        fake.put(
+            ingress("other", [("api.test", "/api", "Prefix", "api", "http")], namespace="other")
+        )
+        fake.put(deployment("web", 0))
+        fake.put(deployment("api", 1, namespace="other"))
+        async with (
+            live_gateway(fake, capsys, tmp_path, workers) as (url, admin_url, runner),
+            httpx.AsyncClient(base_url=url, timeout=TIMEOUT_S) as client,
+        ):
+            admin_port = int(admin_url.rpartition(":")[2])
+            fake.put(
+                endpoint_slice(
+                    "sluice-x",
+                    "sluice",
+                    [("localhost", READY)],
+                    [("admin", admin_port)],
+                    namespace="sluice",
+                )
+            )
+
+            async def first_answer() -> httpx.Response:
+                while True:  # 404 until the route is in; then held until served
+                    r = await client.get("/echo")
+                    if r.status_code != 404:
+                        return r
+                    await asyncio.sleep(0.05)
+
+            async def kubelet() -> None:
+                """The pod the scale-up asks for becomes ready behind the Service."""
+
+                async def scaled() -> bool:
+                    return (fake.get("deployments", "shop", "web") or {})["spec"]["replicas"] >= 1
+
+                await until(scaled)
+                for s in web_slice((w1, READY)):
+                    fake.put(s)
+
+            answer = asyncio.create_task(first_answer())
+            started = asyncio.create_task(kubelet())
+            async with asyncio.timeout(TIMEOUT_S):
+                r = await answer
+            assert r.status_code == 200, r.text
+            assert r.headers.get("x-upstream") == "w1"
+            await started
+            assert runner.control.elector.is_leader()
+
+            # a service that keeps a replica (default min_replicas 1) has failing pods when it
+            # has no ready endpoint: 503 at once, not held
+            async with asyncio.timeout(5):
+                refused = await client.get("/api/echo", headers={"Host": "api.test"})
+            assert refused.status_code == 503
+            assert "no-endpoints" in refused.text or "no ready endpoint" in refused.text

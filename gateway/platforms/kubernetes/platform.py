@@ -267,6 +267,13 @@ class KubernetesPlatform:
     def on_busy_change(self, service: str, busy: bool) -> None:
         pass
 
+    def holds_at_zero(self, service: str, policy: ScalingPolicy | None) -> bool:
+        """The services whose policy allows zero replicas (``min_replicas: 0``): Sluice may
+        have scaled them to zero, so a request waits for the replica it wakes, as Knative's
+        activator holds it.  Any other service without a ready endpoint has pods that are
+        failing or not ready, and its requests get 503 no-endpoints at once."""
+        return policy is not None and policy.min_replicas == 0
+
     def report(self) -> Mapping[str, Any]:
         out: dict[str, Any] = {
             "lending": False,

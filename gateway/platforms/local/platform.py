@@ -61,7 +61,6 @@ class LocalPlatform:
         self.actuator = self.parts.actuator
         self.lender: QuotaLender | None = None
         """Lends idle services' quotas between ticks (limit enforcement with lending)."""
-        self._scaler: ScalerLoop | None = None
         self._handed: tuple[float, dict[str, ScalingPolicy]] = (
             self._budget.cores,
             dict(self.policies()),
@@ -132,23 +131,13 @@ class LocalPlatform:
             "replicas": replicas_report(self.parts.pool),
         }
 
+    def holds_at_zero(self, service: str, policy: ScalingPolicy | None) -> bool:
+        """Yes, every service: this platform starts its replicas (at start-up, from zero)."""
+        return True
+
     async def start(self, scaler: ScalerLoop) -> None:
-        self._scaler = scaler
-        # Scale from zero: a service without a ready replica holds its requests in its
-        # admission queue and wakes the scaler at once (not at the next tick).
-        for name, service in self._gateway.services.items():
-            service.admission.hold_at_zero(functools.partial(self._wake_for, name))
         await self.parts.pool.start()
         self.lender = start_lending(self._gateway, self.parts.pool, self._settings)
-
-    def _wake_for(self, service: str) -> None:
-        """A request is held for ``service`` (no ready replica): tick now, unless the scaler
-        has already decided to run a replica (it is starting; more ticks would not help)."""
-        if self._scaler is None:
-            return
-        last = self._scaler.last.get(service)
-        if last is None or last.replicas == 0:
-            self._scaler.wake()
 
     async def stop(self) -> None:
         if self.lender is not None:
