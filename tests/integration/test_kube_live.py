@@ -54,6 +54,20 @@ async def until(pred: Callable[[], Any]) -> None:
             await asyncio.sleep(0.03)
 
 
+def list_as_own_peer(fake: FakeKube, admin_url: str) -> None:
+    """The gateway's own Service lists this replica's admin port: it is its own peer."""
+    admin_port = int(admin_url.rpartition(":")[2])
+    fake.put(
+        endpoint_slice(
+            "sluice-x",
+            "sluice",
+            [("localhost", READY)],
+            [("admin", admin_port)],
+            namespace="sluice",
+        )
+    )
+
+
 def kubeconfig_for(fake: FakeKube, path: Path) -> str:
     path.write_text(
         f"""
@@ -263,17 +277,7 @@ async def test_live_load_scales_the_deployment_through_the_runner(
             live_gateway(fake, capsys, tmp_path) as (url, admin_url, runner),
             httpx.AsyncClient(base_url=url, timeout=30) as client,
         ):
-            # the gateway's own Service lists this replica's admin port: it is its own peer
-            admin_port = int(admin_url.rpartition(":")[2])
-            fake.put(
-                endpoint_slice(
-                    "sluice-x",
-                    "sluice",
-                    [("localhost", READY)],
-                    [("admin", admin_port)],
-                    namespace="sluice",
-                )
-            )
+            list_as_own_peer(fake, admin_url)
             await until(lambda: served(client))
 
             async def load() -> None:
@@ -364,16 +368,7 @@ async def test_a_request_at_zero_is_held_until_the_replica_it_wakes_is_ready(
             live_gateway(fake, capsys, tmp_path, workers) as (url, admin_url, runner),
             httpx.AsyncClient(base_url=url, timeout=TIMEOUT_S) as client,
         ):
-            admin_port = int(admin_url.rpartition(":")[2])
-            fake.put(
-                endpoint_slice(
-                    "sluice-x",
-                    "sluice",
-                    [("localhost", READY)],
-                    [("admin", admin_port)],
-                    namespace="sluice",
-                )
-            )
+            list_as_own_peer(fake, admin_url)
 
             async def first_answer() -> httpx.Response:
                 while True:  # 404 until the route is in; then held until served
