@@ -14,9 +14,9 @@ A request is admitted in three steps, all on the event loop, none needing a task
    its own loop callback (never nested inside the caller that freed the slot).
 
 **Scale from zero** (:meth:`Admission.hold_at_zero`, for the services the platform names:
-every one on ``platform: local``, those with ``min_replicas: 0`` on ``kubernetes``): while a service has
-no endpoint at all its capacity is 0, so requests wait in the same bounded queue instead of
-getting 503 at once; ``on_hold`` wakes the scaler, and the first ready endpoint
+every one on ``platform: local``, those with ``min_replicas: 0`` on ``kubernetes``): while a
+service has no endpoint at all its capacity is 0, so requests wait in the same bounded queue
+instead of getting 503 at once; ``on_hold`` wakes the scaler, and the first ready endpoint
 (``set_replicas``) dispatches them in order.  A request that starts waiting then is held
 through the cold start: up to ``cold_start_timeout_s`` (default 300 s, Knative's revision
 timeout), not ``timeout_s``, since a replica's start-up routinely takes longer than a wait for
