@@ -402,3 +402,27 @@ async def test_a_request_at_zero_is_held_until_the_replica_it_wakes_is_ready(
                 refused = await client.get("/api/echo", headers={"Host": "api.test"})
             assert refused.status_code == 503
             assert "no-endpoints" in refused.text or "no ready endpoint" in refused.text
+
+            # the policy changes to keep a replica: web's requests are no longer held
+            fake.put(
+                ingress(
+                    "shop",
+                    [(None, "/", "Prefix", "web", "http")],
+                    annotations={"sluice.io/min-replicas": "1", "sluice.io/max-replicas": "3"},
+                )
+            )
+
+            async def keeps_a_replica() -> bool:
+                return runner.policies()["shop/web"].min_replicas == 1
+
+            await until(keeps_a_replica)
+            fake.remove("endpointslices", "shop", f"web-{w1.name}")
+
+            async def refused_at_once() -> bool:
+                try:
+                    r = await client.get("/echo", timeout=2)
+                except httpx.TimeoutException:
+                    return False  # held: the hold was not dropped (yet)
+                return r.status_code == 503
+
+            await until(refused_at_once)
