@@ -350,7 +350,8 @@ async def test_a_request_at_zero_is_held_until_the_replica_it_wakes_is_ready(
     """Scale from zero (``min-replicas: 0``): the request waits in the gateway while the
     leader scales the Deployment 0 -> 1 and the pod becomes ready, then it is served (with
     ``workers: 2`` the hold reaches the worker processes).  A service whose policy keeps a
-    replica and has no ready endpoint still gets 503 no-endpoints at once."""
+    replica and has no ready endpoint still gets 503 no-endpoints at once, and so does this
+    one once its policy changes to keep a replica."""
     with upstreams("w1") as (w1,):
         fake.put(
             ingress(
