@@ -28,6 +28,7 @@ from gateway.admin.decisions import decisions_route
 from gateway.admin.metrics import TlsCollector
 from gateway.admin.reload import Reloader
 from gateway.admin.server import AdminServer
+from gateway.admin.wake import wake_route
 from gateway.dataplane.access_log import AccessLog
 from gateway.dataplane.limits import HeadLimits
 from gateway.dataplane.server import DataPlane
@@ -255,11 +256,19 @@ class Scaling:
             self.runtime.workers.sync_hooks()
 
     def _wake_for(self, service: str) -> None:
-        """A request is held for ``service`` (no ready endpoint): tick now, unless the last
-        decision already runs a replica (it is starting; more ticks would not help)."""
+        """A request is held for ``service`` (no ready endpoint): tick now (:meth:`wake`) and
+        tell the platform (on Kubernetes a follower tells the leader)."""
+        self.wake(service, "held")
+        self.platform.on_held(service)
+
+    def wake(self, service: str, reason: str) -> bool:
+        """Tick now for a request held for ``service``, unless the last decision already runs
+        a replica of it (it is starting; more ticks would not help).  Whether it ticks."""
         last = self.loop.last.get(service)
         if last is None or last.replicas == 0:
-            self.loop.wake()
+            self.loop.wake(reason)
+            return True
+        return False
 
     def _budget_cpu(self) -> BudgetCpu:
         """The platform's budget, held at the services' floors when it is smaller."""
@@ -440,6 +449,7 @@ async def serve(
             traces_route(telemetry.buffer, telemetry.tracer is not None),
             decisions_route(runtime),
             push_route(runtime),
+            wake_route(runtime, scaling.wake),
             *([] if workers is None else [workers.route()]),
         ],
         reloader=reloader,

@@ -119,6 +119,8 @@ class ScalerLoop:
         self.ticks = 0
         self.early_ticks = 0
         """Ticks run between the regular ones because of :meth:`wake`."""
+        self.wakes: dict[str, int] = {}
+        """Calls to :meth:`wake` by reason (several may fold into one early tick)."""
         self.errors = 0
         self.last: dict[str, Decision] = {}
         """The latest decision per service."""
@@ -133,8 +135,12 @@ class ScalerLoop:
     def now(self) -> float:
         return self._clock() if self._clock is not None else asyncio.get_running_loop().time()
 
-    def wake(self) -> None:
-        """Tick early: now, or ``early_tick_gap_s`` after the previous tick."""
+    def wake(self, reason: str = "early") -> None:
+        """Tick early: now, or ``early_tick_gap_s`` after the previous tick.  ``reason`` is
+        counted in :attr:`wakes` (the gateway's: ``early``, a burst reached the level the last
+        tick armed; ``held``, a request is held at zero here; ``peer``, another gateway replica
+        holds one)."""
+        self.wakes[reason] = self.wakes.get(reason, 0) + 1
         self._wake.set()
 
     async def tick(self) -> dict[str, Decision]:

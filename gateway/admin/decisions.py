@@ -114,6 +114,7 @@ def decisions_route(runtime: Runtime) -> Route:
                     "applied": runtime.settings.platform != "static",
                     "ticks": loop.ticks,
                     "early_ticks": loop.early_ticks,
+                    "wakes": dict(sorted(loop.wakes.items())),
                     "budget": {
                         "cpu": runtime.budget_cores(),
                         "cpu_config": budget.cpu,

@@ -11,7 +11,8 @@
   Kubernetes platform merges these across gateway replicas)
 * routes passed in ``extra_routes`` (``GET /api/traces`` from ``gateway.telemetry.api``,
   ``GET /api/decisions`` from ``gateway.admin.decisions``, ``POST /api/metrics/<service>``
-  from ``gateway.admin.app_metrics``)
+  from ``gateway.admin.app_metrics``, ``POST /api/wake/<service>`` from
+  ``gateway.admin.wake``)
 * ``POST /api/reload`` — reload the config file now: 200 ``{"ok": true, "generation": N}``,
   or 422 ``{"ok": false, "errors": ["file: key.path: problem", ...]}`` (the running config
   keeps serving)

@@ -44,7 +44,8 @@ class Platform(Protocol):
     ``routes()``, ``endpoints()`` and ``certificates()`` into the data plane, rebuilds the engine when
     ``policies()`` changes after a routes update, and calls ``on_busy_change`` from each
     service's admission on its busy/idle edges (one call per edge, not per request); the
-    services ``holds_at_zero`` names hold their requests while they have no endpoint.
+    services ``holds_at_zero`` names hold their requests while they have no endpoint, and each
+    held request ticks the scaler and calls ``on_held``.
     """
 
     name: str
@@ -90,6 +91,12 @@ class Platform(Protocol):
         """Whether ``service`` (scaled by ``policy``; None: not scaled) holds its requests
         while it has no endpoint (scale from zero: the composition root queues them in its
         admission and ticks the scaler at once) rather than answering 503 no-endpoints."""
+        ...
+
+    def on_held(self, service: str) -> None:
+        """A request for ``service`` is held at zero in this process (called per held request:
+        must be cheap).  Where the scaler may run in another process (Kubernetes: the Lease
+        holder), the platform tells it; elsewhere nothing to do."""
         ...
 
     def report(self) -> Mapping[str, Any]:

@@ -77,6 +77,9 @@ class StaticPlatform:
         """No: the endpoints are the config file's; nothing starts one (503 at once)."""
         return False
 
+    def on_held(self, service: str) -> None:
+        """Never called: no service holds."""
+
     def report(self) -> Mapping[str, Any]:
         return {"lending": False}
 

@@ -89,6 +89,38 @@ async def test_one_leader_and_failover_when_the_leader_stops_renewing(fake: Fake
         await api.close()
 
 
+async def test_holder_is_who_leads_as_each_candidate_last_saw_the_lease(fake: FakeKube) -> None:
+    """A follower knows the leader (to tell it of a request held at zero): the holder while
+    the record it saw change is younger than the Lease's duration, then nobody."""
+    clock = ManualClock()
+    api = KubeApi.connect(host=fake.url)
+    try:
+        a, b = elector(api, "gw-a", clock), elector(api, "gw-b", clock)
+        assert b.holder() is None  # has not read the Lease yet
+        assert await a.try_acquire_or_renew()
+        assert a.holder() == "gw-a"
+        assert not await b.try_acquire_or_renew()
+        assert b.holder() == "gw-a"
+
+        clock.now += 8
+        assert await a.try_acquire_or_renew()
+        clock.now += 8
+        assert not await b.try_acquire_or_renew()  # saw the renewal
+        assert b.holder() == "gw-a"
+
+        # a stops renewing: 15 s after b saw the last change, nobody leads as b sees it
+        clock.now += 14.9
+        assert b.holder() == "gw-a"
+        clock.now += 0.2
+        assert b.holder() is None
+        assert await b.try_acquire_or_renew()
+        assert b.holder() == "gw-b"
+        assert not await a.try_acquire_or_renew()
+        assert a.holder() == "gw-b"
+    finally:
+        await api.close()
+
+
 async def test_racing_candidates_one_wins_by_conflict(fake: FakeKube) -> None:
     clock = ManualClock()
     api = KubeApi.connect(host=fake.url)

@@ -68,6 +68,22 @@ def list_as_own_peer(fake: FakeKube, admin_url: str) -> None:
     )
 
 
+def list_as_peers(fake: FakeKube, replicas: dict[str, str]) -> None:
+    """The gateway's own Service lists each replica (pod name -> admin URL): one slice per
+    replica (their admin ports differ), its endpoint's ``targetRef`` naming the pod."""
+    for pod, admin_url in replicas.items():
+        fake.put(
+            endpoint_slice(
+                f"sluice-{pod}",
+                "sluice",
+                [("localhost", READY)],
+                [("admin", int(admin_url.rpartition(":")[2]))],
+                namespace="sluice",
+                pods=[pod],
+            )
+        )
+
+
 def kubeconfig_for(fake: FakeKube, path: Path) -> str:
     path.write_text(
         f"""
@@ -84,20 +100,31 @@ current-context: fake
 
 @contextlib.asynccontextmanager
 async def live_gateway(
-    fake: FakeKube, capsys: pytest.CaptureFixture[str], tmp_path: Path, workers: int = 1
+    fake: FakeKube,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    workers: int = 1,
+    identity: str | None = None,
+    token: str | None = None,
 ) -> AsyncIterator[tuple[str, str, KubernetesPlatform]]:
     """The real gateway (``serve``, as ``sluice run`` runs it) on platform kubernetes, reaching
     the fake API through a kubeconfig: the composition root starts the KubernetesPlatform.
-    ``workers: 1`` (default): the data plane in this process."""
+    ``workers: 1`` (default): the data plane in this process; ``identity``: its Lease
+    identity (its pod's name), default the hostname; ``token``: its ``admin.token``."""
     settings = parse_settings(
         {
             "workers": workers,
             "listen": {"host": "127.0.0.1", "port": 0},
-            "admin": {"host": "127.0.0.1", "port": 0},
+            "admin": {
+                "host": "127.0.0.1",
+                "port": 0,
+                **({} if token is None else {"token": token}),
+            },
             "platform": "kubernetes",
             "kubernetes": {
                 "status_addresses": ["127.0.0.1"],
                 "kubeconfig": kubeconfig_for(fake, tmp_path / "kubeconfig"),
+                **({} if identity is None else {"identity": identity}),
             },
         }
     )
@@ -427,3 +454,90 @@ async def test_a_request_at_zero_is_held_until_the_replica_it_wakes_is_ready(
                 return r.status_code == 503
 
             await until(refused_at_once)
+
+
+@pytest.mark.parametrize(("workers", "token"), [(1, None), (2, "wake-" + "s3cret" * 6)])
+async def test_a_request_held_by_a_follower_wakes_the_leader_at_once(
+    fake: FakeKube,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    workers: int,
+    token: str | None,
+) -> None:
+    """Two gateway replicas; the follower holds a request for a service at zero and tells the
+    leader (``POST /api/wake/<service>`` to the Lease holder's admin address, found by its pod
+    name in the gateway's EndpointSlices): the leader ticks for it (counted as a ``peer`` wake),
+    scales the Deployment 0 -> 1, and the follower serves the request once the pod is ready.
+    With ``workers: 2`` on the follower the hold is in a worker process; with an admin token
+    the wake carries it."""
+    auth = {} if token is None else {"Authorization": f"Bearer {token}"}
+    with upstreams("w1") as (w1,):
+        fake.put(
+            ingress(
+                "shop",
+                [(None, "/", "Prefix", "web", "http")],
+                annotations={"sluice.io/min-replicas": "0", "sluice.io/max-replicas": "3"},
+            )
+        )
+        fake.put(deployment("web", 0))
+        async with live_gateway(fake, capsys, tmp_path, identity="gw-a", token=token) as (
+            _,
+            admin_a,
+            a,
+        ):
+
+            async def a_leads() -> bool:
+                return a.control.elector.is_leader()
+
+            await until(a_leads)
+            async with (
+                live_gateway(fake, capsys, tmp_path, workers, "gw-b", token) as (url_b, admin_b, b),
+                httpx.AsyncClient(base_url=url_b, timeout=TIMEOUT_S) as client,
+                httpx.AsyncClient(base_url=admin_a, timeout=TIMEOUT_S, headers=auth) as admin,
+            ):
+                list_as_peers(fake, {"gw-a": admin_a, "gw-b": admin_b})
+
+                async def b_finds_the_leader() -> bool:
+                    return b.control.leader_wake.targets() == [
+                        "localhost:" + admin_a.rpartition(":")[2]
+                    ]
+
+                await until(b_finds_the_leader)
+                assert not b.control.elector.is_leader()
+
+                async def first_answer() -> httpx.Response:
+                    while True:  # 404 until b's route is in; then held until served
+                        r = await client.get("/echo")
+                        if r.status_code != 404:
+                            return r
+                        await asyncio.sleep(0.05)
+
+                async def kubelet() -> None:
+                    async def scaled() -> bool:
+                        d = fake.get("deployments", "shop", "web") or {}
+                        return d["spec"]["replicas"] >= 1
+
+                    await until(scaled)
+                    for s in web_slice((w1, READY)):
+                        fake.put(s)
+
+                answer = asyncio.create_task(first_answer())
+                started = asyncio.create_task(kubelet())
+                async with asyncio.timeout(TIMEOUT_S):
+                    r = await answer
+                assert r.status_code == 200, r.text
+                assert r.headers.get("x-upstream") == "w1"
+                await started
+
+                wake = b.control.leader_wake
+                assert wake.sent >= 1 and wake.failed == 0, wake
+                decisions = strict_json((await admin.get("/api/decisions")).text)
+                assert decisions["wakes"].get("peer", 0) >= 1, decisions["wakes"]
+
+                # the route's answers: an unknown service is 404; a known one is accepted
+                # (202), and the leader does not tick again while its replica is starting
+                missing = await admin.post("/api/wake/shop/nothing")
+                assert missing.status_code == 404
+                again = await admin.post("/api/wake/shop/web")
+                assert again.status_code == 202
+                assert again.json() == {"ok": True, "service": "shop/web", "ticked": False}

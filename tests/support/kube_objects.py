@@ -70,12 +70,16 @@ def endpoint_slice(
     endpoints: list[tuple[str, dict[str, bool]]],
     ports: list[tuple[str, int]],
     namespace: str = "shop",
+    pods: list[str] | None = None,
 ) -> Obj:
-    """``endpoints``: (address, conditions); ``ports``: (name, port).  Like the real API
-    server, the fake refuses loopback, link-local and unspecified IPs: a test that needs the
-    gateway to reach a local process uses the name ``localhost`` (an FQDN slice); others use
-    192.0.2.x (TEST-NET-1)."""
+    """``endpoints``: (address, conditions); ``ports``: (name, port); ``pods``: each
+    endpoint's Pod (its ``targetRef``), when given.  Like the real API server, the fake refuses
+    loopback, link-local and unspecified IPs: a test that needs the gateway to reach a local
+    process uses the name ``localhost`` (an FQDN slice); others use 192.0.2.x (TEST-NET-1)."""
     fqdn = any(not _is_ip(a) for a, _ in endpoints)
+    eps: list[Obj] = [{"addresses": [ip], "conditions": c} for ip, c in endpoints]
+    for e, pod in zip(eps, pods or [], strict=False):
+        e["targetRef"] = {"kind": "Pod", "name": pod, "namespace": namespace}
     return {
         "kind": "EndpointSlice",
         "apiVersion": "discovery.k8s.io/v1",
@@ -88,7 +92,7 @@ def endpoint_slice(
         if fqdn
         else ("IPv6" if any(":" in a for a, _ in endpoints) else "IPv4"),
         "ports": [{"name": n, "port": p, "protocol": "TCP"} for n, p in ports],
-        "endpoints": [{"addresses": [ip], "conditions": c} for ip, c in endpoints],
+        "endpoints": eps,
     }
 
 

@@ -118,6 +118,16 @@ def test_endpoint_conditions_nil_semantics() -> None:
     assert s.service_name == "web"
 
 
+def test_an_endpoint_names_its_pod_only_through_a_pod_target_ref() -> None:
+    raw = endpoint_slice(
+        "s", "sluice", [("10.0.0.1", {}), ("10.0.0.2", {}), ("10.0.0.3", {})], [("admin", 9901)]
+    )
+    raw["endpoints"][0]["targetRef"] = {"kind": "Pod", "name": "gw-a", "namespace": "shop"}
+    raw["endpoints"][1]["targetRef"] = {"kind": "Node", "name": "node-1"}
+    s = endpoint_slice_from_json(raw)
+    assert [e.pod for e in s.endpoints] == ["gw-a", None, None]
+
+
 def shape(raw: dict[str, Any], plan_container: Any) -> dict[str, Any]:
     """The pod as it would be after the plan (first container's resources replaced)."""
     new = dict(raw)

@@ -205,6 +205,19 @@ class KubernetesDiscovery:
                     out.add(_address(e.addresses[0], port))
         return sorted(out)
 
+    def peer_admin_address_of(self, pod: str) -> str | None:
+        """``host:port`` of the ready gateway replica whose endpoint names ``pod`` (its
+        ``targetRef``), or None when no ready endpoint does."""
+        name = self.config.gateway_service.admin_port_name
+        for s in self._peer_slices.values():
+            port = next((p.port for p in s.ports if p.name == name), None)
+            if port is None:
+                continue
+            for e in s.endpoints:
+                if e.pod == pod and e.ready and e.addresses:
+                    return _address(e.addresses[0], port)
+        return None
+
     async def routes(self) -> AsyncIterator[RoutesUpdate]:
         """The whole route set after the first sync, then after each change."""
         seen, last = 0, None

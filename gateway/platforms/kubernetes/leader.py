@@ -30,6 +30,7 @@ from gateway.platforms.kubernetes.api import KubeApi
 from gateway.platforms.kubernetes.model import Conflict, KubeError, Lease
 
 log = logging.getLogger(__name__)
+_Record = tuple[str | None, datetime | None, datetime | None, int | None, int]
 
 
 def _utcnow() -> datetime:
@@ -66,7 +67,8 @@ class LeaderElector:
         self.retry_period_s = retry_period_s
         self._clock = clock
         self._wall_clock = wall_clock
-        self._observed: tuple[object, ...] | None = None
+        self._observed: _Record | None = None
+        """The Lease's (holder, renew, acquire, duration, transitions) as last seen changing."""
         self._observed_at = 0.0
         self._holding = False
         self._last: Lease | None = None
@@ -87,6 +89,21 @@ class LeaderElector:
     def is_leader(self) -> bool:
         """True only while holding the Lease with a renewal younger than ``renew_deadline_s``."""
         return self._holding and self.now() - self._renewed_at < self.renew_deadline_s
+
+    def holder(self) -> str | None:
+        """Who leads as this candidate last saw the Lease: itself while it leads, else the
+        holder while the record it last saw change is younger than the Lease's duration; None
+        when nobody (known) does."""
+        if self.is_leader():
+            return self.identity
+        if self._observed is None:
+            return None
+        holder, _, _, duration, _ = self._observed
+        if not holder or holder == self.identity:
+            return None
+        if self.now() >= self._observed_at + (duration or self.lease_duration_s):
+            return None
+        return str(holder)
 
     def _lose(self, why: str) -> None:
         if self._holding:

@@ -135,6 +135,8 @@ class SliceEndpoint:
     ready: bool
     serving: bool
     terminating: bool
+    pod: str | None = None
+    """``targetRef.name`` when the endpoint is a Pod (``targetRef.kind: Pod``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -352,9 +354,14 @@ def endpoint_slice_from_json(d: Mapping[str, Any]) -> EndpointSlice:
         # API: ready nil = true; serving nil = same as ready; terminating nil = false
         ready = c.get("ready") is not False
         serving = ready if c.get("serving") is None else bool(c["serving"])
+        ref = e.get("targetRef") or {}
         endpoints.append(
             SliceEndpoint(
-                tuple(e.get("addresses") or ()), ready, serving, bool(c.get("terminating"))
+                tuple(e.get("addresses") or ()),
+                ready,
+                serving,
+                bool(c.get("terminating")),
+                ref.get("name") if ref.get("kind") == "Pod" else None,
             )
         )
     return EndpointSlice(

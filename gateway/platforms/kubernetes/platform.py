@@ -28,6 +28,7 @@ from gateway.platforms.kubernetes.leader import LeaderElector
 from gateway.platforms.kubernetes.peers import PeerSignals
 from gateway.platforms.kubernetes.pod_metrics import PodMetricsSource
 from gateway.platforms.kubernetes.policy_status import PolicyStatusWriter
+from gateway.platforms.kubernetes.wake import LeaderWake
 from gateway.settings import Settings, resolve_enforcement
 from scaler.loop import ScalerLoop
 from scaler.policy import BudgetCpu, ScalingPolicy
@@ -97,6 +98,17 @@ class KubernetesControl:
         self.peer_signals = PeerSignals(
             http, self.discovery.peer_admin_addresses, cfg.peer_timeout_s, token
         )
+        self.leader_wake = LeaderWake(
+            http,
+            leads=self.elector.is_leader,
+            holder=self.elector.holder,
+            address_of=self.discovery.peer_admin_address_of,
+            peers=self.discovery.peer_admin_addresses,
+            timeout_s=cfg.peer_timeout_s,
+            admin_token=token,
+            clock=clock,
+        )
+        """A request a follower holds at zero, told to the leader at once."""
         self._elector_task: asyncio.Task[None] | None = None
         self.own_signals = own_signals
         self.signal_source = "peers"
@@ -207,6 +219,7 @@ class KubernetesControl:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+        await self.leader_wake.close()
         await self.discovery.__aexit__(t, e, tb)
         await self.api.close()
 
@@ -273,6 +286,10 @@ class KubernetesPlatform:
         activator holds it.  Any other service without a ready endpoint has pods that are
         failing or not ready, and its requests get 503 no-endpoints at once."""
         return policy is not None and policy.min_replicas == 0
+
+    def on_held(self, service: str) -> None:
+        """On a follower, the leader is told at once (``POST /api/wake/<service>``)."""
+        self.control.leader_wake.held(service)
 
     def report(self) -> Mapping[str, Any]:
         out: dict[str, Any] = {

@@ -135,6 +135,9 @@ class LocalPlatform:
         """Yes, every service: this platform starts its replicas (at start-up, from zero)."""
         return True
 
+    def on_held(self, service: str) -> None:
+        """Nothing to do: the scaler runs in this process."""
+
     async def start(self, scaler: ScalerLoop) -> None:
         await self.parts.pool.start()
         self.lender = start_lending(self._gateway, self.parts.pool, self._settings)
