@@ -68,6 +68,48 @@ def list_as_own_peer(fake: FakeKube, admin_url: str) -> None:
     )
 
 
+def put_web_at_zero(fake: FakeKube) -> None:
+    """``shop/web``, routed at ``/`` by an Ingress whose policy allows zero replicas, its
+    Deployment at zero."""
+    fake.put(
+        ingress(
+            "shop",
+            [(None, "/", "Prefix", "web", "http")],
+            annotations={"sluice.io/min-replicas": "0", "sluice.io/max-replicas": "3"},
+        )
+    )
+    fake.put(deployment("web", 0))
+
+
+async def served_from_zero(fake: FakeKube, client: httpx.AsyncClient, up: Upstream) -> None:
+    """GET /echo (404 until the route is in; then held at zero) while, as the kubelet, the
+    pod the leader's scale-up of ``shop/web`` asks for becomes ready behind the Service:
+    the held request is answered 200 by ``up``."""
+
+    async def first_answer() -> httpx.Response:
+        while True:
+            r = await client.get("/echo")
+            if r.status_code != 404:
+                return r
+            await asyncio.sleep(0.05)
+
+    async def kubelet() -> None:
+        async def scaled() -> bool:
+            return (fake.get("deployments", "shop", "web") or {})["spec"]["replicas"] >= 1
+
+        await until(scaled)
+        for s in web_slice((up, READY)):
+            fake.put(s)
+
+    answer = asyncio.create_task(first_answer())
+    started = asyncio.create_task(kubelet())
+    async with asyncio.timeout(TIMEOUT_S):
+        r = await answer
+    assert r.status_code == 200, r.text
+    assert r.headers.get("x-upstream") == up.name
+    await started
+
+
 def list_as_peers(fake: FakeKube, replicas: dict[str, str]) -> None:
     """The gateway's own Service lists each replica (pod name -> admin URL): one slice per
     replica (their admin ports differ), its endpoint's ``targetRef`` naming the pod."""
@@ -380,48 +422,17 @@ async def test_a_request_at_zero_is_held_until_the_replica_it_wakes_is_ready(
     replica and has no ready endpoint still gets 503 no-endpoints at once, and so does this
     one once its policy changes to keep a replica."""
     with upstreams("w1") as (w1,):
-        fake.put(
-            ingress(
-                "shop",
-                [(None, "/", "Prefix", "web", "http")],
-                annotations={"sluice.io/min-replicas": "0", "sluice.io/max-replicas": "3"},
-            )
-        )
+        put_web_at_zero(fake)
         fake.put(
             ingress("other", [("api.test", "/api", "Prefix", "api", "http")], namespace="other")
         )
-        fake.put(deployment("web", 0))
         fake.put(deployment("api", 1, namespace="other"))
         async with (
             live_gateway(fake, capsys, tmp_path, workers) as (url, admin_url, runner),
             httpx.AsyncClient(base_url=url, timeout=TIMEOUT_S) as client,
         ):
             list_as_own_peer(fake, admin_url)
-
-            async def first_answer() -> httpx.Response:
-                while True:  # 404 until the route is in; then held until served
-                    r = await client.get("/echo")
-                    if r.status_code != 404:
-                        return r
-                    await asyncio.sleep(0.05)
-
-            async def kubelet() -> None:
-                """The pod the scale-up asks for becomes ready behind the Service."""
-
-                async def scaled() -> bool:
-                    return (fake.get("deployments", "shop", "web") or {})["spec"]["replicas"] >= 1
-
-                await until(scaled)
-                for s in web_slice((w1, READY)):
-                    fake.put(s)
-
-            answer = asyncio.create_task(first_answer())
-            started = asyncio.create_task(kubelet())
-            async with asyncio.timeout(TIMEOUT_S):
-                r = await answer
-            assert r.status_code == 200, r.text
-            assert r.headers.get("x-upstream") == "w1"
-            await started
+            await served_from_zero(fake, client, w1)
             assert runner.control.elector.is_leader()
 
             # a service that keeps a replica (default min_replicas 1) has failing pods when it
@@ -472,14 +483,7 @@ async def test_a_request_held_by_a_follower_wakes_the_leader_at_once(
     the wake carries it."""
     auth = {} if token is None else {"Authorization": f"Bearer {token}"}
     with upstreams("w1") as (w1,):
-        fake.put(
-            ingress(
-                "shop",
-                [(None, "/", "Prefix", "web", "http")],
-                annotations={"sluice.io/min-replicas": "0", "sluice.io/max-replicas": "3"},
-            )
-        )
-        fake.put(deployment("web", 0))
+        put_web_at_zero(fake)
         async with live_gateway(fake, capsys, tmp_path, identity="gw-a", token=token) as (
             _,
             admin_a,
@@ -504,30 +508,7 @@ async def test_a_request_held_by_a_follower_wakes_the_leader_at_once(
 
                 await until(b_finds_the_leader)
                 assert not b.control.elector.is_leader()
-
-                async def first_answer() -> httpx.Response:
-                    while True:  # 404 until b's route is in; then held until served
-                        r = await client.get("/echo")
-                        if r.status_code != 404:
-                            return r
-                        await asyncio.sleep(0.05)
-
-                async def kubelet() -> None:
-                    async def scaled() -> bool:
-                        d = fake.get("deployments", "shop", "web") or {}
-                        return d["spec"]["replicas"] >= 1
-
-                    await until(scaled)
-                    for s in web_slice((w1, READY)):
-                        fake.put(s)
-
-                answer = asyncio.create_task(first_answer())
-                started = asyncio.create_task(kubelet())
-                async with asyncio.timeout(TIMEOUT_S):
-                    r = await answer
-                assert r.status_code == 200, r.text
-                assert r.headers.get("x-upstream") == "w1"
-                await started
+                await served_from_zero(fake, client, w1)
 
                 wake = b.control.leader_wake
                 assert wake.sent >= 1 and wake.failed == 0, wake
