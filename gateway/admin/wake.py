@@ -2,9 +2,10 @@
 zero (scale from zero on Kubernetes): tick the scaler now rather than at its next interval.
 
 202 ``{"ok": true, "service": ..., "ticked": bool}``: ``ticked`` is false when the last
-decision already runs a replica of it (it is starting) or this replica does not lead (its
-scaler is frozen; it ticks anyway, for nothing).  404 for an unknown service.  No body is
-read.  The admin plane's token (``admin.token``) protects it like every admin path.
+decision already runs a replica of it (it is starting).  A replica that does not lead ticks
+too, for nothing (its scaler is frozen): followers send wakes to the Lease holder, or to every
+replica when they cannot find it.  404 for an unknown service.  No body is read.  The admin
+plane's token (``admin.token``) protects it like every admin path.
 """
 
 from __future__ import annotations
