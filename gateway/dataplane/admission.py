@@ -491,7 +491,9 @@ class Admission:
             return
         queue = self._queue
         now = self._loop_now().time()
-        while self.queued and self.in_use < self.capacity:
+        # ``queue``, not only ``queued``: with ``workers: N`` the main process's admission
+        # mirrors the workers' counts and holds no waiter of its own
+        while queue and self.queued and self.in_use < self.capacity:
             waiter = queue[0]
             if not waiter.live:  # pragma: no cover - _drop trims dead heads
                 queue.popleft()
@@ -595,7 +597,7 @@ class Admission:
         else:
             granted = row.consume(self._head_after)
             self.shared_held += granted
-        while granted and self.queued:
+        while granted and queue and self.queued:
             waiter = queue[0]
             self._drop(waiter)
             self.in_use += 1

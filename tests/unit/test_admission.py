@@ -384,3 +384,18 @@ def test_early_wake_on_the_fast_path_and_inf_disarms(loop: SteppedLoop) -> None:
     assert woken == []
     adm.arm_early_wake(51, lambda: woken.append("y"))
     assert adm.try_take() and woken == ["y"]
+
+
+def test_a_mirror_of_the_workers_counts_dispatches_nothing(loop: SteppedLoop) -> None:
+    """With ``workers: N`` the main process's admission mirrors the workers' counts
+    (``Workers._merge`` sets ``queued``) while its own queue is empty: a replica becoming
+    ready there must not try to admit from it (it raised IndexError in a callback)."""
+    errors: list[dict[str, object]] = []
+    loop.set_exception_handler(lambda _loop, context: errors.append(context))
+    a = Admission("reports", limits(per=None), replicas=0, loop=loop)
+    a.hold_at_zero(lambda: None)
+    a.queued = 1  # one request held in a worker
+    a.set_replicas(1)
+    loop.settle()
+    assert errors == []
+    assert (a.in_use, a.queued) == (0, 1)
