@@ -16,7 +16,7 @@ import functools
 import logging
 import os
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from types import TracebackType
 
 from gateway.dataplane.updates import EndpointInfo, EndpointUpdate, RoutesUpdate
@@ -192,31 +192,25 @@ class KubernetesDiscovery:
     def workloads(self) -> dict[str, Workload]:
         return dict(self.table.workloads)
 
-    def peer_admin_addresses(self) -> list[str]:
-        """``host:port`` of every ready gateway replica's admin server (this one included)."""
+    def _peer_admins(self) -> Iterator[tuple[str | None, str]]:
+        """(pod, ``host:port``) of every ready gateway replica's admin server."""
         name = self.config.gateway_service.admin_port_name
-        out = set()
         for s in self._peer_slices.values():
             port = next((p.port for p in s.ports if p.name == name), None)
             if port is None:
                 continue
             for e in s.endpoints:
                 if e.ready and e.addresses:
-                    out.add(_address(e.addresses[0], port))
-        return sorted(out)
+                    yield e.pod, _address(e.addresses[0], port)
+
+    def peer_admin_addresses(self) -> list[str]:
+        """``host:port`` of every ready gateway replica's admin server (this one included)."""
+        return sorted({address for _, address in self._peer_admins()})
 
     def peer_admin_address_of(self, pod: str) -> str | None:
         """``host:port`` of the ready gateway replica whose endpoint names ``pod`` (its
         ``targetRef``), or None when no ready endpoint does."""
-        name = self.config.gateway_service.admin_port_name
-        for s in self._peer_slices.values():
-            port = next((p.port for p in s.ports if p.name == name), None)
-            if port is None:
-                continue
-            for e in s.endpoints:
-                if e.pod == pod and e.ready and e.addresses:
-                    return _address(e.addresses[0], port)
-        return None
+        return next((address for p, address in self._peer_admins() if p == pod), None)
 
     async def routes(self) -> AsyncIterator[RoutesUpdate]:
         """The whole route set after the first sync, then after each change."""
